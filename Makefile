@@ -1,0 +1,53 @@
+# klviz: two commands.
+#   make lab    set up the environment (first time only) and open the lessons in JupyterLab
+#   make test   run every test: unit, property, panels, notebooks (nbval), real browser
+#
+# Torch: by default a CPU build (no multi-GB CUDA download). GPU users:
+#   make lab TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# (any PyTorch wheel index; or install torch into .venv yourself before `make lab`).
+
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+PORT        ?= 8888
+BIN         := $(VENV)/bin
+PY          := $(BIN)/python
+STAMP       := $(VENV)/.klviz-installed
+
+.PHONY: lab test setup test-fast test-notebooks test-browser strip clean
+
+lab: $(STAMP)
+	@$(PY) -m klviz.labserver --notebook-dir notebooks --port $(PORT)
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@# CPU torch: a wheel already on this machine (offline cache) if there is one, else the CPU index
+	@if [ "$(TORCH_INDEX)" = "https://download.pytorch.org/whl/cpu" ] && \
+	    $(PY) -m pip install --quiet --no-index "torch==$(TORCH_VERSION)" 2>/dev/null; then :; \
+	 else $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" \
+	      --extra-index-url https://pypi.org/simple; fi
+	@$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
+	@touch $(STAMP)
+	@echo "klviz environment ready in $(VENV)"
+
+test: $(STAMP)
+	@$(PY) -m pytest --nbval-lax tests notebooks
+
+test-fast: $(STAMP)
+	@$(PY) -m pytest -q tests --ignore=tests/browser
+
+test-notebooks: $(STAMP)
+	@$(PY) -m pytest -q --nbval-lax notebooks
+
+test-browser: $(STAMP)
+	@$(PY) -m pytest -q tests/browser
+
+strip:
+	@$(PYTHON) scripts/strip_notebooks.py notebooks/*.ipynb
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .hypothesis

@@ -1,0 +1,344 @@
+"""Small problems where every gradient can be computed exactly, by summing over all outcomes.
+
+* The **KL-regularised bandit**: ``max_pi E_pi[R] - beta · KL(pi || pi_ref)`` has the optimum
+  ``pi* ∝ pi_ref · exp(R / beta)``; with the forward KL, ``KL(pi_ref || pi)``, the optimum is
+  ``pi(x) = beta · pi_ref(x) / (lambda - R(x))`` with lambda fixed by normalisation.
+* A **sequence toy**: a tabular autoregressive policy over ``vocab_size`` tokens and ``length`` steps,
+  small enough to enumerate every sequence, so that "the expected gradient" of a per-token surrogate
+  loss is an exact sum, and the true gradient of the sequence KL comes from autograd.
+* **Off-policy** tokens: tokens drawn from pi_old while the gradient is taken at pi_theta, with and
+  without importance weights.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Sequence
+
+import torch
+
+from ._checks import Tensor, as_float_tensor, check_choice, check_positive_int
+from .simplex import CHOICES, check_probs, descent_paths, field_gradient, reward_gradient, single_thread
+
+__all__ = [
+    "reverse_kl_optimum", "forward_kl_optimum", "bandit_fixed_points", "tv_distance",
+    "SequenceToy", "SEQUENCE_METHODS",
+    "OFFPOLICY_WEIGHTS", "offpolicy_expected_gradient", "reward_updates",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# the KL-regularised bandit
+# --------------------------------------------------------------------------------------------------
+
+def _check_bandit(ref_probs: Tensor, rewards: Tensor, beta: float) -> tuple[Tensor, Tensor, float]:
+    ref = check_probs(ref_probs, "ref_probs")
+    if ref.dim() != 1:
+        raise ValueError(f"ref_probs must be 1-D, got shape {tuple(ref.shape)}")
+    rw = as_float_tensor(rewards, "rewards").to(torch.float64)
+    if rw.shape != ref.shape:
+        raise ValueError(f"rewards must have one entry per token ({ref.shape[0]}), got shape {tuple(rw.shape)}")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta <= 0:
+        raise ValueError(f"beta must be a positive finite number, got {beta!r}")
+    return ref, rw, float(beta)
+
+
+def reverse_kl_optimum(ref_probs: Tensor, rewards: Tensor, beta: float) -> Tensor:
+    """``argmax_pi E_pi[R] - beta · KL(pi || pi_ref)`` = ``pi_ref · exp(R / beta)`` normalised (float64)."""
+    ref, rw, b = _check_bandit(ref_probs, rewards, beta)
+    return torch.softmax(ref.log() + rw / b, -1)
+
+
+def forward_kl_optimum(ref_probs: Tensor, rewards: Tensor, beta: float, *, tol: float = 1e-13) -> Tensor:
+    """``argmax_pi E_pi[R] - beta · KL(pi_ref || pi)`` (float64).
+
+    Stationarity gives ``R(x) + beta · pi_ref(x) / pi(x) = lambda`` for every token, so
+    ``pi(x) = beta · pi_ref(x) / (lambda - R(x))``; the sum over x decreases in lambda from +inf
+    (lambda just above max R) to 0, and bisection finds the lambda where it equals 1.
+    """
+    ref, rw, b = _check_bandit(ref_probs, rewards, beta)
+    lo, hi = float(rw.max()), float(rw.max()) + b + 1.0      # at hi every term < beta·ref/(beta+1) < ref
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        total = float((b * ref / (mid - rw)).sum())
+        if total > 1.0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < tol:
+            break
+    lam = 0.5 * (lo + hi)
+    pi = b * ref / (lam - rw)
+    return pi / pi.sum()
+
+
+def tv_distance(p: Tensor, q: Tensor) -> Tensor:
+    """Total variation distance ½ Σ|p - q| along the last axis (bounded by 1, finite at the vertices)."""
+    return 0.5 * (torch.as_tensor(p) - torch.as_tensor(q)).abs().sum(-1)
+
+
+def bandit_fixed_points(ref_probs: Tensor, rewards: Tensor, betas: Sequence[float], *,
+                        flows: Sequence[str] = tuple(CHOICES) + ("reverse KL", "forward KL"),
+                        steps: int = 3000, lr: float = 0.5) -> dict[str, dict[str, Tensor]]:
+    """Where gradient descent on ``-E_pi[R] + beta · penalty`` ends, for every flow and every beta.
+
+    Starts at pi_ref (where RL fine-tuning starts) and runs ``steps`` natural-gradient steps
+    (:func:`klviz.simplex.descent_paths` with ``preconditioned=True``: same fixed points as plain
+    gradient descent, reached in fewer steps) with step size ``lr / (beta + spread of R)``, small
+    enough to be stable for every flow at every beta. Returns, per flow,
+    ``{"policy": [B, V], "grad_norm": [B]}``: the final policy and the norm of the expected gradient
+    there (small at a fixed point; a policy sliding to a vertex also has a small gradient, so compare
+    with the closed forms).
+    """
+    ref = check_probs(ref_probs, "ref_probs")
+    rw = as_float_tensor(rewards, "rewards").to(torch.float64)
+    bt = torch.as_tensor([float(b) for b in betas], dtype=torch.float64)
+    if bt.numel() == 0 or not bool(torch.isfinite(bt).all()) or bool((bt <= 0).any()):
+        raise ValueError(f"betas must be positive finite numbers, got {list(betas)!r}")
+    check_positive_int(steps, "steps")
+    # one descent per beta in one batch; the step size per row is lr / (beta + spread), folded into
+    # beta and the rewards because descent_paths takes one scalar lr
+    scale = lr / (bt + float(rw.max() - rw.min()))
+    start = ref.expand(bt.numel(), -1).clone()
+    paths = descent_paths(start, ref, flows, steps=steps, lr=1.0, rewards=rw * scale[:, None],
+                          beta=(bt * scale)[:, None], record_every=steps, preconditioned=True)
+    out: dict[str, dict[str, Tensor]] = {}
+    for flow, path in paths.items():
+        final = path[-1]
+        g = field_gradient(final.log(), ref.log(), flow) * bt[:, None] - reward_gradient(final.log(), rw)
+        out[flow] = {"policy": final, "grad_norm": g.norm(dim=-1)}
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# an enumerable sequence toy
+# --------------------------------------------------------------------------------------------------
+
+#: Per-sequence surrogates compared in the lesson. "loss" ones differentiate a per-token estimator
+#: through log pi; "reward" ones multiply detached per-token k1 values by the score.
+SEQUENCE_METHODS: dict[str, str] = {
+    "k1 in loss": "sum_t k1_t, differentiated",
+    "k2 in loss": "sum_t k2_t, differentiated",
+    "k3 in loss": "sum_t k3_t, differentiated",
+    "k3+ in loss": "sum_t (value of k3, gradient of k2)",
+    "k1 in reward, same token": "sum_t sg(k1_t) · log pi_t",
+    "k1 in reward, reward-to-go": "sum_t sg(sum_{u>=t} k1_u) · log pi_t",
+    "k1 in reward, whole sequence": "sum_t sg(sum_u k1_u) · log pi_t",
+}
+
+
+class SequenceToy:
+    """A tabular autoregressive policy: one row of logits per prefix, every sequence enumerable.
+
+    ``vocab_size`` tokens, ``length`` steps (no EOS: every sequence has the full length). Logits are a
+    tensor [num_prefixes, vocab_size]; prefix 0 is the empty prefix. ``sequences`` [S, T] lists all
+    S = V^T sequences; ``prefix_index`` [S, T] gives the row used at step t of each sequence.
+    """
+
+    def __init__(self, vocab_size: int = 2, length: int = 3) -> None:
+        v = check_positive_int(vocab_size, "vocab_size")
+        t = check_positive_int(length, "length")
+        if v < 2:
+            raise ValueError(f"vocab_size must be at least 2, got {v}")
+        if v ** t > 4096:
+            raise ValueError(f"vocab_size**length = {v ** t} sequences is too many to enumerate (max 4096)")
+        self.vocab_size, self.length = v, t
+        prefixes: list[tuple[int, ...]] = [p for n in range(t) for p in itertools.product(range(v), repeat=n)]
+        self.prefixes = prefixes
+        index = {p: i for i, p in enumerate(prefixes)}
+        seqs = list(itertools.product(range(v), repeat=t))
+        self.sequences = torch.tensor(seqs, dtype=torch.long)
+        self.prefix_index = torch.tensor([[index[s[:u]] for u in range(t)] for s in seqs], dtype=torch.long)
+
+    @property
+    def num_prefixes(self) -> int:
+        return len(self.prefixes)
+
+    def _check_logits(self, logits: Tensor, name: str) -> Tensor:
+        lg = as_float_tensor(logits, name)
+        if lg.shape != (self.num_prefixes, self.vocab_size):
+            raise ValueError(f"{name} must have shape ({self.num_prefixes}, {self.vocab_size}) "
+                             f"(one row of logits per prefix), got {tuple(lg.shape)}")
+        return lg
+
+    def random_logits(self, scale: float = 1.0, *, generator: torch.Generator | None = None) -> Tensor:
+        """Gaussian logits [num_prefixes, V] (float64) with standard deviation ``scale``."""
+        return scale * torch.randn(self.num_prefixes, self.vocab_size, generator=generator, dtype=torch.float64)
+
+    def token_logprobs(self, logits: Tensor) -> Tensor:
+        """log pi(y_t | y_<t) for every sequence and step: [S, T] (differentiable in ``logits``)."""
+        lg = self._check_logits(logits, "logits")
+        logp = torch.log_softmax(lg, -1)
+        return logp[self.prefix_index, self.sequences]
+
+    def sequence_probs(self, logits: Tensor) -> Tensor:
+        """pi(y) for every sequence: [S] (sums to 1)."""
+        return self.token_logprobs(logits).sum(-1).exp()
+
+    def sequence_kl(self, logits: Tensor, ref_logits: Tensor) -> Tensor:
+        """Exact KL(pi || pi_ref) over whole sequences: sum_y pi(y) log pi(y)/pi_ref(y)."""
+        lp = self.token_logprobs(logits).sum(-1)
+        lr = self.token_logprobs(ref_logits).sum(-1)
+        return (lp.exp() * (lp - lr)).sum()
+
+    def true_gradient(self, logits: Tensor, ref_logits: Tensor) -> Tensor:
+        """Gradient of the exact sequence KL(pi || pi_ref) with respect to the logits (autograd)."""
+        lg = self._check_logits(logits, "logits").detach().clone().requires_grad_(True)
+        with torch.enable_grad():
+            (g,) = torch.autograd.grad(self.sequence_kl(lg, ref_logits.detach()), lg)
+        return g
+
+    def surrogates(self, logits: Tensor, ref_logits: Tensor, method: str) -> Tensor:
+        """The per-sequence surrogate loss L(y) of ``method`` (a key of :data:`SEQUENCE_METHODS`): [S].
+
+        Its gradient for a sampled y is what a training step would use; the tokens of y are fixed.
+        """
+        method = check_choice(method, "method", tuple(SEQUENCE_METHODS))
+        logp = self.token_logprobs(logits)                        # [S, T], carries the gradient
+        log_r = self.token_logprobs(ref_logits).detach() - logp   # log pi_ref - log pi per token
+        k1 = -log_r
+        k2 = 0.5 * log_r * log_r
+        k3 = torch.expm1(log_r) - log_r
+        if method == "k1 in loss":
+            per_token = k1
+        elif method == "k2 in loss":
+            per_token = k2
+        elif method == "k3 in loss":
+            per_token = k3
+        elif method == "k3+ in loss":
+            per_token = k3.detach() + k2 - k2.detach()
+        else:
+            v = k1.detach()
+            if method.endswith("reward-to-go"):
+                v = v.flip(-1).cumsum(-1).flip(-1)
+            elif method.endswith("whole sequence"):
+                v = v.sum(-1, keepdim=True).expand_as(v)
+            per_token = v * logp
+        return per_token.sum(-1)
+
+    def expected_gradient(self, logits: Tensor, ref_logits: Tensor, method: str) -> Tensor:
+        """Exact E_{y~pi}[grad L(y)]: autograd of sum_y sg(pi(y)) · L(y), the sampling left undifferentiated."""
+        lg = self._check_logits(logits, "logits").detach().clone().requires_grad_(True)
+        ref = self._check_logits(ref_logits, "ref_logits").detach()
+        with torch.enable_grad():
+            weights = self.sequence_probs(lg).detach()
+            (g,) = torch.autograd.grad((weights * self.surrogates(lg, ref, method)).sum(), lg)
+        return g
+
+    def gradient_variance(self, logits: Tensor, ref_logits: Tensor, method: str) -> float:
+        """Total variance E||grad L(y) - E grad L||² of the one-sequence gradient estimate (exact)."""
+        lg = self._check_logits(logits, "logits").detach().clone().requires_grad_(True)
+        ref = self._check_logits(ref_logits, "ref_logits").detach()
+        with torch.enable_grad():
+            weights = self.sequence_probs(lg).detach()
+            per = self.surrogates(lg, ref, method)
+            grads = torch.stack([torch.autograd.grad(per[i], lg, retain_graph=True)[0].flatten()
+                                 for i in range(per.numel())])
+        mean = weights @ grads
+        return float((weights * (grads - mean).square().sum(-1)).sum())
+
+    def optimum(self, ref_logits: Tensor, rewards: Tensor, beta: float) -> Tensor:
+        """pi*(y) ∝ pi_ref(y) exp(R(y)/beta) over whole sequences (the optimum of E[R] - beta·KL)."""
+        rw = as_float_tensor(rewards, "rewards").to(torch.float64)
+        if rw.shape != (self.sequences.shape[0],):
+            raise ValueError(f"rewards must hold one number per sequence ({self.sequences.shape[0]}), "
+                             f"got shape {tuple(rw.shape)}")
+        if not (isinstance(beta, (int, float)) and beta > 0 and math.isfinite(beta)):
+            raise ValueError(f"beta must be a positive finite number, got {beta!r}")
+        log_ref = self.token_logprobs(ref_logits.to(torch.float64)).sum(-1)
+        return torch.softmax(log_ref + rw / beta, -1)
+
+    def train(self, start_logits: Tensor, ref_logits: Tensor, rewards: Tensor, beta: float, method: str, *,
+              steps: int = 1500, lr: float = 1.0, record_every: int = 50) -> dict[str, Tensor]:
+        """Gradient descent on ``-E[R(y)] + beta · (KL term of method)`` with exact expected gradients.
+
+        The reward part is the exact policy gradient sum_y pi(y) R(y) grad log pi(y); the KL part is
+        :meth:`expected_gradient` of ``method``. Returns the final logits, the final sequence
+        distribution, and the true sequence KL and expected reward every ``record_every`` steps.
+        """
+        n = check_positive_int(steps, "steps")
+        check_choice(method, "method", tuple(SEQUENCE_METHODS))
+        rw = as_float_tensor(rewards, "rewards").to(torch.float64)
+        theta = self._check_logits(start_logits, "start_logits").detach().to(torch.float64).clone()
+        ref = self._check_logits(ref_logits, "ref_logits").detach().to(torch.float64)
+        kls, rews, record_steps = [], [], []
+        with single_thread():
+            for t in range(n + 1):
+                if t % record_every == 0 or t == n:
+                    with torch.no_grad():
+                        pr = self.sequence_probs(theta)
+                        kls.append(float(self.sequence_kl(theta, ref)))
+                        rews.append(float(pr @ rw))
+                        record_steps.append(t)
+                if t == n:
+                    break
+                lg = theta.clone().requires_grad_(True)
+                with torch.enable_grad():
+                    logp_seq = self.token_logprobs(lg).sum(-1)
+                    w = logp_seq.exp().detach()
+                    surrogate = (w * (beta * self.surrogates(lg, ref, method) - rw * logp_seq)).sum()
+                    (g,) = torch.autograd.grad(surrogate, lg)
+                theta = theta - lr * g
+        return {"logits": theta, "probs": self.sequence_probs(theta).detach(), "kl": torch.tensor(kls),
+                "reward": torch.tensor(rews), "steps": torch.tensor(record_steps)}
+
+
+# --------------------------------------------------------------------------------------------------
+# off-policy tokens
+# --------------------------------------------------------------------------------------------------
+
+#: How a per-token KL term is weighted when the tokens come from pi_old:
+#: ``none``: as written on-policy; ``detached``: times sg(pi_theta/pi_old); ``ratio``: times
+#: pi_theta/sg(pi_old) with the gradient flowing through the ratio (DeepSeek-V3.2's correction).
+OFFPOLICY_WEIGHTS: tuple[str, ...] = ("none", "detached", "ratio")
+
+
+def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: Tensor, estimator: str,
+                                placement: str, weight: str = "none") -> Tensor:
+    """Exact expected gradient w.r.t. ``logits`` when tokens come from pi_old = softmax(old_logits).
+
+    Brute force: for every token x the surrogate L_x(theta) is built with torch ops (an estimator
+    ``"k1"``, ``"k2"``, ``"k3"``, ``"k3+"`` of log r = log pi_ref(x) - log pi_theta(x), as a
+    ``"loss"`` or as a detached ``"reward"`` times log pi_theta(x)), weighted as ``weight`` says
+    (:data:`OFFPOLICY_WEIGHTS`), and the gradient of sum_x pi_old(x) L_x is taken by autograd.
+    With ``old_logits == logits`` it is the on-policy expected gradient.
+    """
+    estimator = check_choice(estimator, "estimator", ("k1", "k2", "k3", "k3+"))
+    placement = check_choice(placement, "placement", ("loss", "reward"))
+    weight = check_choice(weight, "weight", OFFPOLICY_WEIGHTS)
+    th = as_float_tensor(logits, "logits").to(torch.float64)
+    old = as_float_tensor(old_logits, "old_logits").to(torch.float64)
+    ref = as_float_tensor(ref_logits, "ref_logits").to(torch.float64)
+    for t, name in ((th, "logits"), (old, "old_logits"), (ref, "ref_logits")):
+        if t.dim() != 1 or t.shape != th.shape:
+            raise ValueError(f"{name} must be 1-D with {th.shape[0] if th.dim() == 1 else '?'} entries, "
+                             f"got shape {tuple(t.shape)}")
+    if placement == "reward" and estimator == "k3+":
+        raise ValueError("estimator 'k3+' is a loss-side fix; in the reward use 'k1', 'k2' or 'k3'")
+    th = th.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        log_pi = torch.log_softmax(th, -1)
+        log_old = torch.log_softmax(old, -1)
+        log_r = torch.log_softmax(ref, -1) - log_pi
+        k1, k2, k3 = -log_r, 0.5 * log_r * log_r, torch.expm1(log_r) - log_r
+        value = {"k1": k1, "k2": k2, "k3": k3, "k3+": k3.detach() + k2 - k2.detach()}[estimator]
+        per_token = value if placement == "loss" else value.detach() * log_pi
+        rho = torch.exp(log_pi - log_old)
+        if weight == "detached":
+            per_token = rho.detach() * per_token
+        elif weight == "ratio":
+            per_token = rho * value if placement == "loss" else value.detach() * rho
+        (g,) = torch.autograd.grad((log_old.exp() * per_token).sum(), th)
+    return g
+
+
+def reward_updates(start_logits: Tensor, rewards: Tensor, *, steps: int, lr: float) -> Tensor:
+    """Logits after ``steps`` exact policy-gradient ascent steps on E_pi[R] (the "few updates" that
+    make the current policy pi_theta differ from the pi_old that sampled the batch)."""
+    lg = as_float_tensor(start_logits, "start_logits").to(torch.float64).clone()
+    rw = as_float_tensor(rewards, "rewards").to(torch.float64)
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    for _ in range(steps):
+        lg = lg + lr * reward_gradient(lg, rw)
+    return lg

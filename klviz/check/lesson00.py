@@ -1,0 +1,48 @@
+"""Checks for the exercises of lesson 00 (start here)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+
+
+def direction(answer: Any) -> CheckResult:
+    """Exercise 1: PPO's ``approx_kl`` compares pi_old and pi_theta on tokens sampled by pi_old.
+
+    Which KL does it estimate? Answer with the string ``"KL(old||new)"`` or ``"KL(new||old)"``.
+    """
+    if answer is Ellipsis or answer is None:
+        return not_attempted()
+    text = str(answer).replace(" ", "").replace("‖", "||").lower()
+    if text in ("kl(old||new)", "kl(pi_old||pi_theta)", "kl(π_old||π_θ)"):
+        return passed("The tokens came from pi_old, so every estimate is a KL *from* pi_old: KL(pi_old || pi_theta).")
+    if text in ("kl(new||old)", "kl(pi_theta||pi_old)", "kl(π_θ||π_old)"):
+        return failed("Direction swapped: the sampler is pi_old (the rollout policy), and estimates from its "
+                      "tokens measure KL(sampler || other) = KL(old || new).")
+    return failed("Answer with the string 'KL(old||new)' or 'KL(new||old)'.")
+
+
+def k1_from_logprobs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> CheckResult:
+    """Exercise 2: ``fn(logp_sampler, logp_target)`` must return per-token k1 estimates of KL(sampler || target)."""
+    g = torch.Generator().manual_seed(1234)
+    logp_q = -torch.rand(50, generator=g) * 5
+    logp_p = logp_q + torch.randn(50, generator=g)
+    expected = logp_q - logp_p
+    try:
+        out = call_learner(fn, logp_q.clone(), logp_p.clone())
+    except _NotAttempted:
+        return not_attempted()
+    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything
+        return failed(f"Your function raised {type(err).__name__}: {err}")
+    out = torch.as_tensor(out, dtype=torch.float64)
+    if out.shape != expected.shape:
+        return failed(f"Return one estimate per token: expected shape {tuple(expected.shape)}, got {tuple(out.shape)}.")
+    if torch.allclose(out, expected.double(), atol=1e-5):
+        return passed("k1 = log q(x) - log p(x) = -log r: sampler minus target, for tokens drawn from the sampler.")
+    if torch.allclose(out, -expected.double(), atol=1e-5):
+        return failed("Sign swapped: that is log r = log p - log q; k1 is its negative, log q(x) - log p(x).")
+    if torch.allclose(out, 0.5 * expected.double() ** 2, atol=1e-5):
+        return failed("That is k2 = ½(log r)²; k1 is the plain log-ratio log q(x) - log p(x).")
+    return failed("Not k1: for each token return log q(x) - log p(x) (sampler's log-prob minus target's).")

@@ -1,0 +1,53 @@
+"""Where tensors live and where randomness comes from.
+
+klviz never uses the global random state behind your back: every function that samples takes a
+``torch.Generator``. The helpers here pick a device and build a seeded generator on it.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def default_device() -> torch.device:
+    """CUDA when a GPU is visible, otherwise the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """Turn ``None``/``"auto"`` into :func:`default_device`, and a name into a ``torch.device``."""
+    if device is None or device == "auto":
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a device name ({err})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but no CUDA GPU is available here")
+    return dev
+
+
+def make_generator(seed: int = 0, device: str | torch.device | None = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed``: same seed, same samples (per device)."""
+    gen = torch.Generator(device=resolve_device(device))
+    gen.manual_seed(int(seed))
+    return gen
+
+
+def check_generator(generator: torch.Generator | None, device: torch.device) -> None:
+    """Raise ``ValueError`` if ``generator`` lives on another device type than ``device``."""
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if torch.device(generator.device).type != device.type:
+        raise ValueError(f"generator lives on {generator.device} but the samples are drawn on {device}; "
+                         "make it with klviz.make_generator(seed, device)")
+
+
+def describe_device(device: torch.device | None = None) -> str:
+    """A short human description, e.g. ``"cpu (2 threads)"`` or ``"cuda:0 (NVIDIA H200)"``."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        return f"cuda:{idx} ({torch.cuda.get_device_name(idx)})"
+    return f"cpu ({torch.get_num_threads()} threads)"

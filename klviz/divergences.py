@@ -1,0 +1,131 @@
+"""Exact KL divergences: closed forms and full sums over a vocabulary.
+
+These are the ground truth that every sampled estimate in klviz is compared against.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._checks import Tensor, as_float_tensor, check_finite_values, common_dtype
+
+__all__ = ["exact_kl", "gaussian_kl", "categorical_kl"]
+
+# Rows per chunk are chosen so one chunk's temporaries stay near this many elements (about 4 MiB
+# of float32): small enough to stay in cache, large enough that Python overhead is negligible.
+_CHUNK_ELEMENTS = 1 << 20
+
+
+def _kl_rows(q: Tensor, p: Tensor) -> Tensor:
+    """KL(softmax(q) || softmax(p)) for each row of two [rows, V] chunks (no checks)."""
+    lse_q = torch.logsumexp(q, dim=-1, keepdim=True)
+    lse_p = torch.logsumexp(p, dim=-1, keepdim=True)
+    log_q = q - lse_q                      # one V-wide temporary ...
+    diff = log_q - p                       # ... and a second one
+    diff.add_(lse_p)                       # log q - log p
+    return torch.exp(log_q).mul_(diff).sum(-1)
+
+
+def _kl_rows_with_zeros(q: Tensor, p: Tensor) -> Tensor:
+    """Same as :func:`_kl_rows` but with 0 · log 0 = 0 where q has -inf logits."""
+    log_q = torch.log_softmax(q, dim=-1)
+    log_p = torch.log_softmax(p, dim=-1)
+    w = log_q.exp()
+    term = torch.where(w > 0, w * (log_q - log_p), torch.zeros((), dtype=q.dtype, device=q.device))
+    return term.sum(-1)
+
+
+def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_elements: int = _CHUNK_ELEMENTS) -> Tensor:
+    """Exact **KL(softmax(q_logits) || softmax(p_logits))**, summed over the vocabulary axis ``dim``.
+
+    No sampling: ``sum_x q(x) [log q(x) - log p(x)]`` at every position, the quantity that k1, k2
+    and k3 estimate from a single sampled token (tokens drawn from q). The rows are processed in
+    chunks of about ``chunk_elements`` numbers, so extra memory stays a few MiB whatever the size
+    (a [4096, 50257] pair of float32 logits needs no full-size temporary).
+
+    ``-inf`` logits mean probability zero and are allowed (0 · log 0 counts as 0); if p gives zero
+    probability to a token that q can emit, the KL is ``+inf`` (that is its value). NaN or ``+inf``
+    logits raise ``ValueError``. Half-precision logits are computed in float32 chunk by chunk.
+    Returns the input shape without ``dim``.
+    """
+    q = as_float_tensor(q_logits, "q_logits", check_finite=False)
+    p = as_float_tensor(p_logits, "p_logits", check_finite=False)
+    if q.shape != p.shape:
+        raise ValueError(f"q_logits has shape {tuple(q.shape)} but p_logits has shape {tuple(p.shape)}")
+    if q.dim() == 0:
+        raise ValueError("q_logits must have a vocabulary axis; got a scalar")
+    if q.device != p.device:
+        raise ValueError(f"q_logits is on {q.device} but p_logits is on {p.device}")
+    try:
+        dim = dim % q.dim()
+    except ZeroDivisionError:  # pragma: no cover - q.dim() > 0 above
+        raise ValueError("dim is out of range") from None
+    if not isinstance(dim, int) or not 0 <= dim < q.dim():
+        raise ValueError(f"dim={dim} is out of range for logits with {q.dim()} dimensions")
+    out_dtype = common_dtype(q, p)
+    qm, pm = q.movedim(dim, -1), p.movedim(dim, -1)
+    batch_shape, vocab = qm.shape[:-1], qm.shape[-1]
+    if vocab == 0:
+        raise ValueError("q_logits has an empty vocabulary axis")
+    qm, pm = qm.reshape(-1, vocab), pm.reshape(-1, vocab)   # a view when the layout allows it
+    rows = qm.shape[0]
+    out = torch.empty(rows, dtype=out_dtype, device=q.device)
+    step = max(1, chunk_elements // vocab)
+    for start in range(0, rows, step):
+        qc = qm[start:start + step].to(out_dtype)
+        pc = pm[start:start + step].to(out_dtype)
+        kl = _kl_rows(qc, pc)
+        if not torch.isfinite(kl).all():
+            # rare path: find out whether the input is bad or merely has zero-probability tokens
+            check_finite_values(qc, "q_logits", allow_neg_inf=True)
+            check_finite_values(pc, "p_logits", allow_neg_inf=True)
+            if bool(torch.isneginf(qc).all(-1).any()):
+                raise ValueError("q_logits has a position where every logit is -inf (no distribution)")
+            if bool(torch.isneginf(pc).all(-1).any()):
+                raise ValueError("p_logits has a position where every logit is -inf (no distribution)")
+            kl = _kl_rows_with_zeros(qc, pc)
+        out[start:start + step] = kl.clamp_min_(0.0)  # KL >= 0; removes rounding below zero
+    return out.reshape(batch_shape)
+
+
+def gaussian_kl(mu_q: Tensor | float, sigma_q: Tensor | float, mu_p: Tensor | float, sigma_p: Tensor | float) -> Tensor:
+    """Closed-form **KL(N(mu_q, sigma_q²) || N(mu_p, sigma_p²))** (broadcasts; sigmas are std devs).
+
+    ``log(sigma_p / sigma_q) + (sigma_q² + (mu_q - mu_p)²) / (2 sigma_p²) - ½``.
+    """
+    mq = as_float_tensor(mu_q, "mu_q")
+    sq = as_float_tensor(sigma_q, "sigma_q")
+    mp = as_float_tensor(mu_p, "mu_p")
+    sp = as_float_tensor(sigma_p, "sigma_p")
+    for t, name in ((sq, "sigma_q"), (sp, "sigma_p")):
+        if bool((t <= 0).any()):
+            raise ValueError(f"{name} must be a positive standard deviation, got {t.min().item():g}")
+    try:
+        mq, sq, mp, sp = torch.broadcast_tensors(mq, sq, mp, sp)
+    except RuntimeError as err:
+        raise ValueError(f"mu_q, sigma_q, mu_p, sigma_p do not broadcast together: {err}") from None
+    dtype = common_dtype(mq, sq, mp, sp)
+    mq, sq, mp, sp = (t.to(dtype) for t in (mq, sq, mp, sp))
+    return torch.log(sp / sq) + (sq.square() + (mq - mp).square()) / (2 * sp.square()) - 0.5
+
+
+def categorical_kl(q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:
+    """Exact **KL(q || p)** for probability vectors along ``dim`` (0 · log 0 = 0; q>0, p=0 gives inf).
+
+    The probabilities must be non-negative and sum to 1 (within 1e-4) along ``dim``.
+    """
+    q = as_float_tensor(q_probs, "q_probs")
+    p = as_float_tensor(p_probs, "p_probs")
+    if q.shape != p.shape:
+        raise ValueError(f"q_probs has shape {tuple(q.shape)} but p_probs has shape {tuple(p.shape)}")
+    for t, name in ((q, "q_probs"), (p, "p_probs")):
+        if bool((t < 0).any()):
+            raise ValueError(f"{name} has negative probabilities")
+        total = t.sum(dim)
+        if not torch.allclose(total, torch.ones_like(total), atol=1e-4):
+            raise ValueError(f"{name} does not sum to 1 along dim={dim} (sums range "
+                             f"{total.min().item():.6g} to {total.max().item():.6g})")
+    dtype = common_dtype(q, p)
+    q, p = q.to(dtype), p.to(dtype)
+    term = torch.where(q > 0, q * (torch.log(q) - torch.log(p)), torch.zeros((), dtype=dtype, device=q.device))
+    return term.sum(dim)
+

@@ -1,0 +1,162 @@
+"""Per-sample KL estimators, the penalties RL frameworks compute from them, and aggregation.
+
+The direction rule used everywhere in klviz: the tokens were drawn from the **sampler** q, the
+other distribution is the **target** p, and ``log_r = log p(x) - log q(x)`` (target minus
+sampler). Then k1, k2 and k3 all estimate **KL(q || p)**, the divergence *from the sampler*.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._checks import Tensor, as_float_tensor, check_choice, check_finite_values, check_same_shape, common_dtype
+
+__all__ = ["k1", "k2", "k3", "kl_penalty", "KL_PENALTY_KINDS", "masked_mean", "agg_loss", "AGG_MODES"]
+
+
+def k1(log_r: Tensor) -> Tensor:
+    """Naive estimator ``-log r``: unbiased for KL(q||p) when x ~ q, but negative for some samples.
+
+    ``log_r = log p(x) - log q(x)`` with x drawn from q (target minus sampler).
+    """
+    return -as_float_tensor(log_r, "log_r")
+
+
+def k2(log_r: Tensor) -> Tensor:
+    """``½ (log r)²``: never negative, low variance, *biased* for KL(q||p) (x ~ q).
+
+    Its expectation is an f-divergence-like quantity that matches KL(q||p) to second order in
+    ``log r``, so the bias is tiny for close policies and grows as they separate.
+    """
+    t = as_float_tensor(log_r, "log_r")
+    return 0.5 * t * t
+
+
+def k3(log_r: Tensor) -> Tensor:
+    """``(r - 1) - log r``: unbiased for KL(q||p) with x ~ q, and never negative.
+
+    Computed as ``expm1(log_r) - log_r``, and by its Taylor series (to x⁶) for ``|log_r| < 0.1`` (float32; 1e-3 in float64)
+    where that subtraction would cancel, so it keeps full relative precision near
+    ``r = 1``; finite for ``|log_r|`` up to 88 in float32 (beyond that the true value exceeds what
+    float32 can hold and the result is ``+inf``; pass float64 to go further).
+    """
+    return _k3_stable(as_float_tensor(log_r, "log_r"))
+
+
+def _k3_stable(t: Tensor) -> Tensor:
+    """k3 = expm1(t) - t with full relative precision near t = 0 (Taylor series up to t⁶ there)."""
+    series = t * t * (1 / 2 + t * (1 / 6 + t * (1 / 24 + t * (1 / 120 + t / 720))))
+    small = 0.1 if t.dtype == torch.float32 else 1e-3   # where the series beats the subtraction
+    return torch.where(t.abs() < small, series, torch.expm1(t) - t)
+
+
+KL_PENALTY_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+_ALL_KINDS = KL_PENALTY_KINDS + tuple(k + "+" for k in KL_PENALTY_KINDS)
+
+
+def _penalty_value(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
+    if kind in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kind == "abs":
+        return (logprob - ref_logprob).abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * (logprob - ref_logprob).square()
+    # low_var_kl / k3, with verl's two clamps
+    d = (ref_logprob - logprob).clamp(-20.0, 20.0)  # log r, clamped so exp() and its gradient stay finite
+    return _k3_stable(d).clamp(-10.0, 10.0)  # k3 >= 0, so only the upper bound can ever act
+
+
+def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
+    """verl's per-token KL penalty: estimates **KL(pi || pi_ref)**, tokens sampled from the policy.
+
+    ``logprob`` are the policy's log-probabilities of its own sampled tokens, ``ref_logprob`` the
+    reference model's log-probabilities of the same tokens. Kinds, as named in verl:
+
+    - ``"kl"``/``"k1"``: ``logprob - ref_logprob`` (k1);
+    - ``"abs"``: ``|logprob - ref_logprob|`` (biased; not an estimator of any KL);
+    - ``"mse"``/``"k2"``: ``½ (logprob - ref_logprob)²`` (k2);
+    - ``"low_var_kl"``/``"k3"``: k3 with ``log r = ref_logprob - logprob`` clamped to [-20, 20]
+      and the result clamped to [-10, 10] (the lower bound can never act because k3 >= 0).
+    - any kind with a ``"+"`` suffix: straight-through: the forward value of that kind with the
+      gradient of k2 (``½ Δ²``), whose expected gradient is the true gradient of KL(pi || pi_ref).
+
+    verl's ``"full"`` (the exact sum over the vocabulary) needs logits, not log-probabilities of
+    sampled tokens: use :func:`klviz.exact_kl` for it. Half-precision inputs are computed in float32.
+    """
+    kind = check_choice(kind, "kind", _ALL_KINDS)
+    lp = as_float_tensor(logprob, "logprob")
+    ref = as_float_tensor(ref_logprob, "ref_logprob")
+    check_same_shape(lp, ref, "logprob", "ref_logprob")
+    dtype = common_dtype(lp, ref)
+    lp, ref = lp.to(dtype), ref.to(dtype)
+    if not kind.endswith("+"):
+        return _penalty_value(lp, ref, kind)
+    forward = _penalty_value(lp, ref, kind[:-1]).detach()
+    backward = 0.5 * (lp - ref).square()
+    return backward - backward.detach() + forward
+
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _checked_values_and_mask(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    v = as_float_tensor(values, "values", check_finite=False)
+    if isinstance(mask, Tensor):
+        m = mask
+    else:
+        m = torch.as_tensor(mask)
+    if m.dtype == torch.bool:
+        m = m.to(v.dtype)
+    elif not m.is_floating_point():
+        m = m.to(v.dtype)
+    else:
+        m = as_float_tensor(m, "mask").to(v.dtype)
+    check_same_shape(v, m, "values", "mask")
+    if bool((m < 0).any()):
+        raise ValueError("mask has negative entries; a mask weights tokens by 0 (out) or 1 (in)")
+    check_finite_values(v, "values", where=m != 0)
+    return torch.where(m != 0, v, torch.zeros((), dtype=v.dtype, device=v.device)), m
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``values`` over the positions where ``mask`` is non-zero (weighted by ``mask``).
+
+    Used to turn per-token KL estimates into one number. Positions with mask 0 are ignored even if
+    they hold NaN or inf (padding often does); NaN or inf at a counted position raises ``ValueError``.
+    An all-zero mask (no tokens) gives **0.0**, not NaN: the same value MiniMind's
+    ``clamp(min=1)`` denominator and verl's ``+ 1e-8`` denominator produce.
+    """
+    v, m = _checked_values_and_mask(values, mask)
+    total = (v * m).sum() if dim is None else (v * m).sum(dim)
+    count = m.sum() if dim is None else m.sum(dim)
+    return torch.where(count > 0, total / count.clamp_min(torch.finfo(v.dtype).tiny), torch.zeros_like(total))
+
+
+def agg_loss(values: Tensor, mask: Tensor, mode: str, loss_scale_factor: float | None = None) -> Tensor:
+    """Aggregate a [batch, tokens] matrix of per-token values into a scalar the way verl does.
+
+    - ``"token-mean"``: every counted token weighs the same (mean over all tokens of the batch);
+    - ``"seq-mean-token-sum"``: sum over each sequence's tokens, then mean over sequences
+      (a per-sequence estimate of the *sequence* KL, by the chain rule);
+    - ``"seq-mean-token-mean"``: mean over each sequence's tokens, then mean over sequences
+      (short sequences weigh as much as long ones);
+    - ``"seq-mean-token-sum-norm"``: sum of per-sequence sums divided by ``loss_scale_factor``
+      (default: the number of token columns, a constant, as in Dr. GRPO).
+
+    Sequences whose mask is all zero are left out of the sequence means (as in recent verl); a mask
+    with no counted token at all gives 0.0.
+    """
+    mode = check_choice(mode, "mode", AGG_MODES)
+    v, m = _checked_values_and_mask(values, mask)
+    if v.dim() != 2:
+        raise ValueError(f"values must be a [batch, tokens] matrix for agg_loss, got shape {tuple(v.shape)}")
+    if mode == "token-mean":
+        return masked_mean(v, m)
+    seq_sum = (v * m).sum(-1)
+    seq_count = m.sum(-1)
+    if mode == "seq-mean-token-sum-norm":
+        scale = float(v.shape[-1]) if loss_scale_factor is None else float(loss_scale_factor)
+        if not scale > 0:
+            raise ValueError(f"loss_scale_factor must be positive, got {loss_scale_factor!r}")
+        return seq_sum.sum() / scale
+    per_seq = seq_sum if mode == "seq-mean-token-sum" else seq_sum / seq_count.clamp_min(torch.finfo(v.dtype).tiny)
+    return masked_mean(per_seq, (seq_count > 0).to(v.dtype))

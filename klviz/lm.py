@@ -1,0 +1,373 @@
+"""A tiny character-level language model with real log-probabilities: reference, old and new.
+
+RLHF code compares three states of one model on the same tokens: the frozen **reference** (the
+model after supervised training), the **old** policy that sampled the rollouts, and the **new**
+policy being updated on them. This module ships all three for a one-layer GRU over a 32-character
+vocabulary (about 70k parameters, trained by ``scripts/train_tiny_lm.py`` on a corpus the repo
+generates), so every lesson can show real prompts and responses, per-token log-probabilities of
+the sampled tokens, and the full next-token distributions (hence the *exact* KL at every position
+beside every estimate). No download: the weights are package data, read with ``importlib.resources``.
+
+API at a glance::
+
+    from klviz import lm
+    ref, old, new = (lm.load_tiny_lm(s) for s in ("ref", "old", "new"))
+    gen = klviz.make_generator(0)
+    ro = lm.sample_rollouts(old, lm.PROMPTS[:8], gen, max_new_tokens=40)   # tokens from pi_old
+    ro.logprobs                       # [B, T] log pi_old(token_t | tokens_<t), 0 where nothing was sampled
+    lm.logprobs_of(new, ro)           # [B, T] log pi_new of the same tokens (rescoring)
+    lm.next_token_logprobs(old, ro)   # [B, T, V] full log-distributions at every position
+    ro.response_mask                  # [B, T] 1 on response tokens up to and including the first EOS
+    lm.update_path()                  # [old, step 1, ..., new]: the policy after each update step
+
+Layout of a batch (one row per rollout, right-padded, the same for every tensor)::
+
+    position   0     1 .. P_b        P_b+1 .. P_b+L_b      after
+    token      BOS   prompt chars    response (ends EOS)   PAD
+    mask       0     0               1                     0
+
+Position ``t`` holds the token predicted from positions ``< t``; ``logprobs[b, t]`` is the
+sampler's log-probability of ``input_ids[b, t]``. A response that reaches ``max_new_tokens``
+without EOS is truncated (all its tokens stay in the mask and ``finished[b]`` is False).
+"""
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ._checks import check_positive_int
+from .devices import check_generator, resolve_device
+
+__all__ = [
+    "VOCAB", "PAD", "BOS", "EOS", "PAD_ID", "BOS_ID", "EOS_ID", "STATES", "PROMPTS",
+    "encode", "decode", "TinyLM", "load_tiny_lm", "update_path", "num_update_steps",
+    "Rollouts", "sample_rollouts", "logprobs_of", "next_token_logprobs", "reward",
+    "POSITIVE_WORDS", "NEGATIVE_WORDS", "update_batch", "corpus", "token_strings",
+    "UPDATE_BATCH_SEED",
+]
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+#: The vocabulary: three special tokens, then the characters the corpus uses.
+VOCAB: tuple[str, ...] = (PAD, BOS, EOS, " ", ".", *"abcdefghijklmnopqrstuvwxyz", ",")
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+_CHAR_TO_ID = {c: i for i, c in enumerate(VOCAB) if i > 2}
+
+#: The states shipped with the package (``update_path`` gives the steps between old and new).
+STATES = ("ref", "old", "new")
+
+#: Prompts of different lengths (subjects from the corpus); the model continues each sentence.
+PROMPTS: tuple[str, ...] = (
+    "the cat", "a dog", "my old friend", "the little bird", "our teacher", "a girl",
+    "the farmer", "my sister", "a small boy", "the baker",
+)
+
+#: The programmatic reward: +1 per positive word, -1 per negative word, -1 if no EOS was reached.
+POSITIVE_WORDS = ("happy", "kind", "good", "warm", "bright")
+NEGATIVE_WORDS = ("sad", "bad", "cold", "dark", "angry")
+
+# architecture (fixed: the shipped weights are for it)
+EMBED_DIM = 32
+HIDDEN_DIM = 128
+
+
+def encode(text: str) -> list[int]:
+    """Character ids of ``text`` (no BOS/EOS added); unknown characters raise ``ValueError``."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    try:
+        return [_CHAR_TO_ID[c] for c in text]
+    except KeyError as err:
+        raise ValueError(f"text contains {err.args[0]!r}, which is not in the tiny model's vocabulary "
+                         f"(lower-case letters, space, '.' and ',')") from None
+
+
+def decode(ids: Sequence[int] | torch.Tensor, *, specials: bool = False) -> str:
+    """Text of a sequence of ids; special tokens are dropped unless ``specials=True``."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    out = []
+    for i in ids:
+        i = int(i)
+        if not 0 <= i < len(VOCAB):
+            raise ValueError(f"ids contains {i}, outside the vocabulary 0..{len(VOCAB) - 1}")
+        if i > 2 or specials:
+            out.append(VOCAB[i])
+    return "".join(out)
+
+
+def token_strings(ids: Sequence[int] | torch.Tensor) -> list[str]:
+    """One printable string per id (``<eos>``, ``<pad>``, ``␣`` for a space) for token strips."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    return ["␣" if VOCAB[int(i)] == " " else VOCAB[int(i)] for i in ids]
+
+
+class TinyLM(nn.Module):
+    """Embedding → one-layer GRU → linear head. ``forward(ids [B, T]) -> logits [B, T, V]``.
+
+    ``logits[:, t]`` is the next-token distribution *after* reading ``ids[:, :t+1]``, so the
+    log-probability of ``ids[:, t]`` is read from ``logits[:, t-1]``. Right padding never changes
+    earlier outputs (the model is causal), which is why every batch here is right-padded.
+    """
+
+    def __init__(self, vocab_size: int = len(VOCAB), embed_dim: int = EMBED_DIM, hidden_dim: int = HIDDEN_DIM):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, embed_dim)
+        self.rnn = nn.GRU(embed_dim, hidden_dim, batch_first=True)
+        self.head = nn.Linear(hidden_dim, vocab_size)
+
+    def forward(self, ids: torch.Tensor, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(ids), hidden)
+        return self.head(out)
+
+    def step(self, ids: torch.Tensor, hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row: ``ids [B]`` → (logits ``[B, V]``, new hidden state)."""
+        out, hidden = self.rnn(self.embed(ids).unsqueeze(1), hidden)
+        return self.head(out[:, 0]), hidden
+
+
+# ---------------------------------------------------------------------------------------------
+# loading the shipped states
+# ---------------------------------------------------------------------------------------------
+def _data_file(name: str):
+    return importlib.resources.files("klviz").joinpath("data", name)
+
+
+def _load_state_dict(name: str) -> dict:
+    ref = _data_file(name)
+    if not ref.is_file():
+        raise FileNotFoundError(f"klviz/data/{name} is missing: reinstall klviz or run scripts/train_tiny_lm.py")
+    with ref.open("rb") as fh:
+        return torch.load(fh, map_location="cpu", weights_only=True)
+
+
+def _model_from_state(state_dict: dict, device: torch.device) -> TinyLM:
+    model = TinyLM()
+    model.load_state_dict(state_dict)
+    model.eval().requires_grad_(False)
+    return model.to(device)
+
+
+def load_tiny_lm(state: str = "ref", device: str | torch.device | None = "cpu") -> TinyLM:
+    """One shipped state of the tiny model, in eval mode with gradients off.
+
+    ``state``: ``"ref"`` (trained on the corpus: the frozen reference), ``"old"`` (the reference
+    after policy-gradient steps on :func:`reward`: the policy that samples a rollout batch) or
+    ``"new"`` (old after :func:`num_update_steps` more update steps on old's batch). ``device``
+    defaults to the CPU (the model is tiny: a GPU only adds launch overhead); ``None`` or
+    ``"auto"`` picks the default device. Call ``.requires_grad_(True)`` to train a copy.
+    """
+    if state not in STATES:
+        raise ValueError(f"state must be one of {', '.join(map(repr, STATES))}; got {state!r}")
+    return _model_from_state(_load_state_dict(f"tiny_lm_{state}.pt"), resolve_device(device))
+
+
+def num_update_steps() -> int:
+    """How many update steps lead from the old state to the new one (the length of the path - 1)."""
+    return len(_load_state_dict("tiny_lm_path.pt")) + 1
+
+
+def update_path(device: str | torch.device | None = "cpu") -> list[TinyLM]:
+    """``[old, after step 1, ..., new]``: the policy after each update on old's rollout batch.
+
+    The steps are real policy-gradient steps (``scripts/train_tiny_lm.py``), so the new policy
+    drifts away from the old one the way a PPO inner loop does; a panel can score every state once.
+    """
+    dev = resolve_device(device)
+    middle = _load_state_dict("tiny_lm_path.pt")
+    steps = [middle[k] for k in sorted(middle, key=lambda s: int(s.split("_")[-1]))]
+    return ([load_tiny_lm("old", dev)] + [_model_from_state(sd, dev) for sd in steps]
+            + [load_tiny_lm("new", dev)])
+
+
+# ---------------------------------------------------------------------------------------------
+# rollouts
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Rollouts:
+    """A batch of sampled responses in the right-padded layout described in the module docstring.
+
+    ``input_ids``, ``attention_mask``, ``response_mask``, ``logprobs``: ``[B, T]``.
+    ``prompt_lengths``/``response_lengths``: ``[B]`` (the response length counts the EOS).
+    ``finished``: ``[B]`` bool, True when the response ended with EOS. ``logprobs`` are the
+    sampler's log-probabilities of the sampled response tokens (0 outside the response mask).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    prompt_lengths: torch.Tensor
+    response_lengths: torch.Tensor
+    finished: torch.Tensor
+    prompts: list[str] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def responses(self) -> list[str]:
+        """The response texts (EOS and padding dropped)."""
+        return [decode(self.input_ids[b][self.response_mask[b].bool()]) for b in range(self.batch_size)]
+
+    def response_slice(self, b: int) -> slice:
+        """Positions of row ``b``'s response tokens (the EOS included) in the ``[B, T]`` tensors."""
+        start = 1 + int(self.prompt_lengths[b])
+        return slice(start, start + int(self.response_lengths[b]))
+
+    def to(self, device: str | torch.device) -> "Rollouts":
+        dev = torch.device(device)
+        return Rollouts(*(getattr(self, n).to(dev) for n in (
+            "input_ids", "attention_mask", "response_mask", "logprobs", "prompt_lengths",
+            "response_lengths", "finished")), prompts=list(self.prompts))
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    if not isinstance(model, TinyLM):
+        raise ValueError(f"model must be a klviz.lm.TinyLM (from load_tiny_lm), got {type(model).__name__}")
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Generator, max_new_tokens: int = 40,
+                    temperature: float = 1.0) -> Rollouts:
+    """Sample one response per prompt from ``model``, token by token, with ``generator``.
+
+    The prompts are fed in teacher-forced (each row has its own length), then each row samples
+    until EOS or ``max_new_tokens``; rows that finished early are padded with PAD. With
+    ``temperature`` 1 the returned ``logprobs`` are exactly the sampler's log-probabilities (at
+    another temperature they are those of the tempered distribution that actually sampled).
+    Same generator seed, same prompts, same model: the same batch.
+    """
+    dev = _model_device(model)
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator (klviz.make_generator(seed)), got {type(generator).__name__}")
+    check_generator(generator, dev)
+    if isinstance(prompts, str) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of strings")
+    max_new = check_positive_int(max_new_tokens, "max_new_tokens")
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    encoded = [encode(p) for p in prompts]
+    bsz = len(encoded)
+    plen = torch.tensor([len(e) for e in encoded], dtype=torch.long)
+    total = 1 + int(plen.max()) + max_new
+    ids = torch.full((bsz, total), PAD_ID, dtype=torch.long)
+    ids[:, 0] = BOS_ID
+    for b, e in enumerate(encoded):
+        ids[b, 1:1 + len(e)] = torch.tensor(e, dtype=torch.long)
+    logprobs = torch.zeros(bsz, total)
+    resp_mask = torch.zeros(bsz, total)
+    done = torch.zeros(bsz, dtype=torch.bool)
+    finished = torch.zeros(bsz, dtype=torch.bool)
+    n_new = torch.zeros(bsz, dtype=torch.long)
+    ids_dev = ids.to(dev)
+    hidden = None
+    for t in range(1, total):
+        logits, hidden = model.step(ids_dev[:, t - 1], hidden)
+        in_prompt = t <= plen                       # position t is still a prompt character
+        sampling = ~in_prompt & ~done
+        if not bool(sampling.any()):
+            if bool((~in_prompt).all()):
+                break
+            continue
+        logp = torch.log_softmax(logits.float() / temperature, -1)
+        tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+        tok_cpu = tok.cpu()
+        s = sampling
+        ids[s, t] = tok_cpu[s]
+        ids_dev[:, t] = ids[:, t].to(dev)
+        logprobs[s, t] = logp.gather(1, tok[:, None]).squeeze(1).cpu()[s]
+        resp_mask[s, t] = 1.0
+        n_new[s] += 1
+        hit_eos = s & (tok_cpu == EOS_ID)
+        finished |= hit_eos
+        done |= hit_eos | (s & (n_new >= max_new))
+        if bool((~in_prompt).all()) and bool(done.all()):
+            total = t + 1
+            break
+    ids, logprobs, resp_mask = ids[:, :total], logprobs[:, :total], resp_mask[:, :total]
+    attn = (ids != PAD_ID).float()
+    return Rollouts(ids.to(dev), attn.to(dev), resp_mask.to(dev), logprobs.to(dev), plen.to(dev),
+                    n_new.to(dev), finished.to(dev), prompts=list(prompts))
+
+
+def _check_rollouts(rollouts: Rollouts) -> None:
+    if not isinstance(rollouts, Rollouts):
+        raise ValueError(f"rollouts must be a klviz.lm.Rollouts (from sample_rollouts), got {type(rollouts).__name__}")
+
+
+def next_token_logprobs(model: TinyLM, rollouts: Rollouts) -> torch.Tensor:
+    """``[B, T, V]`` log-distributions: row ``[b, t]`` is ``log pi(· | input_ids[b, :t])``.
+
+    Position 0 (BOS, never predicted) holds a copy of position 1's distribution's shape filled with
+    ``log(1/V)``; every tensor stays aligned with ``input_ids``. Computed without gradients unless
+    the model's parameters require them.
+    """
+    _check_rollouts(rollouts)
+    dev = _model_device(model)
+    ids = rollouts.input_ids.to(dev)
+    with torch.set_grad_enabled(any(p.requires_grad for p in model.parameters())):
+        logits = model(ids[:, :-1]).float()
+        logp = torch.log_softmax(logits, -1)
+        first = torch.full_like(logp[:, :1], -float(torch.log(torch.tensor(float(len(VOCAB))))))
+        return torch.cat([first, logp], 1)
+
+
+def logprobs_of(model: TinyLM, rollouts: Rollouts) -> torch.Tensor:
+    """``[B, T]``: ``model``'s log-probability of every token of ``rollouts`` (0 outside the response mask).
+
+    This is how a trainer rescores the sampler's tokens with another state (new policy, reference).
+    """
+    logp = next_token_logprobs(model, rollouts)
+    ids = rollouts.input_ids.to(logp.device)
+    tok = logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return tok * rollouts.response_mask.to(tok.device)
+
+
+def reward(texts: Sequence[str], finished: Sequence[bool] | torch.Tensor | None = None) -> torch.Tensor:
+    """The programmatic reward of each response: #positive words - #negative words, -1 if unfinished."""
+    if isinstance(texts, str):
+        raise ValueError("texts must be a list of strings, not one string")
+    out = []
+    fin = [True] * len(texts) if finished is None else [bool(f) for f in finished]
+    if len(fin) != len(texts):
+        raise ValueError(f"finished has {len(fin)} entries but texts has {len(texts)}")
+    for text, f in zip(texts, fin):
+        words = text.replace(".", " ").replace(",", " ").split()
+        score = sum(w in POSITIVE_WORDS for w in words) - sum(w in NEGATIVE_WORDS for w in words)
+        out.append(float(score) - (0.0 if f else 1.0))
+    return torch.tensor(out)
+
+
+#: The rollout batch that the shipped old → new update steps were trained on: every prompt
+#: ``UPDATE_BATCH_REPEATS`` times, sampled from ``old`` with ``make_generator(UPDATE_BATCH_SEED)``.
+UPDATE_BATCH_SEED = 2024
+UPDATE_BATCH_REPEATS = 6
+UPDATE_BATCH_MAX_NEW_TOKENS = 48
+
+
+def update_batch(old: TinyLM | None = None, device: str | torch.device | None = "cpu") -> Rollouts:
+    """Old's rollout batch (60 rows) on which the steps of :func:`update_path` were taken.
+
+    Re-sampled from the shipped ``old`` state with the fixed seed, so it is the same batch
+    wherever the package is installed (up to float rounding of a different CPU, which can flip a
+    rare near-tie between two tokens).
+    """
+    from .devices import make_generator
+
+    model = load_tiny_lm("old", device) if old is None else old
+    dev = _model_device(model)
+    prompts = [p for p in PROMPTS for _ in range(UPDATE_BATCH_REPEATS)]
+    return sample_rollouts(model, prompts, make_generator(UPDATE_BATCH_SEED, dev),
+                           max_new_tokens=UPDATE_BATCH_MAX_NEW_TOKENS)
+
+
+def corpus() -> list[str]:
+    """The sentences the reference model was trained on (``klviz/data/tiny_corpus.txt``)."""
+    return _data_file("tiny_corpus.txt").read_text().splitlines()

@@ -1,0 +1,45 @@
+"""What the first cell of every lesson calls: figures, style, device, and a line about the machine."""
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+from .devices import default_device, describe_device
+from .plotting import apply_style
+
+__all__ = ["setup_notebook"]
+
+
+def setup_notebook(interactive: bool | None = None, quiet: bool = False) -> torch.device:
+    """Choose the figure backend, apply the klviz style and return the device lessons compute on.
+
+    Interactive figures (ipympl, ``%matplotlib widget``) are used in a live kernel; set the
+    environment variable ``KLVIZ_STATIC=1`` (the static site does) or pass ``interactive=False``
+    for inline PNG figures. Outside IPython this only applies the style.
+    """
+    if interactive is None:
+        interactive = os.environ.get("KLVIZ_STATIC", "") not in ("1", "true", "yes")
+    try:
+        from IPython import get_ipython
+        ip = get_ipython()
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        ip = None
+    if ip is not None:
+        ip.run_line_magic("matplotlib", "widget" if interactive else "inline")
+    apply_style()
+    device = default_device()
+    if not quiet:
+        print(f"klviz on {describe_device(device)} · torch {torch.__version__} · Python {platform.python_version()}")
+    return device
+
+
+def show_source(obj: object) -> None:
+    """Display the source code of a klviz function or class, highlighted, so a lesson can show the
+    library's one copy of the code instead of pasting a second one."""
+    import inspect
+
+    from IPython.display import Code, display
+
+    display(Code(inspect.getsource(obj), language="python"))

@@ -1,0 +1,179 @@
+"""The panel pattern shared by every interactive figure in the suite.
+
+A panel owns its controls, a figure built **once**, and a pure ``compute(**values) -> dict``.
+On every control change it recomputes, updates the existing artists in ``draw`` (``set_data``,
+``set_height``, ...) and asks the canvas to redraw; it never rebuilds the figure. Errors raised
+while updating are shown inside the panel instead of vanishing into a log. The status line shows
+the device and how long the last update took (compute, then the redraw when the canvas reports it).
+
+Tests drive a panel without a browser: ``panel.set(name=value, ...)`` then read ``panel.last``
+(the numbers of the last update) or ``panel.readout.value`` (the HTML the reader sees).
+"""
+from __future__ import annotations
+
+import html
+import io
+import time
+import traceback
+from typing import Any
+
+import ipywidgets as widgets
+import torch
+from matplotlib.figure import Figure
+
+from ..devices import describe_device, resolve_device
+
+__all__ = ["Panel"]
+
+
+class Panel:
+    """Base class: subclasses implement ``make_controls``, ``make_figure``, ``compute`` and ``draw``."""
+
+    title: str = "panel"
+    css_class: str = "klviz-panel"
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = resolve_device(device)
+        self.controls: dict[str, widgets.ValueWidget] = self.make_controls()
+        self.fig: Figure = self.make_figure()
+        self._layout_frozen = False
+        self.last: dict[str, Any] = {}
+        self.last_error: BaseException | None = None
+        self.last_compute_ms = float("nan")
+        self.last_draw_ms = float("nan")
+        self.updates = 0
+        self._holding = False
+        self._draw_requested_at: float | None = None
+        self.readout = widgets.HTML().add_class("klviz-readout")
+        self.error = widgets.HTML().add_class("klviz-error")
+        self.status = widgets.HTML().add_class("klviz-status")
+        self._canvas = self._make_canvas()
+        self.fig.canvas.mpl_connect("draw_event", self._on_draw)
+        for name, w in self.controls.items():
+            w.add_class(f"klviz-{name.replace('_', '-')}")
+            w.observe(self._on_change, names="value")
+        self.widget = widgets.VBox(
+            [widgets.HTML(f"<b>{html.escape(self.title)}</b>"), self.layout_controls(), self._canvas,
+             self.readout, self.error, self.status],
+        ).add_class(self.css_class).add_class("klviz-panel")
+        self.update()
+
+    # -- to implement -------------------------------------------------------------------------
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        """The named controls (their names are the keyword arguments of :meth:`compute`)."""
+        raise NotImplementedError
+
+    def make_figure(self) -> Figure:
+        """Build the figure and its artists once (keep references to the artists on ``self``)."""
+        raise NotImplementedError
+
+    def compute(self, **values: Any) -> dict[str, Any]:
+        """Pure function from control values to the data drawn and shown."""
+        raise NotImplementedError
+
+    def draw(self, data: dict[str, Any]) -> None:
+        """Update the existing artists and the readout from ``data``."""
+        raise NotImplementedError
+
+    def layout_controls(self) -> widgets.Widget:
+        """Arrange the controls (override for a custom layout)."""
+        return widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
+
+    # -- machinery ----------------------------------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        """Current control values by name."""
+        return {name: w.value for name, w in self.controls.items()}
+
+    def set(self, **values: Any) -> dict[str, Any]:
+        """Set several controls at once with a single update; returns :attr:`last`."""
+        unknown = set(values) - set(self.controls)
+        if unknown:
+            raise ValueError(f"unknown control(s) {sorted(unknown)}; this panel has {sorted(self.controls)}")
+        self._holding = True
+        try:
+            for name, value in values.items():
+                self.controls[name].value = value
+        finally:
+            self._holding = False
+        self.update()
+        return self.last
+
+    def _on_change(self, _change: dict[str, Any]) -> None:
+        if not self._holding:
+            self.update()
+
+    def update(self) -> None:
+        """Recompute and redraw; any exception is shown in the panel and kept in ``last_error``."""
+        t0 = time.perf_counter()
+        try:
+            data = self.compute(**self.values())
+            self.draw(data)
+        except Exception as err:  # noqa: BLE001 - shown to the reader, never swallowed silently
+            self.last_error = err
+            self.error.value = (
+                "<div style='color:#b00020'><b>This setting could not be computed:</b> "
+                f"{html.escape(type(err).__name__)}: {html.escape(str(err))}</div>"
+                f"<details><summary>details</summary><pre>{html.escape(traceback.format_exc(limit=4))}</pre></details>"
+            )
+            self.last_compute_ms = (time.perf_counter() - t0) * 1e3
+            self._show_status()
+            return
+        self.last, self.last_error, self.error.value = data, None, ""
+        self.last_compute_ms = (time.perf_counter() - t0) * 1e3
+        self.updates += 1
+        self._redraw()
+        self._show_status()
+
+    # A canvas that is itself a widget (ipympl) redraws on request; any other backend renders a PNG.
+    def _make_canvas(self) -> widgets.Widget:
+        canvas = self.fig.canvas
+        if isinstance(canvas, widgets.DOMWidget):
+            canvas.header_visible = False
+            canvas.footer_visible = False
+            canvas.toolbar_visible = False
+            canvas.resizable = False
+            canvas.capture_scroll = False
+            return canvas
+        self._image = widgets.Image(format="png")
+        return self._image
+
+    def _freeze_layout(self) -> None:
+        """Lay the figure out once, then keep the layout: constrained layout on every redraw is slow."""
+        if not self._layout_frozen:
+            self.fig.canvas.draw()
+            self.fig.set_layout_engine("none")
+            self._layout_frozen = True
+
+    def _redraw(self) -> None:
+        self._freeze_layout()
+        self._draw_requested_at = time.perf_counter()
+        if isinstance(self.fig.canvas, widgets.DOMWidget):
+            self.fig.canvas.draw_idle()
+        else:
+            buf = io.BytesIO()
+            self.fig.savefig(buf, format="png")
+            self._image.value = buf.getvalue()
+
+    def _on_draw(self, _event: Any) -> None:
+        if self._draw_requested_at is not None:
+            self.last_draw_ms = (time.perf_counter() - self._draw_requested_at) * 1e3
+            self._draw_requested_at = None
+            self._show_status()
+
+    def _show_status(self) -> None:
+        draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
+        self.status.value = (
+            f"<span style='color:#666;font-size:85%'>device {html.escape(describe_device(self.device))}"
+            f" · compute {self.last_compute_ms:.1f} ms{draw}</span>"
+        )
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes (for saving a picture of the panel)."""
+        buf = io.BytesIO()
+        self.fig.savefig(buf, format="png")
+        return buf.getvalue()
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)

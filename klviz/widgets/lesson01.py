@@ -1,0 +1,204 @@
+"""Lesson 01's panel: the weight is in the sampling, and importance weights put it back.
+
+Over the twelve readable tokens of :data:`klviz.policies.TOY_VOCAB` there are three policies:
+
+- **q** (the current policy pi_theta), the distribution the expectation is taken over; movable;
+- **p** (the reference pi_ref), fixed; the quantity is KL(q || p) = sum_x q(x) log q(x)/p(x);
+- **mu** (a stale policy pi_old), the sampler that drew the tokens when they do not come from q; movable.
+
+A toggle picks where the tokens come from and how they are averaged: from q (plain mean: unbiased),
+from mu (plain mean: biased, it converges to E_mu[log q/p]), or from mu with importance weights q/mu
+(unbiased again, at the price of variance; the effective sample size says how much).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from ..devices import make_generator
+from ..divergences import categorical_kl
+from ..plotting import COLORS, new_figure
+from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
+from ..sampling import draw_tokens, effective_sample_size, importance_weights, running_mean
+from .base import Panel
+
+__all__ = ["SamplingPanel", "MODES"]
+
+#: The three ways of drawing and averaging, as (label, value) pairs for the toggle.
+MODES = (("samples from q", "q"), ("samples from μ", "mu"), ("with importance weights", "weighted"))
+_SAMPLE_COUNTS = (100, 300, 1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
+_PUSH_TOKEN = 1        # " sofa": the token fine-tuning made q prefer
+_MU_PUSH_TOKEN = 0     # " mat": the token the stale sampler mu can over- or under-weight
+
+
+class SamplingPanel(Panel):
+    """Sample tokens from q or from mu, average log q/p, and watch the running mean converge (or not).
+
+    ``compute`` returns the three policies, the draw frequencies (raw and weighted), the running
+    mean with its standard error at log-spaced N, the exact KL(q || p), the value a plain mean over
+    mu's tokens converges to, and the effective sample size.
+    """
+
+    title = "Sampling as weighting: tokens from q, from μ, or from μ with weights q/μ"
+    css_class = "klviz-sampling"
+
+    def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
+        self.ref_logp = toy_sampler_logits()          # p = pi_ref, fixed
+        self.seed = seed
+        super().__init__(device)
+
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        style = {"description_width": "initial"}
+        slider = dict(style=style, continuous_update=True, layout=widgets.Layout(width="300px"))
+        return {
+            "mode": widgets.ToggleButtons(options=list(MODES), value="q", description="tokens",
+                                          style={"button_width": "170px"}),
+            "q_push": widgets.FloatSlider(value=1.5, min=-4.0, max=4.0, step=0.1,
+                                          description="q: push ' sofa'", **slider),
+            "q_temperature": widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.05,
+                                                 description="q: temperature", **slider),
+            "mu_temperature": widgets.FloatSlider(value=2.0, min=0.25, max=4.0, step=0.05,
+                                                  description="μ: temperature", **slider),
+            "mu_push": widgets.FloatSlider(value=0.0, min=-4.0, max=4.0, step=0.1,
+                                           description="μ: push ' mat'", **slider),
+            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=10_000,
+                                                   description="tokens N", style=style, continuous_update=False,
+                                                   layout=widgets.Layout(width="300px")),
+            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
+                                           layout=widgets.Layout(width="140px")),
+        }
+
+    def layout_controls(self) -> widgets.Widget:
+        c = self.controls
+        row = dict(layout=widgets.Layout(flex_flow="row wrap"))
+        return widgets.VBox([
+            c["mode"],
+            widgets.HBox([c["q_push"], c["q_temperature"], c["num_samples"]], **row),
+            widgets.HBox([c["mu_temperature"], c["mu_push"], c["seed"]], **row),
+        ])
+
+    def make_figure(self) -> Figure:
+        fig, (ax_pol, ax_run) = new_figure(9.2, 4.0, ncols=2, gridspec_kw={"width_ratios": [1.35, 1]})
+        x = np.arange(len(TOY_VOCAB))
+        zeros = np.zeros(len(TOY_VOCAB))
+        self.bars_q = ax_pol.bar(x - 0.2, zeros, width=0.4, color=COLORS["q"], label="q(x): the expectation's weights")
+        self.bars_mu = ax_pol.bar(x + 0.2, zeros, width=0.4, color=COLORS["mu"], alpha=0.55, label="μ(x): the sampler")
+        self.p_line, = ax_pol.plot(x, self.ref_logp.exp().numpy(), "o", color=COLORS["p"], ms=4,
+                                   label="p(x): reference (fixed)")
+        self.freq_line, = ax_pol.plot(x - 0.2, zeros, "_", color="black", ms=10, mew=2.2, label="counts / N")
+        ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
+        ax_pol.set_ylabel("probability")
+        ax_pol.set_title("draw frequencies vs q(x)")
+        ax_pol.legend(loc="upper right")
+        self.ax_pol = ax_pol
+
+        self.band = ax_run.fill_between([1, 2], [0, 0], [0, 0], color=COLORS["k1"], alpha=0.2, lw=0,
+                                        label="± 2 SE")
+        self.run_line, = ax_run.plot([1, 2], [0, 0], color=COLORS["k1"], lw=1.4, label="running mean")
+        self.exact_line = ax_run.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.4, label="exact KL(q‖p)")
+        self.biased_line = ax_run.axhline(0.0, color=COLORS["mu"], ls=":", lw=1.6,
+                                          label="E_μ[log q/p] (plain mean over μ's tokens)")
+        ax_run.set_xscale("log")
+        ax_run.set_xlabel("number of tokens N")
+        ax_run.set_ylabel("estimate of KL(q‖p)  [nats]")
+        ax_run.set_title("running mean of log q(x)/p(x)")
+        # below the axes: the curves use the whole plot, and the legend never hides them
+        ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+        self.ax_run = ax_run
+        self._legend_mode: str | None = None
+        return fig
+
+    def policies(self, q_push: float, q_temperature: float, mu_temperature: float,
+                 mu_push: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """log q and log mu for the given control values (p is the fixed reference)."""
+        log_q = move_policy(self.ref_logp, temperature=q_temperature, push=q_push, push_token=_PUSH_TOKEN)
+        log_mu = move_policy(self.ref_logp, temperature=mu_temperature, push=mu_push, push_token=_MU_PUSH_TOKEN)
+        return log_q, log_mu
+
+    def compute(self, mode: str, q_push: float, q_temperature: float, mu_temperature: float, mu_push: float,
+                num_samples: int, seed: int) -> dict[str, Any]:
+        if mode not in dict(MODES).values():
+            raise ValueError(f"mode must be one of {[m for _, m in MODES]}, got {mode!r}")
+        n = int(num_samples)
+        log_q, log_mu = self.policies(q_push, q_temperature, mu_temperature, mu_push)
+        log_p = self.ref_logp
+        q, mu = log_q.exp(), log_mu.exp()
+        g = (log_q - log_p).double()                       # log q(x)/p(x): one sample of k1 for KL(q||p)
+        exact = float(categorical_kl(q, log_p.exp()))
+        biased_limit = float((mu.double() * g).sum())       # what a plain mean over mu's tokens converges to
+        sampler = q if mode == "q" else mu
+        w = (importance_weights(log_q, log_mu).double() if mode == "weighted"
+             else torch.ones(len(TOY_VOCAB), dtype=torch.float64))
+        # the same seed gives the same uniforms: switching the sampler changes the tokens, nothing else
+        tokens = draw_tokens(sampler, n, generator=make_generator(seed, "cpu"))
+        run = running_mean((w * g)[tokens])
+        counts = torch.bincount(tokens, minlength=len(TOY_VOCAB)).double()
+        ess = effective_sample_size(w, counts)
+        return {
+            "mode": mode, "q": q.numpy(), "mu": mu.numpy(), "freq": (counts / n).numpy(),
+            "weighted_freq": (counts * w / n).numpy(), "run": run, "estimate": float(run["mean"][-1]),
+            "se": float(run["se"][-1]), "exact": exact, "biased_limit": biased_limit, "ess": ess,
+            "num_samples": n, "max_weight": float(w.max()),
+        }
+
+    def draw(self, data: dict[str, Any]) -> None:
+        mode = data["mode"]
+        for bar, h in zip(self.bars_q, data["q"]):
+            bar.set_height(h)
+        for bar, h in zip(self.bars_mu, data["mu"]):
+            bar.set_height(h)
+        for bar in self.bars_mu:
+            bar.set_alpha(0.15 if mode == "q" else 0.55)
+        freq = data["weighted_freq"] if mode == "weighted" else data["freq"]
+        # raw counts sit on the bars of the distribution that drew them; weighted counts come back to q
+        offset = 0.2 if mode == "mu" else -0.2
+        self.freq_line.set_data(np.arange(len(TOY_VOCAB)) + offset, freq)
+        if mode != self._legend_mode:
+            self.freq_line.set_label("counts·(q/μ) / N" if mode == "weighted" else "counts / N")
+            self.ax_pol.legend(loc="upper right")
+            self._legend_mode = mode
+        top = max(float(data["q"].max()), float(data["mu"].max()), float(freq.max()), 0.3)
+        self.ax_pol.set_ylim(0, 1.12 * top)
+
+        run = data["run"]
+        lo, hi = run["mean"] - 2 * run["se"], run["mean"] + 2 * run["se"]
+        n = run["n"].astype(float)
+        self.run_line.set_data(n, run["mean"])
+        self.band.set_verts([np.column_stack([np.r_[n, n[::-1]], np.r_[lo, hi[::-1]]])])
+        self.exact_line.set_ydata([data["exact"]] * 2)
+        self.biased_line.set_ydata([data["biased_limit"]] * 2)
+        self.biased_line.set_visible(mode == "mu")
+        self.ax_run.set_xlim(1, max(10.0, float(n[-1])))
+        # the y range follows the converging part (from N = 30 on), not the wild first few draws
+        tail = n >= min(30.0, float(n[-1]))
+        ys = [data["exact"], data["biased_limit"] if mode == "mu" else data["exact"],
+              float(lo[tail].min()), float(hi[tail].max())]
+        ymin, ymax = min(ys), max(ys)
+        pad = 0.15 * (ymax - ymin) if ymax > ymin else 0.05
+        self.ax_run.set_ylim(ymin - pad, ymax + pad)
+
+        est, se, exact = data["estimate"], data["se"], data["exact"]
+        how = {"q": "plain mean of log q/p over tokens from q",
+               "mu": "plain mean of log q/p over tokens from μ (no weights)",
+               "weighted": "mean of (q/μ)·log q/p over tokens from μ"}[mode]
+        z = (est - exact) / se if se > 0 else float("inf") if est != exact else 0.0
+        verdict = ("consistent with the exact value" if abs(z) < 3 else
+                   "<b style='color:#b00020'>off by more than 3 standard errors: biased</b>")
+        ess_line = (f"effective sample size <b class='klviz-ess'>{data['ess']:,.0f}</b> of {data['num_samples']:,} "
+                    f"({100 * data['ess'] / data['num_samples']:.1f}%), largest weight q/μ = {data['max_weight']:.3g}"
+                    if mode == "weighted" else
+                    f"every token counts fully: effective sample size = N = {data['num_samples']:,}")
+        self.readout.value = (
+            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
+            f"<tr><td><b>exact</b> KL(q‖p) = Σ<sub>x</sub> q(x) log q(x)/p(x)</td>"
+            f"<td class='klviz-exact'>{exact:.4f}</td></tr>"
+            f"<tr><td><b>estimate</b>: {how}</td><td class='klviz-estimate'>{est:.4f} ± {2 * se:.4f}</td></tr>"
+            f"<tr><td>what a plain mean over μ's tokens converges to, E<sub>μ</sub>[log q/p]</td>"
+            f"<td>{data['biased_limit']:.4f}</td></tr></table>"
+            f"<div style='font-size:90%'>N = {data['num_samples']:,}: {verdict} "
+            f"(estimate − exact = {est - exact:+.4f}, {z:+.1f} SE). {ess_line}.</div>"
+        )

@@ -1,0 +1,395 @@
+"""Lesson 02's panels: the three estimators on Gaussians, on tokens, and the control-variate family.
+
+- :class:`GaussianEstimatorsPanel`: q = N(0, 1) fixed, p = N(mu, sigma²) moved by sliders; per-sample
+  histograms of k1, k2, k3 and a live table of bias/true and std/true, Monte Carlo beside exact.
+- :class:`TokenEstimatorsPanel`: the same on twelve tokens, exact values by enumeration.
+- :class:`ControlVariatePanel`: the spread of k1 + lambda (r - 1) as a function of lambda, the best
+  lambda*, and how often each member of the family comes out negative.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torch.distributions import Normal
+
+from ..devices import make_generator
+from ..divergences import categorical_kl
+from ..estimators import k1, k2, k3
+from ..montecarlo import ESTIMATORS, categorical_counts
+from ..plotting import COLORS, new_figure
+from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
+from ..tables import (
+    EstimatorMoments,
+    categorical_moments,
+    gaussian_moments,
+    k1_negative_probability,
+    mean_std_with_se,
+    sample_log_ratio,
+)
+from .base import Panel
+
+__all__ = ["GaussianEstimatorsPanel", "TokenEstimatorsPanel", "ControlVariatePanel"]
+
+_SAMPLE_COUNTS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
+_BINS = 60
+_STYLE = {"description_width": "initial"}
+_FNS = {"k1": k1, "k2": k2, "k3": k3}
+
+
+def _rel(x: float, kl: float) -> float:
+    return x / kl if kl > 0 else math.nan
+
+
+def _cell(x: float, se: float | None = None, signed: bool = False) -> str:
+    """A table cell: '—' for undefined, 'inf' for infinite, else the number (± 2 SE)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "<td>—</td>"
+    if math.isinf(x):
+        return "<td><b>inf</b></td>"
+    txt = f"{x:+.4g}" if signed else f"{x:.4g}"
+    if se is not None and math.isfinite(se):
+        txt += f" ± {2 * se:.2g}"
+    return f"<td>{txt}</td>"
+
+
+def _edges(values: torch.Tensor, name: str) -> np.ndarray:
+    """Bin edges covering the central 99.8 % of ``values`` (k2 and k3 start at 0, k1's range includes 0)."""
+    sub = values[: 20_000]
+    lo, hi = (float(v) for v in torch.quantile(sub, torch.tensor([0.001, 0.999], dtype=sub.dtype)))
+    if name == "k1":
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    else:
+        lo = 0.0
+    if not hi - lo > 1e-9:
+        hi = lo + 1e-3
+    return np.linspace(lo, hi, _BINS + 1)
+
+
+class GaussianEstimatorsPanel(Panel):
+    """q = N(0, 1) samples x; p = N(mu, sigma²) is moved; k1, k2, k3 of each sample estimate KL(q || p)."""
+
+    title = "Lesson 02 (a): k1, k2, k3 on Gaussians: q = N(0, 1) samples, p = N(μ, σ²) is the target"
+    css_class = "klviz-lesson02-gaussian"
+
+    def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
+        self.seed = seed
+        super().__init__(device)
+
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        return {
+            "mu": widgets.FloatSlider(value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ",
+                                      style=_STYLE, continuous_update=True),
+            "sigma": widgets.FloatSlider(value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ",
+                                         style=_STYLE, continuous_update=True),
+            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=100_000,
+                                                   description="samples N", style=_STYLE,
+                                                   continuous_update=False),
+            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
+                                           layout=widgets.Layout(width="140px")),
+        }
+
+    def make_figure(self) -> Figure:
+        fig, axes = new_figure(9.2, 3.0, ncols=4, gridspec_kw={"width_ratios": [1.15, 1, 1, 1]})
+        ax_d = axes[0]
+        self.xs = np.linspace(-7.0, 7.0, 400)
+        q = np.exp(-0.5 * self.xs ** 2) / math.sqrt(2 * math.pi)
+        ax_d.plot(self.xs, q, color=COLORS["q"], lw=2, label="sampler q = N(0,1)")
+        self.p_line, = ax_d.plot(self.xs, q, color=COLORS["p"], lw=2, label="target p = N(μ,σ²)")
+        ax_d.set_xlim(-7, 7)
+        ax_d.set_xlabel("x")
+        ax_d.set_ylabel("density")
+        ax_d.set_title("the two policies")
+        ax_d.legend(loc="upper left", fontsize=7.5)
+        self.ax_d = ax_d
+        self.hist, self.kl_lines, self.mean_lines, self.hist_axes = {}, {}, {}, {}
+        for ax, name in zip(axes[1:], ESTIMATORS):
+            edges = np.linspace(0, 1, _BINS + 1)
+            self.hist[name] = ax.stairs(np.zeros(_BINS), edges, fill=True, color=COLORS[name], alpha=0.55)
+            self.kl_lines[name] = ax.axvline(0.0, color=COLORS["exact"], ls="--", lw=1.3, label="true KL")
+            self.mean_lines[name] = ax.axvline(0.0, color=COLORS[name], lw=1.8, label="sample mean")
+            ax.set_xlabel(f"per-sample {name}  [nats]")
+            ax.set_yticks([])
+            self.hist_axes[name] = ax
+        axes[1].set_ylabel("density (central 99.8 %)")
+        axes[1].axvline(0.0, color="black", lw=0.6)
+        axes[3].legend(loc="upper right", fontsize=7.5)
+        return fig
+
+    def compute(self, mu: float, sigma: float, num_samples: int, seed: int) -> dict[str, Any]:
+        n = int(num_samples)
+        exact = gaussian_moments(0.0, 1.0, float(mu), float(sigma))
+        q = Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+        p = Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
+        # the same seed gives the same x ~ q whatever p is: only the effect of moving p shows
+        log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), "cpu"))
+        mc, hists = {}, {}
+        for name, fn in _FNS.items():
+            v = fn(log_r)
+            mc[name] = mean_std_with_se(v)
+            edges = _edges(v, name)
+            counts = torch.histc(v, bins=_BINS, min=float(edges[0]), max=float(edges[-1])).numpy()
+            hists[name] = (counts / (n * (edges[1] - edges[0])), edges)
+        density_p = np.exp(-0.5 * ((self.xs - mu) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+        return {"mu": float(mu), "sigma": float(sigma), "n": n, "exact": exact, "mc": mc, "hists": hists,
+                "density_p": density_p, "frac_neg_mc": float((log_r > 0).double().mean()),
+                "frac_neg_exact": k1_negative_probability(0.0, 1.0, float(mu), float(sigma))}
+
+    def draw(self, data: dict[str, Any]) -> None:
+        self.p_line.set_ydata(data["density_p"])
+        self.ax_d.set_ylim(0, 1.08 * max(0.4, float(data["density_p"].max())))
+        exact: EstimatorMoments = data["exact"]
+        for name in ESTIMATORS:
+            dens, edges = data["hists"][name]
+            self.hist[name].set_data(dens, edges)
+            ax = self.hist_axes[name]
+            ax.set_xlim(edges[0], edges[-1])
+            ax.set_ylim(0, 1.1 * float(dens.max()) if dens.max() > 0 else 1.0)
+            self.kl_lines[name].set_xdata([exact.true_kl, exact.true_kl])
+            m = data["mc"][name]["mean"]
+            self.mean_lines[name].set_xdata([m, m])
+        self.hist_axes["k1"].set_title(f"k1 = −log r  ({100 * data['frac_neg_mc']:.0f} % < 0)")
+        self.hist_axes["k2"].set_title("k2 = ½ (log r)²  (≥ 0)")
+        self.hist_axes["k3"].set_title("k3 = (r − 1) − log r  (≥ 0)")
+        self.readout.value = self._table(data)
+
+    @staticmethod
+    def _table(data: dict[str, Any]) -> str:
+        exact: EstimatorMoments = data["exact"]
+        kl = exact.true_kl
+        rows = []
+        for name in ESTIMATORS:
+            m = data["mc"][name]
+            rows.append(
+                f"<tr><td style='color:{COLORS[name]}'><b>{name}</b></td>"
+                + _cell(_rel(m["mean"] - kl, kl), _rel(m["se"], kl), signed=True)
+                + _cell(exact.bias_rel(name) if kl > 0 else math.nan, signed=True)
+                + _cell(_rel(m["std"], kl), _rel(m["se_std"], kl))
+                + _cell(exact.std_rel(name) if kl > 0 else math.nan) + "</tr>")
+        notes = []
+        if kl == 0:
+            notes.append("p = q: the KL is 0 and every estimator is exactly 0; relative numbers are undefined (—).")
+        if "k3" in exact.notes:
+            notes.append(html.escape(exact.notes["k3"]) + " The Monte Carlo std shown for k3 is therefore "
+                         "not an estimate of anything: rerun with a larger N and watch it grow.")
+        return (
+            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
+            "<tr><th></th><th>bias/true: Monte Carlo ± 2 SE</th><th>exact</th>"
+            "<th>std/true: Monte Carlo ± 2 SE</th><th>exact</th></tr>" + "".join(rows) + "</table>"
+            f"<div style='font-size:90%'>true KL(q‖p) = <b class='klviz-exact'>{kl:.5g}</b> nats · N = {data['n']:,} · "
+            f"k1 &lt; 0 for {100 * data['frac_neg_mc']:.1f} % of the samples (exact "
+            f"{100 * data['frac_neg_exact']:.1f} %): wherever p(x) &gt; q(x).</div>"
+            + "".join(f"<div style='font-size:90%;color:#8a4b00'>{n}</div>" for n in notes))
+
+
+class TokenEstimatorsPanel(Panel):
+    """Twelve tokens: q fixed, p moved; each token's k1, k2, k3, and exact moments by enumeration."""
+
+    title = "Lesson 02 (b): k1, k2, k3 on a token distribution (exact values by summing over the vocabulary)"
+    css_class = "klviz-lesson02-tokens"
+
+    def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
+        self.q_logp = toy_sampler_logits().double()
+        self.seed = seed
+        super().__init__(device)
+
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        names = [t.strip() for t in TOY_VOCAB]
+        return {
+            "temperature": widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.05, description="p temperature",
+                                               style=_STYLE, continuous_update=True),
+            "push": widgets.FloatSlider(value=1.5, min=-6.0, max=6.0, step=0.1, description="push p toward",
+                                        style=_STYLE, continuous_update=True),
+            "push_token": widgets.Dropdown(options=list(zip(names, range(len(names)))), value=9,
+                                           description="token", layout=widgets.Layout(width="160px")),
+            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=10_000,
+                                                   description="tokens N", style=_STYLE, continuous_update=False),
+            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
+                                           layout=widgets.Layout(width="140px")),
+        }
+
+    def make_figure(self) -> Figure:
+        fig, (ax_pol, ax_est) = new_figure(9.2, 3.2, ncols=2)
+        x = np.arange(len(TOY_VOCAB))
+        q = self.q_logp.exp().numpy()
+        labels = [t.strip() for t in TOY_VOCAB]
+        ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label="sampler q")
+        self.bars_p = ax_pol.bar(x + 0.2, q, width=0.4, color=COLORS["p"], label="target p")
+        ax_pol.set_xticks(x, labels, rotation=45, ha="right")
+        ax_pol.set_ylabel("probability")
+        ax_pol.set_title('next token after "The cat sat on the"')
+        ax_pol.legend(loc="upper right")
+        self.ax_pol = ax_pol
+        self.est_bars = {}
+        for j, name in enumerate(ESTIMATORS):
+            self.est_bars[name] = ax_est.bar(x + (j - 1) * 0.27, np.zeros(len(x)), width=0.27,
+                                             color=COLORS[name], label=name)
+        self.kl_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.3, label="exact KL(q‖p)")
+        ax_est.axhline(0.0, color="black", lw=0.6)
+        ax_est.set_xticks(x, labels, rotation=45, ha="right")
+        ax_est.set_ylabel("value if this token is drawn  [nats]")
+        ax_est.set_title("each token's k1, k2, k3 (log r = log p − log q)")
+        ax_est.legend(loc="upper left", ncols=2, fontsize=7.5)
+        self.ax_est = ax_est
+        return fig
+
+    def compute(self, temperature: float, push: float, push_token: int, num_samples: int,
+                seed: int) -> dict[str, Any]:
+        n = int(num_samples)
+        log_p = move_policy(self.q_logp, temperature=float(temperature), push=float(push), push_token=int(push_token))
+        q, p = self.q_logp.exp(), log_p.exp()
+        exact = categorical_moments(q, p)
+        log_r = log_p - self.q_logp
+        per_token = {name: fn(log_r).numpy() for name, fn in _FNS.items()}
+        counts = categorical_counts(q, n, generator=make_generator(int(seed), "cpu"))
+        mc = {}
+        for name, vals in per_token.items():
+            v = torch.from_numpy(vals)
+            m = float((counts * v).sum() / n)
+            d2 = (v - m).square()
+            var = float((counts * d2).sum()) / max(n - 1, 1)
+            s = math.sqrt(var)
+            m4 = float((counts * d2.square()).sum()) / n
+            se_std = math.sqrt(max(m4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
+            mc[name] = {"mean": m, "se": s / math.sqrt(n), "std": s, "se_std": se_std}
+        return {"p": p.numpy(), "exact": exact, "mc": mc, "per_token": per_token, "n": n,
+                "exact_kl_check": float(categorical_kl(q, p)),
+                "frac_neg_mc": float(counts[log_r > 0].sum()) / n, "frac_neg_exact": float(q[log_r > 0].sum())}
+
+    def draw(self, data: dict[str, Any]) -> None:
+        for bar, h in zip(self.bars_p, data["p"]):
+            bar.set_height(h)
+        self.ax_pol.set_ylim(0, 1.08 * max(0.35, float(data["p"].max())))
+        lo, hi = 0.0, data["exact"].true_kl
+        for name in ESTIMATORS:
+            vals = data["per_token"][name]
+            for bar, h in zip(self.est_bars[name], vals):
+                bar.set_height(h)
+            lo, hi = min(lo, float(vals.min())), max(hi, float(vals.max()))
+        pad = 0.08 * (hi - lo) if hi > lo else 0.01
+        self.ax_est.set_ylim(lo - pad, hi + 3 * pad)
+        self.kl_line.set_ydata([data["exact"].true_kl] * 2)
+        self.readout.value = GaussianEstimatorsPanel._table(
+            {"exact": data["exact"], "mc": data["mc"], "n": data["n"], "frac_neg_mc": data["frac_neg_mc"],
+             "frac_neg_exact": data["frac_neg_exact"]}).replace("of the samples", "of the tokens drawn")
+
+
+_LAMBDAS = np.linspace(-0.5, 1.5, 201)
+_LAMBDAS_NEG = np.linspace(-0.5, 1.5, 41)
+
+
+class ControlVariatePanel(Panel):
+    """The family k1 + lambda (r - 1): every member is unbiased; its spread is a parabola in lambda."""
+
+    title = "Lesson 02 (c): the control-variate family k1 + λ (r − 1), q = N(0, 1), p = N(μ, σ²)"
+    css_class = "klviz-lesson02-lambda"
+
+    def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
+        self.seed = seed
+        super().__init__(device)
+
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        return {
+            "mu": widgets.FloatSlider(value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ",
+                                      style=_STYLE, continuous_update=True),
+            "sigma": widgets.FloatSlider(value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ",
+                                         style=_STYLE, continuous_update=True),
+            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=100_000,
+                                                   description="samples N", style=_STYLE,
+                                                   continuous_update=False),
+            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
+                                           layout=widgets.Layout(width="140px")),
+        }
+
+    def make_figure(self) -> Figure:
+        fig, (ax_v, ax_n) = new_figure(9.2, 3.2, ncols=2)
+        self.exact_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["exact"], lw=2,
+                                      label="exact")
+        self.mc_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["mu"], lw=1.2, ls="--",
+                                   label="Monte Carlo (same samples)")
+        self.mark_k1, = ax_v.plot([0], [1], "o", color=COLORS["k1"], ms=8, label="λ = 0: k1")
+        self.mark_k3, = ax_v.plot([1], [1], "s", color=COLORS["k3"], ms=8, label="λ = 1: k3")
+        self.mark_star, = ax_v.plot([1], [1], "*", color="black", ms=13, label="λ* exact")
+        self.mark_star_mc = ax_v.axvline(1.0, color=COLORS["mu"], lw=1, ls=":", label="λ* measured")
+        self.note = ax_v.text(0.5, 0.5, "", transform=ax_v.transAxes, ha="center", va="center", fontsize=8.5,
+                              color="#8a4b00")
+        ax_v.set_xlabel("λ")
+        ax_v.set_ylabel("std / true KL of one sample")
+        ax_v.set_title("spread of k1 + λ (r − 1)")
+        ax_v.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
+        ax_v.legend(loc="upper center", fontsize=7.5, ncols=2)
+        self.ax_v = ax_v
+        self.neg_line, = ax_n.plot(_LAMBDAS_NEG, np.zeros_like(_LAMBDAS_NEG), "o-", ms=3, color=COLORS["mu"],
+                                   label="Monte Carlo")
+        self.neg_exact, = ax_n.plot([0, 1], [0.5, 0.0], "D", color=COLORS["exact"], ms=6,
+                                    label="exact (λ = 0 and λ = 1)")
+        ax_n.axvline(1.0, color=COLORS["k3"], lw=0.8)
+        ax_n.set_xlabel("λ")
+        ax_n.set_ylabel("fraction of samples < 0")
+        ax_n.set_title("how often k1 + λ (r − 1) is negative")
+        ax_n.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
+        ax_n.set_ylim(-0.02, 1.0)
+        ax_n.legend(loc="upper right", fontsize=7.5)
+        return fig
+
+    def compute(self, mu: float, sigma: float, num_samples: int, seed: int) -> dict[str, Any]:
+        n = int(num_samples)
+        exact = gaussian_moments(0.0, 1.0, float(mu), float(sigma))
+        q = Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+        p = Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
+        log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), "cpu"))
+        a, c = k1(log_r), torch.expm1(log_r)           # k1 and r - 1
+        da, dc = a - a.mean(), c - c.mean()
+        var_a, var_c = float(da.square().mean()), float(dc.square().mean())
+        cov = float((da * dc).mean())
+        mc_var = np.maximum(var_a + 2 * _LAMBDAS * cov + _LAMBDAS ** 2 * var_c, 0.0)
+        lam_mc = -cov / var_c if var_c > 0 else 0.0
+        sub_a, sub_c = a[:100_000], c[:100_000]
+        lam_t = torch.from_numpy(_LAMBDAS_NEG)[:, None]
+        frac_neg = ((sub_a[None, :] + lam_t * sub_c[None, :]) < 0).double().mean(1).numpy()
+        return {"exact": exact, "exact_var": exact.cv_variance(_LAMBDAS), "mc_var": mc_var, "lambda_mc": lam_mc,
+                "frac_neg": frac_neg, "frac_neg_k1": k1_negative_probability(0.0, 1.0, float(mu), float(sigma)),
+                "n": n, "n_frac": int(sub_a.numel())}
+
+    def draw(self, data: dict[str, Any]) -> None:
+        exact: EstimatorMoments = data["exact"]
+        kl = exact.true_kl
+        scale = 1.0 / kl if kl > 0 else 1.0
+        ex_std = np.sqrt(data["exact_var"]) * scale
+        mc_std = np.sqrt(data["mc_var"]) * scale
+        finite = np.isfinite(ex_std)
+        self.exact_curve.set_ydata(np.where(finite, ex_std, np.nan))
+        self.mc_curve.set_ydata(mc_std)
+        lam = exact.lambda_star
+        self.mark_k1.set_ydata([math.sqrt(exact.var["k1"]) * scale])
+        self.mark_k3.set_ydata([math.sqrt(exact.var["k3"]) * scale if math.isfinite(exact.var["k3"]) else np.nan])
+        self.mark_star.set_data([lam], [math.sqrt(exact.cv_variance(lam)) * scale])
+        self.mark_star_mc.set_xdata([data["lambda_mc"]] * 2)
+        shown = np.concatenate([ex_std[finite], mc_std])
+        top = float(np.percentile(shown, 90)) if shown.size else 1.0
+        self.ax_v.set_ylim(0, max(top, 1e-9) * 1.15)
+        self.ax_v.set_ylabel("std / true KL of one sample" if kl > 0 else "std of one sample (KL = 0)")
+        infinite = not math.isfinite(exact.var_r)
+        self.note.set_text("exact variance is infinite for every λ ≠ 0:\nVar(r) diverges (see the note below)"
+                           if infinite else "")
+        self.neg_line.set_ydata(data["frac_neg"])
+        self.neg_exact.set_ydata([data["frac_neg_k1"], 0.0])
+        std_at = {lbl: math.sqrt(exact.cv_variance(v)) * scale for lbl, v in (("0", 0.0), ("star", lam), ("1", 1.0))}
+        rel = "std/true" if kl > 0 else "std"
+        note = ("<div style='font-size:90%;color:#8a4b00'>" + html.escape(exact.notes["k3"]) + "</div>"
+                if infinite else "")
+        self.readout.value = (
+            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
+            "<tr><th></th><th>λ</th><th>" + rel + " (exact)</th></tr>"
+            f"<tr><td>k1</td><td>0</td>{_cell(std_at['0'])}</tr>"
+            f"<tr><td><b>best</b></td><td class='klviz-lambda-star'>{lam:.4f} (exact) · "
+            f"{data['lambda_mc']:.4f} (measured)</td>{_cell(std_at['star'])}</tr>"
+            f"<tr><td>k3</td><td>1</td>{_cell(std_at['1'])}</tr></table>"
+            "<div style='font-size:90%'>λ* = (KL(q‖p) + KL(p‖q)) / χ²(p‖q) = −Cov(k1, r) / Var(r). "
+            "Only λ = 1 is never negative: −log r + λ (r − 1) &lt; 0 at r = 1/λ for every other λ &gt; 0. "
+            f"N = {data['n']:,} (fraction negative from the first {data['n_frac']:,}).</div>" + note)

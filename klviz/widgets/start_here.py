@@ -1,0 +1,135 @@
+"""Lesson 00's first panel: move a target policy p away from a sampler q over twelve named tokens."""
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from ..devices import make_generator
+from ..divergences import categorical_kl
+from ..montecarlo import categorical_counts, moments_from_counts, summarize
+from ..plotting import COLORS, new_figure
+from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
+from .base import Panel
+
+__all__ = ["StartHerePanel"]
+
+_SAMPLE_COUNTS = (10, 30, 100, 300, 1_000, 3_000, 10_000, 100_000, 1_000_000)
+
+
+class StartHerePanel(Panel):
+    """Sampler q (fixed) and target p (moved by temperature, a push, a mix) over :data:`TOY_VOCAB`.
+
+    Shows the exact KL(q || p) beside the sample means of k1, k2, k3 over N tokens drawn from q,
+    each with a ±2 standard-error bar, and how often k1 comes out negative.
+    """
+
+    title = "Start here: sample tokens from q, estimate KL(q ‖ p)"
+    css_class = "klviz-start-here"
+
+    def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
+        self.q_logp = toy_sampler_logits()
+        self.seed = seed
+        super().__init__(device)
+
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        style = {"description_width": "initial"}
+        names = [t.strip() for t in TOY_VOCAB]
+        return {
+            "temperature": widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.05, description="p temperature",
+                                               style=style, continuous_update=True),
+            "push": widgets.FloatSlider(value=1.0, min=-4.0, max=4.0, step=0.1, description="push p toward",
+                                        style=style, continuous_update=True),
+            "push_token": widgets.Dropdown(options=list(zip(names, range(len(names)))), value=1,
+                                           description="token", layout=widgets.Layout(width="160px")),
+            "mix": widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.02, description="mix p with uniform",
+                                       style=style, continuous_update=True),
+            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=1_000,
+                                                   description="tokens N", style=style, continuous_update=False),
+            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
+                                           layout=widgets.Layout(width="140px")),
+        }
+
+    def make_figure(self) -> Figure:
+        fig, (ax_pol, ax_est) = new_figure(9.2, 3.4, ncols=2, gridspec_kw={"width_ratios": [2.2, 1]})
+        x = np.arange(len(TOY_VOCAB))
+        q = self.q_logp.exp().numpy()
+        self.bars_q = ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label="sampler q (fixed)")
+        self.bars_p = ax_pol.bar(x + 0.2, q, width=0.4, color=COLORS["p"], label="target p (move me)")
+        self.freq_line, = ax_pol.plot(x - 0.2, q, "_", color="black", ms=9, mew=2, label="draw frequency")
+        ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
+        ax_pol.set_ylabel("probability")
+        ax_pol.set_title('next token after "The cat sat on the"')
+        ax_pol.set_ylim(0, 1)
+        ax_pol.legend(loc="upper right")
+        self.ax_pol = ax_pol
+
+        pos = np.arange(3)
+        self.est_bars = ax_est.bar(pos, [0, 0, 0], width=0.6,
+                                   color=[COLORS["k1"], COLORS["k2"], COLORS["k3"]], alpha=0.85)
+        self.err = ax_est.errorbar(pos, [0, 0, 0], yerr=[0, 0, 0], fmt="none", ecolor="black", capsize=5, lw=1.2)
+        self.exact_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label="exact KL(q‖p)")
+        ax_est.axhline(0.0, color="black", lw=0.6)
+        ax_est.set_xticks(pos, ["k1", "k2", "k3"])
+        ax_est.set_ylabel("estimate of KL(q‖p)  [nats]")
+        ax_est.set_title("sample means ± 2 SE")
+        ax_est.legend(loc="upper left")
+        self.ax_est = ax_est
+        return fig
+
+    def compute(self, temperature: float, push: float, push_token: int, mix: float, num_samples: int,
+                seed: int) -> dict[str, Any]:
+        log_p = move_policy(self.q_logp, temperature=temperature, push=push, push_token=push_token, mix=mix)
+        # the same seed draws the same tokens whatever p is: only the effect of moving p shows
+        counts = categorical_counts(self.q_logp.exp(), int(num_samples), generator=make_generator(seed, "cpu"))
+        log_r = log_p - self.q_logp                       # log p(x) - log q(x), per token
+        exact = float(categorical_kl(self.q_logp.exp(), log_p.exp()))
+        stats = summarize(moments_from_counts(counts, log_r), exact)
+        frac_neg_k1 = float(counts[log_r > 0].sum() / num_samples)
+        return {"p": log_p.exp().numpy(), "freq": (counts / num_samples).numpy(), "exact": exact,
+                "stats": stats, "frac_negative_k1": frac_neg_k1, "num_samples": int(num_samples)}
+
+    def draw(self, data: dict[str, Any]) -> None:
+        for bar, h in zip(self.bars_p, data["p"]):
+            bar.set_height(h)
+        self.freq_line.set_ydata(data["freq"])
+        self.ax_pol.set_ylim(0, max(0.4, float(data["p"].max()) * 1.1, float(data["freq"].max()) * 1.1))
+        stats = data["stats"]
+        means = [stats[k]["mean"] for k in ("k1", "k2", "k3")]
+        ses = [2 * stats[k]["se"] for k in ("k1", "k2", "k3")]
+        for bar, h in zip(self.est_bars, means):
+            bar.set_height(h)
+        _set_errorbars(self.err, np.arange(3), means, ses)
+        self.exact_line.set_ydata([data["exact"], data["exact"]])
+        lo = min(0.0, *(m - s for m, s in zip(means, ses)))
+        hi = max(data["exact"], *(m + s for m, s in zip(means, ses)))
+        pad = 0.12 * (hi - lo) if hi > lo else 0.01
+        self.ax_est.set_ylim(lo - pad, hi + pad)
+        rows = "".join(
+            f"<tr><td style='color:{COLORS[k]}'><b>{k}</b></td><td>{stats[k]['mean']:.4f}</td>"
+            f"<td>± {2 * stats[k]['se']:.4f}</td><td>{stats[k]['std']:.4f}</td><td>{stats[k]['bias']:+.4f}</td></tr>"
+            for k in ("k1", "k2", "k3"))
+        self.readout.value = (
+            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
+            "<tr><th></th><th>mean</th><th>±2 SE</th><th>std of one sample</th><th>mean − exact</th></tr>"
+            f"{rows}<tr><td><b>exact</b></td><td class='klviz-exact'>{data['exact']:.4f}</td>"
+            "<td colspan=3>KL(q‖p) summed over the 12 tokens</td></tr></table>"
+            f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q; "
+            f"k1 is negative for <b>{100 * data['frac_negative_k1']:.1f}%</b> of them "
+            "(tokens that p likes more than q does); k2 and k3 never are.</div>"
+        )
+
+
+def _set_errorbars(container: Any, x: np.ndarray, y: list[float], half: list[float]) -> None:
+    """Move the vertical error bars of an ``errorbar`` container without rebuilding it."""
+    _line, caps, (segments,) = container
+    segments.set_segments([[[xi, yi - h], [xi, yi + h]] for xi, yi, h in zip(x, y, half)])
+    if caps:
+        caps[0].set_data(x, np.asarray(y) - np.asarray(half))
+        caps[1].set_data(x, np.asarray(y) + np.asarray(half))
+
+
+

@@ -1,0 +1,60 @@
+"""Helpers for driving JupyterLab notebooks and ipywidgets from Playwright."""
+from __future__ import annotations
+
+from playwright.sync_api import Locator, Page
+
+KERNEL_IDLE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  return !!(w && w.sessionContext && w.sessionContext.session &&
+            w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle');
+}"""
+ALL_RUN = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  return w.sessionContext.session.kernel.status === 'idle' &&
+         w.content.widgets.filter(c => c.model.type === 'code').every(c => c.model.executionCount !== null);
+}"""
+ERRORS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const out = [];
+  for (const c of w.content.widgets) {
+    if (c.model.type !== 'code') continue;
+    for (let i = 0; i < c.model.outputs.length; i++) {
+      const o = c.model.outputs.get(i);
+      if (o.type === 'error') out.push(o.toJSON().ename + ': ' + o.toJSON().evalue);
+    }
+  }
+  return out;
+}"""
+
+
+def open_and_run(page: Page, lab: dict, notebook: str, timeout_ms: int = 180_000) -> None:
+    """Open ``notebook`` in JupyterLab, run all cells, wait until done and fail on any error output."""
+    page.goto(f"{lab['base']}/lab/tree/{notebook}?token={lab['token']}&reset")
+    page.wait_for_function(KERNEL_IDLE, timeout=90_000)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_function(ALL_RUN, timeout=timeout_ms, polling=500)
+    errors = page.evaluate(ERRORS)
+    assert not errors, f"{notebook} raised: {errors}"
+
+
+def move_slider(page: Page, panel: Locator, control: str, key: str = "ArrowRight", times: int = 1) -> None:
+    """Press ``key`` on the slider handle of the control named ``control`` inside ``panel``."""
+    handle = panel.locator(f".klviz-{control} .noUi-handle").first
+    handle.scroll_into_view_if_needed()
+    handle.focus()
+    for _ in range(times):
+        page.keyboard.press(key)
+
+
+def type_into_readout(page: Page, panel: Locator, control: str, text: str) -> None:
+    """Type a value into a slider's readout box and press Enter."""
+    readout = panel.locator(f".klviz-{control} .widget-readout").first
+    readout.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(text)
+    page.keyboard.press("Enter")
+
+
+def figure_of(panel: Locator) -> Locator:
+    """The rendered figure of a panel (the ipympl canvas element)."""
+    return panel.locator(".jupyter-matplotlib-figure, .jupyter-matplotlib-canvas-div canvas, img").first
