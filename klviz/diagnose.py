@@ -515,17 +515,21 @@ def _trouble(d: Diagnosis) -> list[tuple[str, str]]:
     k1 = d.estimates["k1"]
     if k1["token_mean"] < 0:
         z = -k1["token_mean"] / k1["token_mean_se"] if k1["token_mean_se"] > 0 else math.inf
-        if z > 3 and not d.off_policy:
-            out.append(("the k1 mean is negative beyond noise "
-                        f"({k1['token_mean']:.4g} ± {2 * k1['token_mean_se']:.2g})",
+        shown = f"{k1['token_mean']:.4g} ± {2 * k1['token_mean_se']:.2g}"
+        if d.off_policy:
+            out.append((f"the k1 mean is negative ({shown})",
+                        "Expected off-policy: on π_old's tokens E[log π − log π_ref] = KL(π_old‖π_ref) − KL(π_old‖π), "
+                        "which is negative once π has moved further from π_old than π_old is from π_ref. It is not a KL; "
+                        "use the ρ-weighted rows."))
+        elif z > 3:
+            out.append((f"the k1 mean is negative beyond noise ({shown})",
                         "On-policy, E[k1] = KL(π‖π_ref) ≥ 0, so a clearly negative mean says the tokens were not "
                         "drawn from the distribution whose log-probs you saved: sampling temperature, top-p/top-k, a "
                         "different inference engine (vLLM vs the trainer), or stale/off-policy tokens."))
         else:
-            out.append((f"the k1 mean is negative but within noise ({k1['token_mean']:.4g} ± "
-                        f"{2 * k1['token_mean_se']:.2g})",
+            out.append((f"the k1 mean is negative but within noise ({shown})",
                         "Expected when π and π_ref are close: k1 is negative on every token π_ref likes more than π, "
-                        "and the true KL is tiny. Nothing is wrong; k3 gives a non-negative number with less noise."))
+                        "and the true KL is small next to the noise. Nothing is wrong; k3 is never negative."))
     rm, rse = d.mean_ratio
     if math.isfinite(rse) and abs(rm - 1) > max(4 * rse, 0.01):
         out.append((f"the mean ratio r = π_ref/π_sampler is {rm:.4f} ± {2 * rse:.2g}, not 1",
@@ -537,9 +541,10 @@ def _trouble(d: Diagnosis) -> list[tuple[str, str]]:
     if k3["token_std"] > 2 * k1["token_std"] or d.k3_top_share > 0.5:
         out.append((f"k3 is heavy-tailed (per-token std {k3['token_std']:.3g} vs k1's {k1['token_std']:.3g}; "
                     f"top 1% of tokens carry {100 * d.k3_top_share:.0f}% of its sum)",
-                    "k3's variance grows like e^{(log r)²}: when the policies are far apart on some tokens it is "
-                    "noisier than k1, and a few tokens decide the batch value. Prefer k1 for logging here, or "
-                    "look at those tokens."))
+                    "k3 = r − 1 − log r contains r = π_ref/π, exponential in log r: on tokens that π_ref finds "
+                    "far likelier than π, one token outweighs hundreds (for Gaussians Var k3 grows like e^{μ²}). "
+                    "The batch value then rests on a few tokens; k1 is the steadier number to log here, or look at "
+                    "those tokens."))
     if d.off_policy:
         out.append((f"the tokens were sampled by π_old, not π (max |logprob − old_logprob| = {d.max_abs_policy_shift:.3g})",
                     "k1/k2/k3 of logprob vs ref_logprob then estimate no KL exactly; weight by ρ = π/π_old (the ρ·k rows) "
@@ -577,9 +582,10 @@ def format_report(d: Diagnosis) -> str:
         f"  tokens sampled by: {d.sampler}"
         + ("" if d.off_policy or "old_logprob" in d.keys else " (no old_logprob key: assumed on-policy, the first PPO minibatch)"),
         "",
-        "Per-token estimates with log r = ref_logprob − logprob  (mean ± 2 SE; SE counts sequences as the independent units)",
+        "Per-token estimates with log r = ref_logprob − logprob  (mean ± 2 SE; SE counts sequences as the independent units)"
+        + ("\n  (tokens from π_old: these are biased, see 'Off-policy estimates')" if d.off_policy else ""),
         f"  {'':4}{'token-mean':>22}{'seq-mean-token-mean':>24}{'seq-mean-token-sum':>24}{'std/token':>11}"
-        f"{'p1':>9}{'p50':>9}{'p99':>9}{'max':>9}",
+        f"{'p1':>11}{'p50':>11}{'p99':>11}{'max':>11}",
     ]
     for k in ("k1", "k2", "k3"):
         e = d.estimates[k]
@@ -587,7 +593,7 @@ def format_report(d: Diagnosis) -> str:
             f"  {k:4}{_fmt(e['token_mean']) + ' ± ' + _fmt(2 * e['token_mean_se']):>22}"
             f"{_fmt(e['seq_token_mean']) + ' ± ' + _fmt(2 * e['seq_token_mean_se']):>24}"
             f"{_fmt(e['seq_sum_mean']) + ' ± ' + _fmt(2 * e['seq_sum_se']):>24}{_fmt(e['token_std']):>11}"
-            f"{_fmt(e['p01']):>9}{_fmt(e['p50']):>9}{_fmt(e['p99']):>9}{_fmt(e['max']):>9}")
+            f"{_fmt(e['p01']):>11}{_fmt(e['p50']):>11}{_fmt(e['p99']):>11}{_fmt(e['max']):>11}")
     lines += ["  (verl's kl_loss with token-mean is the first column; verl's logged actor/kl and kl_in_reward "
               "use the second; TRL PPO logs the third = a sequence KL)", "", "What each number estimates"]
     for k, what in d.directions.items():
@@ -599,11 +605,13 @@ def format_report(d: Diagnosis) -> str:
     e1, e2, e3 = (d.estimates[k] for k in ("k1", "k2", "k3"))
     rm, rse = d.mean_ratio
     lines += ["", "Agreement between estimators",
-              f"  k1 − k3 (token-mean) = {_fmt(e1['token_mean'] - e3['token_mean'])}; it equals mean(1 − r), and "
-              f"mean r = {rm:.4f} ± {_fmt(2 * rse)} (should be 1 when the sampler's log-probs are right)",
+              f"  k1 − k3 (token-mean) = {_fmt(e1['token_mean'] - e3['token_mean'])} = mean(1 − π_ref/π) over the tokens",
+              f"  mean of π_ref/π_sampler = {rm:.4f} ± {_fmt(2 * rse)} (1 in expectation when the tokens are samples of "
+              "the sampler whose log-probs you saved)",
               f"  k2 − k3 = {_fmt(e2['token_mean'] - e3['token_mean'])} (k2's bias; third order in log r when π ≈ π_ref)",
               f"  k1 negative on {100 * e1['frac_negative']:.1f}% of tokens (expected: the tokens π_ref prefers)", "",
-              "Clamps: fraction of counted tokens each framework's clamp would alter, and the shift of the token-mean"]
+              "Clamps: fraction of counted tokens each framework's clamp would alter, and how much it moves the token-mean",
+              "  (clamped minus unclamped; verl's second row is low_var_kl with both of its clamps)"]
     for label, c in d.clamps.items():
         lines.append(f"  {label:52} {100 * c['fraction']:7.3f}%  ({c['count']} tokens)  mean shift {c['mean_shift']:+.3g}")
     lines += ["", "Trouble signs"]

@@ -2,8 +2,8 @@
 
 RLHF code compares three states of one model on the same tokens: the frozen **reference** (the
 model after supervised training), the **old** policy that sampled the rollouts, and the **new**
-policy being updated on them. This module ships all three for a one-layer GRU over a 32-character
-vocabulary (about 70k parameters, trained by ``scripts/train_tiny_lm.py`` on a corpus the repo
+policy being updated on them. This module ships all three for a one-layer GRU over a 32-token
+vocabulary (a neural n-gram model of about 45k parameters, trained by ``scripts/train_tiny_lm.py`` on a corpus the repo
 generates), so every lesson can show real prompts and responses, per-token log-probabilities of
 the sampled tokens, and the full next-token distributions (hence the *exact* KL at every position
 beside every estimate). No download: the weights are package data, read with ``importlib.resources``.
@@ -70,8 +70,9 @@ POSITIVE_WORDS = ("happy", "kind", "good", "warm", "bright")
 NEGATIVE_WORDS = ("sad", "bad", "cold", "dark", "angry")
 
 # architecture (fixed: the shipped weights are for it)
-EMBED_DIM = 32
-HIDDEN_DIM = 128
+CONTEXT = 16
+EMBED_DIM = 12
+HIDDEN_DIM = 192
 
 
 def encode(text: str) -> list[int]:
@@ -107,27 +108,32 @@ def token_strings(ids: Sequence[int] | torch.Tensor) -> list[str]:
 
 
 class TinyLM(nn.Module):
-    """Embedding → one-layer GRU → linear head. ``forward(ids [B, T]) -> logits [B, T, V]``.
+    """A neural n-gram model (Bengio et al. 2003; makemore part 2): the last ``CONTEXT`` characters,
+    embedded and concatenated, through one tanh hidden layer to next-character logits.
 
-    ``logits[:, t]`` is the next-token distribution *after* reading ``ids[:, :t+1]``, so the
-    log-probability of ``ids[:, t]`` is read from ``logits[:, t-1]``. Right padding never changes
-    earlier outputs (the model is causal), which is why every batch here is right-padded.
+    ``forward(ids [B, T]) -> logits [B, T, V]``: ``logits[:, t]`` is the next-token distribution
+    after reading ``ids[:, :t+1]`` (it sees ``ids[:, t-CONTEXT+1 : t+1]``; positions before the
+    start count as PAD), so the log-probability of ``ids[:, t]`` is read from ``logits[:, t-1]``.
+    Causal by construction: right padding never changes earlier outputs, which is why every batch
+    here is right-padded. About 45k parameters; a [64, 48] batch takes a few ms on one CPU core.
     """
 
-    def __init__(self, vocab_size: int = len(VOCAB), embed_dim: int = EMBED_DIM, hidden_dim: int = HIDDEN_DIM):
+    def __init__(self, vocab_size: int = len(VOCAB), context: int = CONTEXT, embed_dim: int = EMBED_DIM,
+                 hidden_dim: int = HIDDEN_DIM):
         super().__init__()
+        self.context = context
         self.embed = nn.Embedding(vocab_size, embed_dim)
-        self.rnn = nn.GRU(embed_dim, hidden_dim, batch_first=True)
+        self.hidden = nn.Linear(context * embed_dim, hidden_dim)
         self.head = nn.Linear(hidden_dim, vocab_size)
 
-    def forward(self, ids: torch.Tensor, hidden: torch.Tensor | None = None) -> torch.Tensor:
-        out, _ = self.rnn(self.embed(ids), hidden)
-        return self.head(out)
+    def window_logits(self, windows: torch.Tensor) -> torch.Tensor:
+        """Next-token logits from ``windows [..., CONTEXT]`` of token ids (oldest first)."""
+        e = self.embed(windows).flatten(-2)
+        return self.head(torch.tanh(self.hidden(e)))
 
-    def step(self, ids: torch.Tensor, hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token per row: ``ids [B]`` → (logits ``[B, V]``, new hidden state)."""
-        out, hidden = self.rnn(self.embed(ids).unsqueeze(1), hidden)
-        return self.head(out[:, 0]), hidden
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        padded = nn.functional.pad(ids, (self.context - 1, 0), value=PAD_ID)
+        return self.window_logits(padded.unfold(-1, self.context, 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,6 +226,32 @@ class Rollouts:
         start = 1 + int(self.prompt_lengths[b])
         return slice(start, start + int(self.response_lengths[b]))
 
+    @property
+    def response_width(self) -> int:
+        """The longest response (EOS included): the width of :meth:`response_layout` tensors."""
+        return max(1, int(self.response_lengths.max()))
+
+    def response_layout(self, values: torch.Tensor) -> torch.Tensor:
+        """``values [B, T, ...]`` re-laid as ``[B, R, ...]``: each row's response tokens moved to the
+        left, zeros after its end. This is how verl, OpenRLHF, TRL and MiniMind store per-token
+        tensors (one column per response token); pass the mask through it too
+        (:attr:`response_layout_mask`).
+        """
+        if not isinstance(values, torch.Tensor) or values.shape[:2] != self.input_ids.shape:
+            raise ValueError(f"values must be a tensor whose first two dimensions are {tuple(self.input_ids.shape)}")
+        width = self.response_width
+        out = values.new_zeros((self.batch_size, width, *values.shape[2:]))
+        for b in range(self.batch_size):
+            sl = self.response_slice(b)
+            out[b, :sl.stop - sl.start] = values[b, sl]
+        return out
+
+    @property
+    def response_layout_mask(self) -> torch.Tensor:
+        """``[B, R]`` float mask of the response tokens in :meth:`response_layout` (EOS included)."""
+        cols = torch.arange(self.response_width, device=self.response_lengths.device)
+        return (cols[None, :] < self.response_lengths[:, None]).float()
+
     def to(self, device: str | torch.device) -> "Rollouts":
         dev = torch.device(device)
         return Rollouts(*(getattr(self, n).to(dev) for n in (
@@ -235,7 +267,7 @@ def _model_device(model: nn.Module) -> torch.device:
 
 @torch.no_grad()
 def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Generator, max_new_tokens: int = 40,
-                    temperature: float = 1.0) -> Rollouts:
+                    temperature: float = 1.0, stop_at_eos: bool = True) -> Rollouts:
     """Sample one response per prompt from ``model``, token by token, with ``generator``.
 
     The prompts are fed in teacher-forced (each row has its own length), then each row samples
@@ -243,6 +275,11 @@ def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Gene
     ``temperature`` 1 the returned ``logprobs`` are exactly the sampler's log-probabilities (at
     another temperature they are those of the tempered distribution that actually sampled).
     Same generator seed, same prompts, same model: the same batch.
+
+    ``stop_at_eos=False`` imitates a batched generator that keeps sampling every row until the
+    longest one is done: rows go on past their EOS, ``response_mask`` marks *every* generated
+    token and ``response_lengths`` counts them all (``finished`` still says whether an EOS
+    appeared). :func:`klviz.tokens.minimind_response_mask` cuts such rows at the first EOS.
     """
     dev = _model_device(model)
     if not isinstance(generator, torch.Generator):
@@ -267,27 +304,28 @@ def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Gene
     finished = torch.zeros(bsz, dtype=torch.bool)
     n_new = torch.zeros(bsz, dtype=torch.long)
     ids_dev = ids.to(dev)
-    hidden = None
+    ctx = model.context
+    padded = nn.functional.pad(ids_dev, (ctx, 0), value=PAD_ID)   # padded[:, j + ctx] = ids[:, j]
     for t in range(1, total):
-        logits, hidden = model.step(ids_dev[:, t - 1], hidden)
         in_prompt = t <= plen                       # position t is still a prompt character
         sampling = ~in_prompt & ~done
         if not bool(sampling.any()):
             if bool((~in_prompt).all()):
                 break
             continue
+        logits = model.window_logits(padded[:, t:t + ctx])           # ids[:, t-ctx : t]
         logp = torch.log_softmax(logits.float() / temperature, -1)
         tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
         tok_cpu = tok.cpu()
         s = sampling
         ids[s, t] = tok_cpu[s]
-        ids_dev[:, t] = ids[:, t].to(dev)
+        padded[:, t + ctx] = ids[:, t].to(dev)
         logprobs[s, t] = logp.gather(1, tok[:, None]).squeeze(1).cpu()[s]
         resp_mask[s, t] = 1.0
         n_new[s] += 1
         hit_eos = s & (tok_cpu == EOS_ID)
         finished |= hit_eos
-        done |= hit_eos | (s & (n_new >= max_new))
+        done |= (hit_eos if stop_at_eos else torch.zeros_like(hit_eos)) | (s & (n_new >= max_new))
         if bool((~in_prompt).all()) and bool(done.all()):
             total = t + 1
             break

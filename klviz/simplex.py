@@ -38,7 +38,7 @@ from .gradients import gradient_coefficient
 
 __all__ = [
     "CHOICES", "REFERENCE_FLOWS", "ALL_FLOWS", "CHOICE_COLORS", "CHOICE_STYLES",
-    "LOGIT_FLOOR", "check_probs", "to_xy", "simplex_grid", "flow_coefficient", "field_gradient", "reward_gradient", "probability_velocity",
+    "LOGIT_FLOOR", "check_probs", "to_xy", "simplex_grid", "flow_coefficient", "field_gradient", "gradient_error_terms", "reward_gradient", "probability_velocity",
     "descent_paths",
 ]
 
@@ -171,6 +171,26 @@ def field_gradient(logits: Tensor, ref_logits: Tensor, flow: str) -> Tensor:
     pi = log_pi.exp()
     w = pi * _flow_coefficient(log_pi, log_ref, flow)
     return w - pi * w.sum(-1, keepdim=True)
+
+
+def gradient_error_terms(policy_logits: Tensor, ref_logits: Tensor, flow: str) -> dict[str, float]:
+    """Exact error budget of the one-token gradient estimate ``c(x) · s(x)``, x ~ pi, of ``flow``.
+
+    Returns ``bias_sq`` = ||E[c s] - grad KL(pi || pi_ref)||² (distance of the mean from the gradient a
+    KL penalty is meant to follow), ``variance`` = E||c s - E[c s]||² (total variance of one sample),
+    so the mean of N samples has mean squared error ``bias_sq + variance / N``.
+    """
+    lg = as_float_tensor(policy_logits, "policy_logits").to(torch.float64)
+    if lg.dim() != 1:
+        raise ValueError(f"policy_logits must be 1-D, got shape {tuple(lg.shape)}")
+    log_pi, log_ref = _prepare(lg, as_float_tensor(ref_logits, "ref_logits").to(torch.float64), flow)
+    pi = log_pi.exp()
+    c = _flow_coefficient(log_pi, log_ref, flow)
+    mean = pi * c - pi * (pi * c).sum()
+    target = pi * (log_pi - log_ref) - pi * (pi * (log_pi - log_ref)).sum()
+    score_sq = 1.0 - 2.0 * pi + (pi * pi).sum()               # ||e_x - pi||² for each token x
+    second = (pi * c * c * score_sq).sum()
+    return {"bias_sq": float((mean - target).square().sum()), "variance": float(second - mean.square().sum())}
 
 
 def reward_gradient(logits: Tensor, rewards: Tensor) -> Tensor:

@@ -129,8 +129,8 @@ def test_old_equal_to_policy_is_on_policy(good):
 
 
 def test_sampling_mismatch_is_flagged():
-    # tokens drawn at temperature 0.5 but scored at temperature 1: E[r] != 1 and k1 != k3
-    b = _batch(seed=7, B=64, T=30, sampler_temp=0.5)
+    # tokens drawn at temperature 0.3 but scored at temperature 1: E[r] != 1 and k1 != k3
+    b = _batch(seed=7, B=256, T=30, sampler_temp=0.3, spread=1.0)
     d = dg.diagnose(dg.rollouts_from_tensors(b["logprob"], b["ref_logprob"], b["response_mask"]))
     assert any("mean ratio" in t for t, _ in d.trouble)
 
@@ -143,7 +143,6 @@ def test_clamp_fractions_and_large_tokens():
     ref[1, 0] = -1.0 + 5.0         # log r = 5: k3 = e^5 - 6 ≈ 142 > 10, k1 = -5 not clamped
     mask = torch.ones(2, 5, dtype=torch.bool)
     d = dg.diagnose(dg.rollouts_from_tensors(lp, ref, mask))
-    c = {k.split(":")[0] + k.split(":")[1][:12]: v for k, v in d.clamps.items()}
     frac = {label: v["count"] for label, v in d.clamps.items()}
     assert frac["verl low_var_kl: log r clamped to ±20"] == 1
     assert frac["verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"] == 3
@@ -153,10 +152,9 @@ def test_clamp_fractions_and_large_tokens():
     assert frac["open-instruct log r clamped to ±40"] == 0
     assert d.n_large == 2
     assert {(i, j) for i, j, _ in d.large_tokens[:2]} == {(0, 0), (0, 1)}
-    # the verl output clamp lowers the mean of k3: shift = (10 - k3) summed over clamped tokens / 10
+    # verl's low_var_kl (both clamps) vs raw k3: each clamped token contributes (10 - k3) / 10 tokens
     k3 = lambda x: math.expm1(x) - x  # noqa: E731
-    expected = ((10 - k3(12)) + (10 - k3(-20)) + (10 - k3(5))) / 10
-    assert c is not None
+    expected = ((10 - k3(12)) + (10 - k3(-25)) + (10 - k3(5))) / 10
     assert d.clamps["verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"]["mean_shift"] == pytest.approx(expected, rel=1e-9)
     assert any("|log r| > 10" in t for t, _ in d.trouble)
 
@@ -345,7 +343,8 @@ def test_nan_and_inf_are_reported(tmp_path, capsys):
     n_expected = 2 + int(b["response_mask"][0, 29])
     assert f"{n_expected} counted token(s)" in err
     assert "NaN or inf log-probs at counted tokens" in out      # the report still comes, with the sign
-    assert "nan" not in out.split("Trouble signs")[0].lower().replace("n/a", "")
+    d = dg.diagnose(dg.load_rollouts(p))
+    assert all(math.isfinite(v) for e in d.estimates.values() for v in e.values())
 
 
 def test_nan_only_in_padding_is_fine(tmp_path, capsys):

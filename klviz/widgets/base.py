@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import io
+import os
 import time
 import traceback
 from typing import Any
@@ -23,7 +24,7 @@ from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
 
-__all__ = ["Panel"]
+__all__ = ["Panel", "static_mode"]
 
 
 class Panel:
@@ -133,6 +134,12 @@ class Panel:
             canvas.toolbar_visible = False
             canvas.resizable = False
             canvas.capture_scroll = False
+            # ipympl 0.10 stores the first frames (drawn before a front end is attached) in
+            # ``_data_url`` as bare base64, without the ``data:image/png;base64,`` prefix; a front
+            # end that builds the figure from that state (Voila, presenter mode) gets a broken image
+            # and never shows the canvas. Keep the URL well formed.
+            canvas.observe(_prefix_data_url, names="_data_url")
+            _prefix_data_url({"owner": canvas, "new": getattr(canvas, "_data_url", None)})
             return canvas
         self._image = widgets.Image(format="png")
         return self._image
@@ -140,7 +147,8 @@ class Panel:
     def _freeze_layout(self) -> None:
         """Lay the figure out once, then keep the layout: constrained layout on every redraw is slow."""
         if not self._layout_frozen:
-            self.fig.canvas.draw()
+            self.fig.draw_without_rendering()   # runs the layout engine; a canvas draw here would
+            # reach an ipympl canvas before its view exists and leave it at zero size
             self.fig.set_layout_engine("none")
             self._layout_frozen = True
 
@@ -177,3 +185,44 @@ class Panel:
         from IPython.display import display
 
         display(self.widget)
+        if static_mode():
+            self.display_snapshot()
+
+    def display_snapshot(self) -> None:
+        """Show the panel as plain outputs: its settings, readout and figure as a PNG image.
+
+        The static site (``KLVIZ_STATIC=1``) needs this: an HTML page opened from disk has no
+        kernel and no widget renderer, so the widget itself shows nothing there.
+        """
+        from IPython.display import HTML, Image, display
+
+        settings = []
+        for name, w in self.controls.items():
+            label = getattr(w, "label", None)
+            shown = label if isinstance(label, str) else w.value
+            settings.append(f"{html.escape(w.description or name)} = {html.escape(str(shown))}")
+        display(HTML(
+            f"<div class='klviz-snapshot'><b>{html.escape(self.title)}</b><br>"
+            f"<span style='color:#666;font-size:90%'>Snapshot at {'; '.join(settings)}. "
+            "Run the notebook to move the controls.</span>"
+            f"<div>{self.readout.value}</div>{self.error.value}</div>"))
+        display(Image(data=self.png(), format="png"))
+
+
+def _prefix_data_url(change: dict[str, Any]) -> None:
+    value = change["new"]
+    if isinstance(value, str) and value and not value.startswith("data:"):
+        change["owner"]._data_url = "data:image/png;base64," + value
+
+
+def static_mode() -> bool:
+    """True when the environment variable ``KLVIZ_STATIC`` asks for static output (the static site)."""
+    return os.environ.get("KLVIZ_STATIC", "").strip().lower() in ("1", "true", "yes")
+
+
+def html_table(header: list[str], rows: list[list[str]], css_class: str = "klviz-table") -> str:
+    """A compact HTML table for a panel readout (cells are inserted as given: escape text yourself)."""
+    cell = "padding:2px 10px;text-align:right;white-space:nowrap"
+    head = "".join(f"<th style='{cell};border-bottom:1px solid #ccc'>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td style='{cell}'>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table class='{css_class}' style='border-collapse:collapse;font-size:90%'><tr>{head}</tr>{body}</table>"

@@ -59,7 +59,7 @@ class SamplingPanel(Panel):
                                           style={"button_width": "170px"}),
             "q_push": widgets.FloatSlider(value=1.5, min=-4.0, max=4.0, step=0.1,
                                           description="q: push ' sofa'", **slider),
-            "q_temperature": widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.05,
+            "q_temperature": widgets.FloatSlider(value=0.8, min=0.25, max=4.0, step=0.05,
                                                  description="q: temperature", **slider),
             "mu_temperature": widgets.FloatSlider(value=2.0, min=0.25, max=4.0, step=0.05,
                                                   description="μ: temperature", **slider),

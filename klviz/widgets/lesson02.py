@@ -58,17 +58,26 @@ def _cell(x: float, se: float | None = None, signed: bool = False) -> str:
     return f"<td>{txt}</td>"
 
 
-def _edges(values: torch.Tensor, name: str) -> np.ndarray:
-    """Bin edges covering the central 99.8 % of ``values`` (k2 and k3 start at 0, k1's range includes 0)."""
-    sub = values[: 20_000]
-    lo, hi = (float(v) for v in torch.quantile(sub, torch.tensor([0.001, 0.999], dtype=sub.dtype)))
-    if name == "k1":
-        lo, hi = min(lo, 0.0), max(hi, 0.0)
-    else:
-        lo = 0.0
-    if not hi - lo > 1e-9:
-        hi = lo + 1e-3
-    return np.linspace(lo, hi, _BINS + 1)
+def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
+    """Bin edges for k1, k2, k3 covering the central 99.8 % of log r (one quantile call for all three).
+
+    k1 = -log r is monotone, and k2, k3 are convex in log r with their minimum 0 at log r = 0, so
+    the extremes of each over the central range of log r sit at its two ends. k1's range always
+    includes 0 (to show the negative samples); k2 and k3 start at 0.
+    """
+    sub = log_r[:20_000]
+    lo_hi = torch.quantile(sub, torch.tensor([0.001, 0.999], dtype=sub.dtype))
+    lo, hi = min(float(lo_hi[0]), 0.0), max(float(lo_hi[1]), 0.0)
+    ends = torch.tensor([lo, hi], dtype=torch.float64)
+    ranges = {"k1": (-hi, -lo)}
+    for name in ("k2", "k3"):
+        ranges[name] = (0.0, float(_FNS[name](ends).max()))
+    out = {}
+    for name, (a, b) in ranges.items():
+        if not b - a > 1e-9:
+            b = a + 1e-3
+        out[name] = np.linspace(a, b, _BINS + 1)
+    return out
 
 
 class GaussianEstimatorsPanel(Panel):
@@ -129,10 +138,11 @@ class GaussianEstimatorsPanel(Panel):
         # the same seed gives the same x ~ q whatever p is: only the effect of moving p shows
         log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), "cpu"))
         mc, hists = {}, {}
+        all_edges = _all_edges(log_r)
         for name, fn in _FNS.items():
             v = fn(log_r)
             mc[name] = mean_std_with_se(v)
-            edges = _edges(v, name)
+            edges = all_edges[name]
             counts = torch.histc(v, bins=_BINS, min=float(edges[0]), max=float(edges[-1])).numpy()
             hists[name] = (counts / (n * (edges[1] - edges[0])), edges)
         density_p = np.exp(-0.5 * ((self.xs - mu) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
@@ -194,7 +204,7 @@ class TokenEstimatorsPanel(Panel):
     css_class = "klviz-lesson02-tokens"
 
     def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
-        self.q_logp = toy_sampler_logits().double()
+        self.q_logp = torch.log_softmax(toy_sampler_logits().double(), -1)   # renormalised in float64
         self.seed = seed
         super().__init__(device)
 
@@ -322,7 +332,7 @@ class ControlVariatePanel(Panel):
         ax_v.set_ylabel("std / true KL of one sample")
         ax_v.set_title("spread of k1 + λ (r − 1)")
         ax_v.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
-        ax_v.legend(loc="upper center", fontsize=7.5, ncols=2)
+        ax_v.legend(loc="lower center", fontsize=7.5, ncols=2)
         self.ax_v = ax_v
         self.neg_line, = ax_n.plot(_LAMBDAS_NEG, np.zeros_like(_LAMBDAS_NEG), "o-", ms=3, color=COLORS["mu"],
                                    label="Monte Carlo")

@@ -13,7 +13,7 @@ from ..divergences import categorical_kl
 from ..montecarlo import categorical_counts, moments_from_counts, summarize
 from ..plotting import COLORS, new_figure
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
-from .base import Panel
+from .base import Panel, html_table
 
 __all__ = ["StartHerePanel"]
 
@@ -54,7 +54,7 @@ class StartHerePanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax_pol, ax_est) = new_figure(9.2, 3.4, ncols=2, gridspec_kw={"width_ratios": [2.2, 1]})
+        fig, (ax_pol, ax_est) = new_figure(8.2, 3.4, ncols=2, gridspec_kw={"width_ratios": [2.2, 1]})
         x = np.arange(len(TOY_VOCAB))
         q = self.q_logp.exp().numpy()
         self.bars_q = ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label="sampler q (fixed)")
@@ -108,15 +108,12 @@ class StartHerePanel(Panel):
         hi = max(data["exact"], *(m + s for m, s in zip(means, ses)))
         pad = 0.12 * (hi - lo) if hi > lo else 0.01
         self.ax_est.set_ylim(lo - pad, hi + pad)
-        rows = "".join(
-            f"<tr><td style='color:{COLORS[k]}'><b>{k}</b></td><td>{stats[k]['mean']:.4f}</td>"
-            f"<td>± {2 * stats[k]['se']:.4f}</td><td>{stats[k]['std']:.4f}</td><td>{stats[k]['bias']:+.4f}</td></tr>"
-            for k in ("k1", "k2", "k3"))
+        rows = [[f"<b style='color:{COLORS[k]}'>{k}</b>", f"{stats[k]['mean']:.4f}", f"± {2 * stats[k]['se']:.4f}",
+                 f"{stats[k]['std']:.4f}", f"{stats[k]['bias']:+.4f}"] for k in ("k1", "k2", "k3")]
+        rows.append(["<b>exact</b>", f"<span class='klviz-exact'>{data['exact']:.4f}</span>", "", "",
+                     "KL(q‖p), sum over 12 tokens"])
         self.readout.value = (
-            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
-            "<tr><th></th><th>mean</th><th>±2 SE</th><th>std of one sample</th><th>mean − exact</th></tr>"
-            f"{rows}<tr><td><b>exact</b></td><td class='klviz-exact'>{data['exact']:.4f}</td>"
-            "<td colspan=3>KL(q‖p) summed over the 12 tokens</td></tr></table>"
+            html_table(["", "mean", "±2 SE", "std of one sample", "mean − exact"], rows) +
             f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q; "
             f"k1 is negative for <b>{100 * data['frac_negative_k1']:.1f}%</b> of them "
             "(tokens that p likes more than q does); k2 and k3 never are.</div>"

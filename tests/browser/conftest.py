@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = ROOT / "notebooks"
+NOTEBOOKS = Path(os.environ.get("KLVIZ_NOTEBOOK_DIR", ROOT / "notebooks"))
 ARTIFACTS = ROOT / "build" / "browser"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -46,9 +46,10 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args, tmp_path_factory):
+def browser_type_launch_args(browser_type_launch_args):
+    # Playwright's launch() gives every browser a fresh temporary profile of its own
     return {**browser_type_launch_args, "executable_path": chromium_path(), "headless": True,
-            "args": CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"]}
+            "args": CHROMIUM_FLAGS}
 
 
 @pytest.fixture(scope="session")

@@ -57,4 +57,4 @@ def type_into_readout(page: Page, panel: Locator, control: str, text: str) -> No
 
 def figure_of(panel: Locator) -> Locator:
     """The rendered figure of a panel (the ipympl canvas element)."""
-    return panel.locator(".jupyter-matplotlib-figure, .jupyter-matplotlib-canvas-div canvas, img").first
+    return panel.locator(".jupyter-matplotlib-figure, img.widget-image").first

@@ -1,0 +1,198 @@
+"""Checks for lesson 02's exercises: k3 itself, its direction, the best control variate, the crossing.
+
+Each check tests the learner's answer on cases the lesson did not show and says in one sentence
+what is wrong (inverted ratio, swapped direction, lost precision, a forgotten term).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from ..estimators import k1 as _k1, k2 as _k2, k3 as _k3
+from ..tables import variance_crossing_mu
+from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+
+__all__ = ["k3_estimator", "k3_direction", "best_lambda", "variance_crossing"]
+
+
+def _as_tensor(out: Any, like: torch.Tensor, what: str) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        try:
+            out = torch.as_tensor(out, dtype=like.dtype)
+        except (TypeError, ValueError, RuntimeError):
+            raise _Wrong(f"{what} should return a tensor of the same shape as its input, got {type(out).__name__}")
+    if out.shape != like.shape:
+        raise _Wrong(f"{what} should work elementwise and keep the shape {tuple(like.shape)}, "
+                     f"got shape {tuple(out.shape)}")
+    return out.detach().to(torch.float64)
+
+
+class _Wrong(Exception):
+    pass
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-6, atol: float = 1e-12) -> bool:
+    return bool(torch.isfinite(a).all()) and bool(torch.allclose(a, b, rtol=rtol, atol=atol))
+
+
+def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
+    """Check ``fn(log_r) -> k3`` per sample, with ``log_r = log p(x) - log q(x)`` (target minus sampler)."""
+    log_r = torch.tensor([-3.0, -1.2, -0.4, -0.05, 0.0, 0.07, 0.3, 1.0, 2.5, 4.0], dtype=torch.float64)
+    try:
+        out = _as_tensor(call_learner(fn, log_r.clone()), log_r, "your k3")
+    except _NotAttempted:
+        return not_attempted()
+    except _Wrong as err:
+        return failed(str(err))
+    except Exception as err:  # noqa: BLE001 - report the learner's exception as a sentence
+        return failed(f"your function raised {type(err).__name__}: {err}")
+    right = _k3(log_r)
+    if not _close(out, right):
+        if _close(out, _k3(-log_r)):
+            return failed("You inverted the ratio: with x ~ q and log_r = log p - log q, r = exp(log_r) = p/q; "
+                          "your version uses q/p, whose mean is chi²(q‖p) - KL(q‖p), not KL(q‖p) (seed 001's bug).")
+        if _close(out, _k1(log_r)):
+            return failed("That is k1 = -log r; k3 adds the control variate r - 1: k3 = (r - 1) - log r.")
+        if _close(out, _k2(log_r)):
+            return failed("That is k2 = ½ (log r)²; k3 is (r - 1) - log r.")
+        if _close(out, torch.expm1(log_r) + log_r):
+            return failed("Sign of the log term: k3 = (r - 1) - log r, which is never negative (log r ≤ r - 1).")
+        if bool((out < -1e-12).any()):
+            return failed("Your values go negative, but k3 = (r - 1) - log r is never negative because log r ≤ r - 1.")
+        return failed(f"At log_r = {log_r.tolist()} k3 should be {[round(v, 6) for v in right.tolist()]}, "
+                      f"yours gave {[round(v, 6) for v in out.tolist()]}.")
+    # precision: float32 inputs with tiny |log r|, where exp(x) - 1 - x cancels catastrophically
+    tiny = torch.tensor([1e-3, -2e-3, 5e-4, -4e-4, 3e-4, -1e-4], dtype=torch.float32)
+    try:
+        small = _as_tensor(call_learner(fn, tiny.clone()), tiny, "your k3")
+    except Exception as err:  # noqa: BLE001
+        return failed(f"On float32 input your function raised {type(err).__name__}: {err}")
+    truth = _k3(tiny.double())
+    if not _close(small, truth, rtol=1e-2, atol=0.0):   # expm1: < 1e-3; exp(x) - 1: > 0.1
+        return failed("Right formula, but in float32 it loses its digits for small |log r| (exp(x) - 1 cancels): "
+                      "compute r - 1 as torch.expm1(log_r) (open-instruct does; the plain exp(x) - 1 of verl's low_var_kl does not).")
+    big = torch.tensor([30.0, -30.0], dtype=torch.float64)
+    try:
+        large = _as_tensor(call_learner(fn, big.clone()), big, "your k3")
+    except Exception as err:  # noqa: BLE001
+        return failed(f"For |log r| = 30 your function raised {type(err).__name__}: {err}")
+    if not _close(large, _k3(big), rtol=1e-9):
+        return failed("Your k3 is wrong for large |log r| (tried ±30 in float64); do not clamp or approximate it.")
+    return passed("k3 = expm1(log r) - log r: unbiased for KL(q‖p), never negative, accurate for tiny |log r|.")
+
+
+_POLICY = torch.tensor([2.0, 0.4, -0.3, 1.1, -1.5, 0.0, 0.8, -2.2], dtype=torch.float64)
+_REF = torch.tensor([1.2, 0.9, 0.1, 1.4, -0.2, -0.8, 0.3, -1.0], dtype=torch.float64)
+
+
+def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult:
+    """Check ``fn(logprob, ref_logprob)``: tokens sampled from the policy; per-token k3 of KL(pi || pi_ref).
+
+    The check evaluates the learner's function on *every* token of a vocabulary it was not shown
+    and takes the exact expectation under the policy, sum_x pi(x) f(x): it must equal KL(pi || pi_ref).
+    """
+    logp = torch.log_softmax(_POLICY, -1)
+    ref = torch.log_softmax(_REF, -1)
+    try:
+        out = _as_tensor(call_learner(fn, logp.clone(), ref.clone()), logp, "your function")
+    except _NotAttempted:
+        return not_attempted()
+    except _Wrong as err:
+        return failed(str(err))
+    except Exception as err:  # noqa: BLE001
+        return failed(f"your function raised {type(err).__name__}: {err}")
+    pi = logp.exp()
+    mean = float((pi * out).sum())
+    kl_fwd = float((pi * (logp - ref)).sum())                    # KL(pi || pi_ref): the target
+    kl_rev = float((ref.exp() * (ref - logp)).sum())             # KL(pi_ref || pi)
+    if _close(out, _k3(ref - logp)):
+        return passed(f"log r = ref_logprob - logprob: on this vocabulary E_pi[your k3] = {mean:.5f} = "
+                      f"KL(pi‖pi_ref) exactly (KL(pi_ref‖pi) would be {kl_rev:.5f}).")
+    if _close(out, _k3(logp - ref)):
+        return failed(f"Ratio inverted (seed 001's bug): the tokens come from pi, so r = pi_ref/pi and log r = "
+                      f"ref_logprob - logprob; your version averages to {mean:.5f} under pi instead of "
+                      f"KL(pi‖pi_ref) = {kl_fwd:.5f} (it estimates chi² - KL).")
+    if abs(mean - kl_fwd) < 1e-9 and bool((out >= -1e-12).all()):
+        return passed(f"Your estimator averages to KL(pi‖pi_ref) = {kl_fwd:.5f} and is never negative.")
+    if abs(mean - kl_fwd) < 1e-9:
+        return failed("Your estimator has the right mean but goes negative on some tokens: that is k1, not k3.")
+    if abs(mean - kl_rev) < 1e-6:
+        return failed(f"Direction swapped: your function averages to KL(pi_ref‖pi) = {kl_rev:.5f}, but with tokens "
+                      f"from pi the target is KL(pi‖pi_ref) = {kl_fwd:.5f}.")
+    return failed(f"Under the policy your function averages to {mean:.5f}; KL(pi‖pi_ref) is {kl_fwd:.5f}. "
+                  "Use log r = ref_logprob - logprob and k3 = (r - 1) - log r.")
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise _Wrong(f"{what} should be one number, got a tensor of shape {tuple(value.shape)}")
+        value = value.item()
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise _Wrong(f"{what} should be a number, got {type(value).__name__}") from None
+    if not math.isfinite(v):
+        raise _Wrong(f"{what} is {v}; it should be a finite number")
+    return v
+
+
+def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
+    """Check ``fn(mu)``: the lambda minimising Var(k1 + lambda (r - 1)) for q = N(0,1), p = N(mu,1)."""
+    mus = (0.3, 0.7, 1.3, 2.0)
+    got = []
+    try:
+        for mu in mus:
+            got.append(_number(call_learner(fn, mu), f"your best_lambda({mu})"))
+    except _NotAttempted:
+        return not_attempted()
+    except _Wrong as err:
+        return failed(str(err))
+    except Exception as err:  # noqa: BLE001
+        return failed(f"your function raised {type(err).__name__}: {err}")
+
+    def matches(f: Callable[[float], float]) -> bool:
+        return all(math.isclose(g, f(m), rel_tol=1e-6, abs_tol=1e-12) for g, m in zip(got, mus))
+
+    if matches(lambda m: m * m / math.expm1(m * m)):
+        return passed("lambda* = mu²/(e^{mu²} - 1) = -Cov(k1, r)/Var(r): near 1 (k3) for close policies, "
+                      "much smaller far apart.")
+    if matches(lambda m: 1.0):
+        return failed("lambda = 1 is k3: the best choice only in the limit mu -> 0; minimise "
+                      "Var k1 - 2 lambda mu² + lambda² (e^{mu²} - 1) over lambda.")
+    if matches(lambda m: m * m / math.exp(m * m)):
+        return failed("Almost: Var(r) = E[r²] - 1 = e^{mu²} - 1, you dropped the - 1.")
+    if matches(lambda m: math.expm1(m * m) / (m * m)):
+        return failed("Upside down: lambda* = -Cov(k1, r) / Var(r) = mu² / (e^{mu²} - 1).")
+    if matches(lambda m: m / math.expm1(m)):
+        return failed("Use mu² where you used mu: Cov(log r, r) = mu² and Var(r) = e^{mu²} - 1.")
+    if matches(lambda m: -m * m / math.expm1(m * m)):
+        return failed("Sign: Cov(k1, r) = -mu² is negative, so lambda* = -Cov(k1, r)/Var(r) is positive.")
+    return failed(f"At mu = {mus} the best lambda is {[round(m * m / math.expm1(m * m), 5) for m in mus]}; "
+                  f"yours gave {[round(g, 5) for g in got]}. Minimise mu² - 2 lambda mu² + lambda² (e^{{mu²}} - 1).")
+
+
+def variance_crossing(answer: Any) -> CheckResult:
+    """Check the mu > 0 at which Var k1 = Var k3 for q = N(0, 1), p = N(mu, 1) (to 3 decimals)."""
+    if answer is Ellipsis or answer is None:
+        return not_attempted()
+    try:
+        v = _number(answer, "your answer")
+    except _Wrong as err:
+        return failed(str(err))
+    mu_star = variance_crossing_mu()
+    if abs(v - mu_star) < 1e-3:
+        return passed(f"mu = {mu_star:.4f}: beyond it Var k1 = mu² is smaller than Var k3 = e^(mu²) - 1 - mu².")
+    if abs(v - mu_star ** 2) < 1e-3:
+        return failed(f"{v:.4f} is mu² (the root t of e^t = 1 + 2t); the crossing in mu is its square root.")
+    k2_cross = math.sqrt(math.sqrt(5.0) - 1.0)
+    if abs(v - k2_cross) < 1e-3:
+        return failed("That is where Var k2 = mu⁴/2 + mu⁶/4 crosses Var k1; the question asks about k3.")
+    if v <= 0:
+        return failed("The crossing is at a positive mu (at mu = 0 both variances are 0).")
+    var1, var3 = v * v, math.expm1(v * v) - v * v
+    side = "k3 still has the smaller variance there" if var3 < var1 else "k1 already wins there"
+    return failed(f"At mu = {v:.4f}, Var k1 = {var1:.4f} and Var k3 = {var3:.4f}: {side}. "
+                  "Solve e^(mu²) - 1 - mu² = mu².")

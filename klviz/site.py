@@ -1,0 +1,333 @@
+"""The static site: every lesson executed and written as HTML that opens from disk with no server.
+
+    python -m klviz.site                       # all lessons -> build/site  (make site)
+    python -m klviz.site notebooks/00_start_here.ipynb --out /tmp/site
+
+Each notebook runs in a fresh kernel with ``KLVIZ_STATIC=1``: ``klviz.setup_notebook()`` then picks
+inline PNG figures, and each panel adds a PNG snapshot of its figure with its settings and readout
+(an HTML page has no kernel, so the widgets themselves would show nothing). nbconvert writes one
+page per lesson with links to the previous and next lesson and to the index; links between lessons
+(``01_x.ipynb#Section``) become links between pages; exercise solutions sit in closed
+``<details>`` blocks. Math is typeset by a copy of MathJax placed in ``_static/`` when the
+``jupyter-server-mathjax`` package is installed (so the pages need no network), else from a CDN.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import re
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import nbformat
+
+from .labcmd import lesson_paths
+
+__all__ = ["LessonPage", "execute_notebook", "lesson_title", "render_lesson", "build_site", "main"]
+
+CDN_MATHJAX = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
+LOCAL_MATHJAX = "_static/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
+
+# Extends nbconvert's "lab" template: navigation, collapsed solutions, no require.js or mermaid
+# from the network (a page on disk needs neither).
+_TEMPLATE = r"""
+{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{% block extra_css %}
+<style type="text/css">
+body.jp-Notebook { max-width: 1000px; margin: 0 auto; padding: 0 16px; }
+nav.klviz-nav { display: flex; justify-content: space-between; gap: 12px; padding: 10px 0;
+  font-family: var(--jp-ui-font-family, sans-serif); font-size: 14px; border-bottom: 1px solid #ddd; }
+nav.klviz-nav.bottom { border-top: 1px solid #ddd; border-bottom: none; margin-top: 24px; }
+nav.klviz-nav a { text-decoration: none; }
+details.klviz-solution { margin: 4px 0 12px 0; }
+details.klviz-solution > summary { cursor: pointer; color: #1f5fa8; font-family: var(--jp-ui-font-family, sans-serif); }
+.klviz-snapshot { font-family: var(--jp-ui-font-family, sans-serif); }
+.jp-OutputArea-output img { max-width: 100%; height: auto; }
+</style>
+{% endblock extra_css %}
+{%- macro klviz_nav(where) -%}
+<nav class="klviz-nav {{ where }}">
+  <span>{% if resources.klviz.prev %}<a class="klviz-prev" href="{{ resources.klviz.prev.href }}">&larr; {{ resources.klviz.prev.title | e }}</a>{% endif %}</span>
+  <span><a class="klviz-index" href="index.html">All lessons</a></span>
+  <span>{% if resources.klviz.next %}<a class="klviz-next" href="{{ resources.klviz.next.href }}">{{ resources.klviz.next.title | e }} &rarr;</a>{% endif %}</span>
+</nav>
+{%- endmacro -%}
+{%- block body_header -%}
+{{ super() }}
+{{ klviz_nav('top') }}
+{%- endblock body_header -%}
+{% block body_footer %}
+{{ klviz_nav('bottom') }}
+{{ super() }}
+{% endblock body_footer %}
+{% block codecell %}
+{%- if cell.metadata.get('jupyter', {}).get('source_hidden') -%}
+<details class="klviz-solution"><summary>Solution (click to show)</summary>
+{{ super() }}
+</details>
+{%- else -%}
+{{ super() }}
+{%- endif -%}
+{% endblock codecell %}
+"""
+
+_HREF_IPYNB = re.compile(r'href="(?![a-zA-Z][a-zA-Z0-9+.-]*:|/|#)([^"#?]*?)\.ipynb((?:#[^"]*)?)"')
+
+
+@dataclass
+class LessonPage:
+    """One lesson of the site: its notebook, page file name, title, summary and build time."""
+
+    source: Path
+    page: str
+    title: str
+    summary: str
+    seconds: float = float("nan")
+
+
+@contextmanager
+def _static_environment() -> Iterator[None]:
+    """Kernels started inside inherit ``KLVIZ_STATIC=1`` and no forced matplotlib backend."""
+    saved = {k: os.environ.get(k) for k in ("KLVIZ_STATIC", "MPLBACKEND")}
+    os.environ["KLVIZ_STATIC"] = "1"
+    os.environ.pop("MPLBACKEND", None)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def execute_notebook(path: str | os.PathLike[str], *, timeout: int = 600) -> nbformat.NotebookNode:
+    """Run the notebook top to bottom in a fresh ``python3`` kernel, in its own folder, in static mode.
+
+    ``timeout`` bounds each cell in seconds. Raises ``nbclient.exceptions.CellExecutionError`` (with
+    the cell and the traceback) when a cell fails.
+    """
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    with _static_environment():
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
+                       resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+    return nb
+
+
+def _markdown_text(nb: nbformat.NotebookNode) -> str:
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.strip():
+            return cell.source
+    return ""
+
+
+def lesson_title(nb: nbformat.NotebookNode, fallback: str) -> tuple[str, str]:
+    """(title, summary) from the first Markdown cell: its first ``#`` heading and the first
+    paragraph after it (Markdown, rendered later)."""
+    text = _markdown_text(nb)
+    title, summary = fallback, ""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("# "):
+            title = line[2:].strip()
+            rest = "\n".join(lines[i + 1:]).strip()
+            summary = rest.split("\n\n")[0].strip() if rest else ""
+            break
+    return title, summary
+
+
+def _page_name(path: Path) -> str:
+    return path.stem + ".html"
+
+
+def rewrite_links(page_html: str) -> str:
+    """Relative links to ``X.ipynb`` (with an optional ``#fragment``) become links to ``X.html``."""
+    return _HREF_IPYNB.sub(lambda m: f'href="{m.group(1)}.html{m.group(2)}"', page_html)
+
+
+def _exporter(mathjax_url: str):
+    import jinja2
+    from nbconvert import HTMLExporter
+
+    return HTMLExporter(template_name="lab", extra_loaders=[jinja2.DictLoader({"klviz_site.html.j2": _TEMPLATE})],
+                        template_file="klviz_site.html.j2", mathjax_url=mathjax_url,
+                        exclude_input_prompt=True, exclude_output_prompt=True)
+
+
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _without_widget_views(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy without widget outputs: a page on disk has no kernel to render them, and their
+    text fallback (``VBox(children=...)``) is noise. Panels leave a PNG snapshot beside them."""
+    nb = nbformat.from_dict(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if _WIDGET_VIEW not in o.get("data", {})]
+    return nb
+
+
+def render_lesson(nb: nbformat.NotebookNode, page: LessonPage, prev: LessonPage | None,
+                  next_: LessonPage | None, *, mathjax_url: str = LOCAL_MATHJAX) -> str:
+    """The HTML page of an executed lesson, with navigation and rewritten lesson links."""
+    def ref(p: LessonPage | None) -> dict | None:
+        return None if p is None else {"href": p.page, "title": p.title}
+
+    nb = _without_widget_views(nb)
+    resources = {"klviz": {"prev": ref(prev), "next": ref(next_)},
+                 "metadata": {"name": page.title}}
+    body, _ = _exporter(mathjax_url).from_notebook_node(nb, resources=resources)
+    return rewrite_links(body)
+
+
+def _copy_mathjax(out: Path) -> str:
+    """Copy MathJax 2 (from ``jupyter-server-mathjax``) into ``out/_static/mathjax``; returns the
+    URL pages use (the CDN when the package is not installed)."""
+    try:
+        import jupyter_server_mathjax
+    except ImportError:
+        print("klviz site: jupyter-server-mathjax is not installed, pages load MathJax from a CDN "
+              "(math needs the network); `pip install jupyter-server-mathjax` to ship it with the site",
+              file=sys.stderr)
+        return CDN_MATHJAX
+    src = Path(jupyter_server_mathjax.__file__).parent / "static"
+    dst = out / "_static" / "mathjax"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("localization", "*.otf", "*.eot", "*.svg"))
+    return LOCAL_MATHJAX
+
+
+_INDEX = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<title>klviz lessons</title>
+<script type="text/x-mathjax-config">MathJax.Hub.Config({{tex2jax: {{inlineMath: [['$','$'], ['\\\\(','\\\\)']], processEscapes: true}}, messageStyle: 'none'}});</script>
+<script src="{mathjax}"></script>
+<style>
+body {{ font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; max-width: 860px;
+  margin: 40px auto; padding: 0 16px; color: #222; line-height: 1.5; }}
+h1 {{ margin-bottom: 4px; }} .sub {{ color: #555; margin-top: 0; }}
+ol.lessons {{ padding-left: 0; list-style: none; }}
+ol.lessons li {{ margin: 14px 0; padding: 10px 14px; border: 1px solid #e2e2e2; border-radius: 6px; }}
+ol.lessons a.klviz-lesson {{ font-size: 1.15em; font-weight: 600; text-decoration: none; }}
+.summary {{ color: #444; margin-top: 4px; }} .summary p {{ margin: 4px 0; }}
+code, pre {{ background: #f4f4f4; padding: 1px 4px; border-radius: 3px; }}
+footer {{ color: #777; font-size: 90%; margin-top: 32px; border-top: 1px solid #ddd; padding-top: 8px; }}
+</style></head>
+<body>
+<h1>klviz: KL divergence from sampled tokens</h1>
+<p class="sub">How RL for language models (PPO, GRPO; verl, TRL, OpenRLHF) estimates KL divergence with k1, k2 and k3,
+why it works, when it misleads, and what the gradients do. A static copy: figures are snapshots.</p>
+<ol class="lessons">
+{items}
+</ol>
+<p>To move the panels yourself: <code>pip install klviz</code> then <code>klviz lab</code>
+(copies the lessons into <code>./klviz-lessons</code> and opens JupyterLab).</p>
+<footer>Built {when} with klviz {version}: every lesson executed on CPU (KLVIZ_STATIC=1) and converted with nbconvert.</footer>
+</body></html>
+"""
+
+
+def render_index(pages: list[LessonPage], *, mathjax_url: str = LOCAL_MATHJAX) -> str:
+    """The index page: one entry per lesson, linking to its page."""
+    from nbconvert.filters.markdown import markdown2html
+
+    from . import __version__
+
+    items = []
+    for p in pages:
+        summary = markdown2html(p.summary) if p.summary else ""
+        items.append(f'<li><a class="klviz-lesson" href="{html.escape(p.page)}">{html.escape(p.title)}</a>'
+                     f'<div class="summary">{rewrite_links(summary)}</div></li>')
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return _INDEX.format(items="\n".join(items), mathjax=html.escape(mathjax_url), when=when,
+                         version=html.escape(__version__))
+
+
+def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] = "build/site", *,
+               timeout: int = 600, keep_going: bool = False, log=print) -> list[LessonPage]:
+    """Execute ``notebooks`` (default: every lesson) and write ``out/index.html`` and one page each.
+
+    A lesson that fails stops the build with its error (``keep_going`` skips it instead and the
+    failures are raised together at the end, after the other pages are written).
+    """
+    notebooks = [Path(p) for p in (notebooks if notebooks is not None else lesson_paths())]
+    if not notebooks:
+        raise ValueError("notebooks: no lesson notebooks to build")
+    for nb_path in notebooks:
+        if nb_path.suffix != ".ipynb" or not nb_path.is_file():
+            raise ValueError(f"notebooks: {str(nb_path)!r} is not a notebook file")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    mathjax_url = _copy_mathjax(out)
+
+    sources = [nbformat.read(p, as_version=4) for p in notebooks]
+    pages = []
+    for path, nb in zip(notebooks, sources):
+        title, summary = lesson_title(nb, path.stem)
+        pages.append(LessonPage(path, _page_name(path), title, summary))
+
+    from nbclient.exceptions import CellExecutionError
+
+    failures: list[str] = []
+    built: list[LessonPage] = []
+    for i, page in enumerate(pages):
+        t0 = time.perf_counter()
+        log(f"klviz site: running {page.source.name} ...")
+        try:
+            executed = execute_notebook(page.source, timeout=timeout)
+        except CellExecutionError as err:
+            message = f"{page.source.name} failed:\n{err}"
+            if not keep_going:
+                raise RuntimeError(message) from None
+            failures.append(message)
+            continue
+        page.seconds = time.perf_counter() - t0
+        prev = pages[i - 1] if i > 0 else None
+        next_ = pages[i + 1] if i + 1 < len(pages) else None
+        (out / page.page).write_text(render_lesson(executed, page, prev, next_, mathjax_url=mathjax_url),
+                                     encoding="utf-8")
+        built.append(page)
+        log(f"klviz site: wrote {out / page.page} ({page.seconds:.1f} s)")
+    (out / "index.html").write_text(render_index(pages, mathjax_url=mathjax_url), encoding="utf-8")
+    log(f"klviz site: wrote {out / 'index.html'}; open it in a browser (file://{(out / 'index.html').resolve()})")
+    if failures:
+        raise RuntimeError("\n\n".join(failures))
+    return built
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m klviz.site [NOTEBOOK ...] [--out build/site] [--timeout S] [--keep-going]``."""
+    parser = argparse.ArgumentParser(
+        prog="klviz site",
+        description="Execute the lessons (static figures) and write an HTML site that opens from disk.")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to build (default: every lesson)")
+    parser.add_argument("--out", default="build/site", help="output folder (default build/site)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
+    parser.add_argument("--keep-going", action="store_true", help="build the other lessons when one fails")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be positive, got {args.timeout}")
+    try:
+        build_site(args.notebooks or None, args.out, timeout=args.timeout, keep_going=args.keep_going)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"klviz site: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

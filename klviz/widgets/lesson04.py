@@ -1,0 +1,228 @@
+"""Lesson 04's panel: a real response as a strip of tokens, coloured by k1, k2, k3 or the exact KL,
+while the policy drifts away from the one that sampled it, update step by update step."""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.colors import Normalize, TwoSlopeNorm, to_hex
+from matplotlib.figure import Figure
+
+from .. import lm
+from ..divergences import exact_kl
+from ..estimators import k1, k2, k3, masked_mean
+from ..plotting import COLORS, new_figure
+from .base import Panel
+
+__all__ = ["WorkedTokensPanel"]
+
+_QUANTITIES = {
+    "k1": "k1 = −log r (this token's log π_old − log π_θ)",
+    "k2": "k2 = ½(log r)² (MiniMind's approx_kl per token)",
+    "k3": "k3 = (r − 1) − log r",
+    "exact": "exact KL(π_old‖π_θ) at this position (Σ over the vocabulary)",
+}
+
+
+class WorkedTokensPanel(Panel):
+    """PPO's inner loop on one rollout batch of the tiny model: old's tokens, pi_theta after each step.
+
+    The batch is :func:`klviz.lm.update_batch` (60 responses sampled from pi_old) and the states are
+    :func:`klviz.lm.update_path` (pi_old, then pi_theta after each real update step on that batch).
+    Everything is scored once when the panel is built; moving a control only indexes and colours.
+
+    Left: the token mean of ½Δ² (MiniMind's ``approx_kl``), of k1 (verl's ``ppo_kl``), of k3 and of
+    the exact per-position KL against the update step, with the early-stop threshold and the step at
+    which MiniMind would stop. Right: one response's per-token values at the chosen step. Below the
+    figure the response itself, each token coloured by the chosen quantity; hover a token for all
+    its numbers.
+    """
+
+    title = "Lesson 04: one response, token by token, while π_θ drifts from π_old"
+    css_class = "klviz-lesson04"
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self._precompute()
+        super().__init__(device)
+
+    # -- data, computed once --------------------------------------------------------------------
+    def _precompute(self) -> None:
+        old = lm.load_tiny_lm("old")
+        path = lm.update_path()
+        ro = lm.update_batch(old)
+        self.rollouts = ro
+        mask = ro.response_layout_mask
+        self.mask = mask
+        self.ids = ro.response_layout(ro.input_ids)
+        old_lp = ro.response_layout(ro.logprobs)
+        old_full = ro.response_layout(lm.next_token_logprobs(old, ro))
+        per_step: dict[str, list[torch.Tensor]] = {q: [] for q in ("delta", "exact")}
+        for model in path:
+            lp = ro.response_layout(lm.logprobs_of(model, ro))
+            per_step["delta"].append((lp - old_lp) * mask)          # log r = log π_θ − log π_old
+            per_step["exact"].append(exact_kl(old_full, ro.response_layout(lm.next_token_logprobs(model, ro))) * mask)
+        delta = torch.stack(per_step["delta"])                          # [S, B, R]
+        self.token_values = {"k1": k1(delta) * mask, "k2": k2(delta) * mask, "k3": k3(delta) * mask,
+                       "exact": torch.stack(per_step["exact"])}
+        self.old_logprob = old_lp
+        self.new_logprob = old_lp + delta
+        self.curves = {q: np.array([float(masked_mean(v[s], mask)) for s in range(v.shape[0])])
+                       for q, v in self.token_values.items()}
+        self.num_steps = delta.shape[0] - 1
+        self.labels = [f"{i}: {p}|{r}" for i, (p, r) in enumerate(zip(ro.prompts, ro.responses))]
+
+    # -- panel ------------------------------------------------------------------------------------
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        style = {"description_width": "initial"}
+        return {
+            "step": widgets.IntSlider(value=4, min=0, max=self.num_steps, step=1, description="update step",
+                                      style=style, continuous_update=True),
+            "color_by": widgets.ToggleButtons(options=[("k1", "k1"), ("k2 = ½Δ²", "k2"), ("k3", "k3"),
+                                                       ("exact KL", "exact")], value="k2",
+                                              description="colour by", style={"button_width": "80px"}),
+            "row": widgets.IntSlider(value=1, min=0, max=self.rollouts.batch_size - 1, step=1,
+                                     description="response #", style=style, continuous_update=True),
+            "threshold": widgets.FloatSlider(value=0.25, min=0.01, max=1.0, step=0.01,
+                                             description="early_stop_kl", style=style, continuous_update=True),
+        }
+
+    def layout_controls(self) -> widgets.Widget:
+        c = self.controls
+        return widgets.VBox([widgets.HBox([c["step"], c["threshold"]]), widgets.HBox([c["row"], c["color_by"]])])
+
+    def make_figure(self) -> Figure:
+        fig, (ax_c, ax_t) = new_figure(9.0, 3.3, ncols=2, gridspec_kw={"width_ratios": [1, 1.35]})
+        steps = np.arange(self.num_steps + 1)
+        names = {"k2": "approx_kl: ½Δ² (MiniMind, TRL)", "k1": "ppo_kl: k1 (verl)", "k3": "k3 (CleanRL, SB3)",
+                 "exact": "exact KL(π_old‖π_θ)"}
+        for q in ("k2", "k1", "k3", "exact"):
+            ax_c.plot(steps, self.curves[q], marker="o", ms=3, color=COLORS[q], lw=1.6 if q != "exact" else 2.2,
+                      ls="--" if q == "exact" else "-", label=names[q])
+        self.thr_line = ax_c.axhline(0.25, color="#b00020", lw=1.2, ls=":", label="early-stop threshold")
+        self.step_line = ax_c.axvline(0, color="#555", lw=1.0)
+        self.stop_marker, = ax_c.plot([], [], "X", color="#b00020", ms=10, zorder=5, label="MiniMind stops here")
+        ax_c.set_xlabel("update step on the rollout batch")
+        ax_c.set_ylabel("token mean over the batch [nats]")
+        ax_c.set_title("π_θ drifts from π_old: batch averages")
+        ax_c.set_xticks(steps)
+        ax_c.legend(loc="upper left", fontsize=7.5)
+        self.ax_c = ax_c
+
+        width = self.ids.shape[1]
+        x = np.arange(width)
+        self.tok_lines = {}
+        for q in ("k1", "k2", "k3", "exact"):
+            self.tok_lines[q], = ax_t.plot(x, np.zeros(width), "-o" if q != "exact" else "--", ms=2.5,
+                                           color=COLORS[q], lw=1.3 if q != "exact" else 1.8,
+                                           label={"k1": "k1", "k2": "k2 = ½Δ²", "k3": "k3", "exact": "exact KL"}[q])
+        ax_t.axhline(0, color="black", lw=0.6)
+        ax_t.set_xlabel("response token")
+        ax_t.set_ylabel("per-token value [nats]")
+        ax_t.legend(loc="upper right", ncol=4, fontsize=7.5)
+        self.ax_t = ax_t
+        return fig
+
+    def compute(self, step: int, color_by: str, row: int, threshold: float) -> dict[str, Any]:
+        if color_by not in _QUANTITIES:
+            raise ValueError(f"color_by must be one of {sorted(_QUANTITIES)}, got {color_by!r}")
+        s = int(np.clip(step, 0, self.num_steps))
+        b = int(np.clip(row, 0, self.rollouts.batch_size - 1))
+        thr = float(threshold)
+        if not thr > 0:
+            raise ValueError(f"threshold must be positive, got {threshold!r}")
+        n = int(self.mask[b].sum())
+        per_token = {q: self.token_values[q][s, b, :n].numpy() for q in _QUANTITIES}
+        above = np.nonzero(self.curves["k2"] > thr)[0]
+        stop_step = int(above[0]) if above.size else None
+        return {
+            "step": s, "row": b, "threshold": thr, "color_by": color_by, "n": n,
+            "tokens": lm.token_strings(self.ids[b, :n]), "per_token": per_token,
+            "old_logprob": self.old_logprob[b, :n].numpy(), "new_logprob": self.new_logprob[s, b, :n].numpy(),
+            "approx_kl": float(self.curves["k2"][s]), "ppo_kl": float(self.curves["k1"][s]),
+            "k3_mean": float(self.curves["k3"][s]), "exact_mean": float(self.curves["exact"][s]),
+            "row_means": {q: float(v.mean()) if n else 0.0 for q, v in per_token.items()},
+            "stop_step": stop_step, "stopped": stop_step is not None and s >= stop_step,
+            "prompt": self.rollouts.prompts[b],
+        }
+
+    def draw(self, data: dict[str, Any]) -> None:
+        s, thr = data["step"], data["threshold"]
+        self.thr_line.set_ydata([thr, thr])
+        self.step_line.set_xdata([s, s])
+        if data["stop_step"] is None:
+            self.stop_marker.set_data([], [])
+        else:
+            self.stop_marker.set_data([data["stop_step"]], [self.curves["k2"][data["stop_step"]]])
+        top = max(float(max(c.max() for c in self.curves.values())), thr) * 1.08
+        low = min(0.0, float(self.curves["k1"].min()))
+        self.ax_c.set_ylim(low - 0.02 * top, top)
+
+        n = data["n"]
+        width = self.ids.shape[1]
+        lo, hi = 0.0, 0.0
+        for q, line in self.tok_lines.items():
+            y = np.full(width, np.nan)
+            y[:n] = data["per_token"][q]
+            line.set_ydata(y)
+            if n:
+                lo, hi = min(lo, float(np.nanmin(y))), max(hi, float(np.nanmax(y)))
+        pad = 0.08 * (hi - lo) if hi > lo else 0.05
+        self.ax_t.set_ylim(lo - pad, hi + pad)
+        self.ax_t.set_xlim(-0.5, max(n, 2) - 0.5)
+        self.ax_t.set_title(f"response #{data['row']} at step {s}: per-token values", fontsize=10)
+        self.readout.value = self._strip_html(data) + self._summary_html(data)
+
+    # -- HTML ---------------------------------------------------------------------------------------
+    def _colour(self, q: str, values: np.ndarray) -> list[str]:
+        if q == "k1":
+            span = max(1e-6, float(np.abs(self.token_values["k1"]).max()))
+            norm = TwoSlopeNorm(vcenter=0.0, vmin=-span, vmax=span)
+            cmap = colormaps["RdBu_r"]
+        else:
+            norm = Normalize(vmin=0.0, vmax=max(1e-6, float(np.quantile(self.token_values[q][self.token_values[q] > 0], 0.99))
+                                                if bool((self.token_values[q] > 0).any()) else 1.0), clip=True)
+            cmap = colormaps["YlOrRd"]
+        return [to_hex(cmap(norm(v))) for v in values]
+
+    def _strip_html(self, data: dict[str, Any]) -> str:
+        q = data["color_by"]
+        pt = data["per_token"]
+        colours = self._colour(q, pt[q])
+        spans = []
+        for i, tok in enumerate(data["tokens"]):
+            tip = (f"token {i} {tok!r}: log π_old {data['old_logprob'][i]:.3f}, log π_θ {data['new_logprob'][i]:.3f}; "
+                   f"k1 {pt['k1'][i]:+.4f}, k2 {pt['k2'][i]:.4f}, k3 {pt['k3'][i]:.4f}, exact {pt['exact'][i]:.4f}")
+            spans.append(f"<span class='klviz-token' title='{html.escape(tip, quote=True)}' "
+                         f"style='background:{colours[i]};padding:2px 1px;margin:0 1px;border-radius:3px;"
+                         f"font-family:monospace;font-size:15px'>{html.escape(tok)}</span>")
+        return (f"<div class='klviz-strip' style='margin:4px 0;line-height:2'>"
+                f"<span style='color:#666;font-family:monospace;font-size:15px'>{html.escape(data['prompt'])}</span>"
+                f"{''.join(spans)}</div>"
+                f"<div style='font-size:85%;color:#555'>colour: {html.escape(_QUANTITIES[q])}"
+                f"{' (blue: π_θ likes the token more than π_old, red: less)' if q == 'k1' else ''}; "
+                "hover a token for all its numbers.</div>")
+
+    def _summary_html(self, data: dict[str, Any]) -> str:
+        stop = data["stop_step"]
+        if stop is None:
+            verdict = f"approx_kl never exceeds {data['threshold']:.2f} within {self.num_steps} steps: no early stop."
+        elif data["stopped"]:
+            verdict = (f"<b style='color:#b00020'>stopped</b>: approx_kl first exceeded {data['threshold']:.2f} at step "
+                       f"{stop}; MiniMind zeroes the loss from there on for this batch.")
+        else:
+            verdict = f"still updating; approx_kl will first exceed {data['threshold']:.2f} at step {stop}."
+        rm = data["row_means"]
+        return (
+            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse;margin-top:4px'>"
+            "<tr><th style='text-align:left'>step " + str(data["step"]) + "</th><th>approx_kl ½Δ²</th><th>ppo_kl k1</th>"
+            "<th>k3</th><th>exact KL(π_old‖π_θ)</th></tr>"
+            f"<tr><td>batch token mean</td><td class='klviz-approx-kl'>{data['approx_kl']:.4f}</td>"
+            f"<td>{data['ppo_kl']:+.4f}</td><td>{data['k3_mean']:.4f}</td><td>{data['exact_mean']:.4f}</td></tr>"
+            f"<tr><td>this response ({data['n']} tokens)</td><td>{rm['k2']:.4f}</td><td>{rm['k1']:+.4f}</td>"
+            f"<td>{rm['k3']:.4f}</td><td>{rm['exact']:.4f}</td></tr></table>"
+            f"<div style='font-size:90%'>{verdict}</div>"
+        )

@@ -1,0 +1,99 @@
+"""Presenter mode in headless Chromium: lesson 00 served by Voila shows prose and a live panel, no
+code; a slider moved in the browser changes the readout; the server wants its token.
+"""
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from .helpers import figure_of
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = Path(os.environ.get("KLVIZ_TEST_NOTEBOOKS", ROOT / "notebooks"))
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def presenter(tmp_path_factory):
+    pytest.importorskip("voila", reason="presenter mode needs the 'present' extra (voila)")
+    if not sorted(NOTEBOOKS.glob("00_*.ipynb")):
+        pytest.skip(f"no lesson 00 in {NOTEBOOKS}")
+    home = tmp_path_factory.mktemp("present-home")
+    env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), PYTHONUNBUFFERED="1")
+    env.pop("MPLBACKEND", None)
+    log_path = home / "present.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "klviz.present", "00", "--no-browser", "--notebooks", str(NOTEBOOKS)],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        url = None
+        while url is None:
+            match = re.search(r"klviz present: (http://127\.0\.0\.1:\d+/\?token=\S+)", log_path.read_text())
+            if match:
+                url = match.group(1)
+            elif proc.poll() is not None or time.time() > deadline:
+                pytest.fail("presenter mode did not start:\n" + log_path.read_text()[-3000:])
+            else:
+                time.sleep(0.25)
+        yield {"url": url, "log": log_path}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_presenter_requires_token_and_binds_localhost(presenter):
+    parts = urlsplit(presenter["url"])
+    assert parts.hostname == "127.0.0.1"
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    conn.request("GET", "/")  # no token: sent to the login page, the lesson is not run
+    response = conn.getresponse()
+    assert response.status in (302, 401, 403), response.status
+    assert "login" in (response.getheader("Location") or "login")
+
+
+def test_presenter_shows_panel_without_code_and_slider_moves(page, presenter, artifacts):
+    page.goto(presenter["url"], timeout=120_000)
+    panel = page.locator(".klviz-panel").first
+    panel.wait_for(state="visible", timeout=120_000)
+    readout = panel.locator(".klviz-readout")
+    page.wait_for_function("el => el.innerText.trim().length > 0", arg=readout.element_handle(), timeout=30_000)
+
+    # Prose yes, code no.
+    assert page.locator("h1").count() >= 1
+    assert page.locator(".jp-InputArea-editor, .jp-CodeMirrorEditor, .cm-editor").count() == 0
+    assert "setup_notebook(" not in page.inner_text("body")
+
+    figure = figure_of(panel)
+    figure.wait_for(state="visible", timeout=30_000)
+    before_text = readout.inner_text()
+    before_png = figure.screenshot()
+    handle = panel.locator(".noUi-handle").first
+    handle.scroll_into_view_if_needed()
+    handle.focus()
+    for _ in range(8):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function("([el, old]) => el.innerText !== old", arg=[readout.element_handle(), before_text],
+                           timeout=30_000)
+    page.wait_for_timeout(800)  # let the canvas repaint
+    assert readout.inner_text() != before_text
+    assert figure.screenshot() != before_png, "the figure did not change after the slider moved"
+    assert panel.locator(".klviz-error").inner_text().strip() == ""
+    page.screenshot(path=str(artifacts / "present_00.png"), full_page=True)

@@ -1,0 +1,168 @@
+"""``klviz lab``: the lessons ship inside the package, are copied without destroying a learner's
+edits, and JupyterLab starts on 127.0.0.1 behind a token."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from klviz import labcmd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def shipped(tmp_path) -> Path:
+    """A fake shipped folder with two lessons (and a stray file that is not a lesson)."""
+    src = tmp_path / "shipped"
+    src.mkdir()
+    (src / "00_start.ipynb").write_text('{"cells": [], "v": 1}')
+    (src / "01_next.ipynb").write_text('{"cells": [], "v": 1}')
+    (src / "scratch.ipynb").write_text("{}")
+    return src
+
+
+def test_shipped_notebooks_are_the_repository_lessons():
+    shipped = labcmd.shipped_notebooks_dir()
+    repo = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert repo, "notebooks/ is empty"
+    assert sorted(p.name for p in shipped.glob("*.ipynb")) == repo
+    for name in repo:  # same bytes: klviz/notebooks is the repository's folder, not a stale copy
+        assert (shipped / name).read_bytes() == (ROOT / "notebooks" / name).read_bytes()
+
+
+def test_package_data_declares_the_notebooks():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    data = project["tool"]["setuptools"]["package-data"]["klviz"]
+    assert "notebooks/*.ipynb" in data
+    link = ROOT / "klviz" / "notebooks"
+    assert link.is_dir() and link.resolve() == (ROOT / "notebooks").resolve(), \
+        "klviz/notebooks must lead to notebooks/ (a symlink that setuptools dereferences into the wheel)"
+
+
+def test_fresh_copy_then_nothing_to_do(tmp_path, shipped):
+    dest = tmp_path / "work"
+    report = labcmd.sync_lessons(dest, source=shipped)
+    assert report.copied == ["00_start.ipynb", "01_next.ipynb"]
+    assert not (dest / "scratch.ipynb").exists()
+    assert json.loads((dest / labcmd.MANIFEST).read_text()).keys() == {"00_start.ipynb", "01_next.ipynb"}
+    again = labcmd.sync_lessons(dest, source=shipped)
+    assert again.unchanged == ["00_start.ipynb", "01_next.ipynb"] and not again.copied
+    assert "up to date" in again.lines()[0]
+
+
+def test_edited_copy_is_kept_without_a_terminal(tmp_path, shipped):
+    dest = tmp_path / "work"
+    labcmd.sync_lessons(dest, source=shipped)
+    (dest / "00_start.ipynb").write_text('{"cells": ["my answer"]}')
+    (shipped / "00_start.ipynb").write_text('{"cells": [], "v": 2}')  # a newer klviz
+    report = labcmd.sync_lessons(dest, source=shipped)
+    assert report.kept == ["00_start.ipynb"]
+    assert (dest / "00_start.ipynb").read_text() == '{"cells": ["my answer"]}'
+    assert any("kept your edited 00_start.ipynb" in line and "--force" in line for line in report.lines())
+
+
+def test_unedited_copy_follows_a_new_version(tmp_path, shipped):
+    dest = tmp_path / "work"
+    labcmd.sync_lessons(dest, source=shipped)
+    (shipped / "01_next.ipynb").write_text('{"cells": [], "v": 2}')
+    report = labcmd.sync_lessons(dest, source=shipped)
+    assert report.updated == ["01_next.ipynb"]
+    assert (dest / "01_next.ipynb").read_text() == '{"cells": [], "v": 2}'
+
+
+def test_ask_decides_and_force_backs_up(tmp_path, shipped):
+    dest = tmp_path / "work"
+    labcmd.sync_lessons(dest, source=shipped)
+    (dest / "00_start.ipynb").write_text("edited 0")
+    (dest / "01_next.ipynb").write_text("edited 1")
+    asked = []
+    report = labcmd.sync_lessons(dest, source=shipped, ask=lambda name: asked.append(name) or name.startswith("01"))
+    assert asked == ["00_start.ipynb", "01_next.ipynb"]
+    assert report.kept == ["00_start.ipynb"] and report.overwritten == ["01_next.ipynb"]
+    assert (report.backup_dir / "01_next.ipynb").read_text() == "edited 1"
+    forced = labcmd.sync_lessons(dest, source=shipped, force=True)
+    assert forced.overwritten == ["00_start.ipynb"]
+    assert (forced.backup_dir / "00_start.ipynb").read_text() == "edited 0"
+    assert (dest / "00_start.ipynb").read_text() == (shipped / "00_start.ipynb").read_text()
+
+
+def test_bad_destination_and_lesson_names(tmp_path, shipped):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match="dest"):
+        labcmd.sync_lessons(afile, source=shipped)
+    assert labcmd.resolve_lesson("0", shipped).name == "00_start.ipynb"
+    assert labcmd.resolve_lesson("01_next", shipped).name == "01_next.ipynb"
+    with pytest.raises(ValueError, match="lesson '7' matches no lesson"):
+        labcmd.resolve_lesson("7", shipped)
+    with pytest.raises(ValueError, match="lesson"):
+        labcmd.resolve_lesson(str(tmp_path / "missing.ipynb"), shipped)
+
+
+def test_cli_without_terminal_keeps_edits_and_says_so(tmp_path):
+    dest = tmp_path / "lessons"
+    run = [sys.executable, "-m", "klviz.labcmd", str(dest), "--copy-only"]
+    first = subprocess.run(run, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert first.returncode == 0, first.stderr
+    copied = sorted(p.name for p in dest.glob("*.ipynb"))
+    assert copied == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    (dest / copied[0]).write_text("my edits")
+    second = subprocess.run(run, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert second.returncode == 0
+    assert f"kept your edited {copied[0]}" in second.stdout
+    assert (dest / copied[0]).read_text() == "my edits"
+    forced = subprocess.run(run + ["--force"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert forced.returncode == 0 and "backups" in forced.stdout
+    assert (dest / copied[0]).read_bytes() == (ROOT / "notebooks" / copied[0]).read_bytes()
+    assert list((dest / "backups").glob(f"*/{copied[0]}"))
+
+
+@pytest.mark.slow
+def test_lab_starts_on_localhost_with_a_token(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), PYTHONUNBUFFERED="1")
+    log_path = tmp_path / "lab.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "klviz.labcmd", str(tmp_path / "lessons"), "--no-browser"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            deadline = time.time() + 90
+            url = None
+            while url is None:
+                found = re.search(r"klviz lab: open (http://127\.0\.0\.1:(\d+)/lab/tree/\S+\?token=(\S+))",
+                                  log_path.read_text())
+                if found:
+                    url, port, token = found.group(1), found.group(2), found.group(3)
+                elif proc.poll() is not None or time.time() > deadline:
+                    pytest.fail("klviz lab did not start:\n" + log_path.read_text()[-3000:])
+                else:
+                    time.sleep(0.25)
+            assert token not in " ".join(proc.args)  # the token is not on any command line
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents?token={token}", timeout=10) as r:
+                names = {item["name"] for item in json.load(r)["content"]}
+            assert any(name.startswith("00_") for name in names)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/contents", timeout=10)
+            assert refused.value.code in (401, 403)
+        finally:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0

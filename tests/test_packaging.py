@@ -1,0 +1,87 @@
+"""The environment files agree with each other, and notebooks are kept clean in git."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# conda-forge names of PyPI packages where they differ
+CONDA_NAME = {"torch": "pytorch-cpu"}
+
+
+def _pyproject():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].strip().lower()
+
+
+def _conda_packages() -> set[str]:
+    names, in_deps = set(), False
+    for line in (ROOT / "environment.yml").read_text().splitlines():
+        if re.match(r"^\w", line):
+            in_deps = line.startswith("dependencies:")
+            continue
+        m = re.match(r"\s*-\s+([A-Za-z0-9_.\-]+)", line)
+        if in_deps and m:
+            names.add(_name(m.group(1)))
+    return names
+
+
+def test_environment_yml_names_the_same_packages_as_pyproject():
+    proj = _pyproject()["project"]
+    wanted = {_name(r) for r in proj["dependencies"]} | {_name(r) for r in proj["optional-dependencies"]["test"]}
+    conda = _conda_packages() - {"python", "pip"}
+    expected = {CONDA_NAME.get(n, n) for n in wanted}
+    assert conda == expected, f"only in environment.yml: {conda - expected}; only in pyproject: {expected - conda}"
+
+
+def test_environment_yml_is_binder_ready():
+    text = (ROOT / "environment.yml").read_text()
+    assert "conda-forge" in text
+    assert "-e ." not in text and "pip:" not in text, "install the package in postBuild, not in environment.yml"
+
+
+def test_constraints_pin_every_direct_dependency_but_torch():
+    proj = _pyproject()["project"]
+    pinned = {_name(line) for line in (ROOT / "constraints.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    direct = {_name(r) for r in proj["dependencies"] + proj["optional-dependencies"]["test"]} - {"torch"}
+    assert direct <= pinned, f"not pinned: {direct - pinned}"
+
+
+@pytest.mark.parametrize("nb", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_are_stored_without_outputs(nb):
+    data = json.loads(nb.read_text())
+    for i, cell in enumerate(data["cells"]):
+        if cell["cell_type"] == "code":
+            assert cell.get("outputs") == [], f"{nb.name} cell {i} has stored outputs (run `make strip`)"
+            assert cell.get("execution_count") is None, f"{nb.name} cell {i} has an execution count"
+    assert "widgets" not in data.get("metadata", {}), f"{nb.name} stores widget state"
+    assert data["metadata"]["kernelspec"]["name"] == "python3"
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/strip_notebooks.py"), "--check", str(nb)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+@pytest.mark.parametrize("nb", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_lessons_open_with_what_you_will_learn_and_run_time(nb):
+    cells = json.loads(nb.read_text())["cells"]
+    first = "".join(cells[0]["source"])
+    assert first.startswith("# "), f"{nb.name}: first cell must be the title"
+    assert "What you will learn" in first and "Runs in" in first and "Time" in first, nb.name
+    code = [c for c in cells if c["cell_type"] == "code"]
+    assert "klviz.setup_notebook()" in "".join(code[0]["source"]), f"{nb.name}: first code cell must set up klviz"
+    text = "\n".join("".join(c["source"]) for c in cells)
+    assert "## Takeaways" in text and "## Exercises" in text and "## References" in text, nb.name
+    assert "TODO" not in text, f"{nb.name} contains a TODO"
