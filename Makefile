@@ -15,7 +15,9 @@ BIN         := $(VENV)/bin
 PY          := $(BIN)/python
 STAMP       := $(VENV)/.klviz-installed
 
-.PHONY: lab test setup test-fast test-notebooks test-browser strip clean
+LESSON      ?= 00
+
+.PHONY: lab test setup test-fast test-notebooks test-browser present site strip clean
 
 lab: $(STAMP)
 	@$(PY) -m klviz.labserver --notebook-dir notebooks --port $(PORT)
@@ -24,10 +26,9 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --upgrade pip
 	@# CPU torch: a wheel already on this machine (offline cache) if there is one, else the CPU index
 	@if [ "$(TORCH_INDEX)" = "https://download.pytorch.org/whl/cpu" ] && \
-	    $(PY) -m pip install --quiet --no-index "torch==$(TORCH_VERSION)" 2>/dev/null; then :; \
+	    $(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)" 2>/dev/null; then :; \
 	 else $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" \
 	      --extra-index-url https://pypi.org/simple; fi
 	@$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
@@ -45,6 +46,12 @@ test-notebooks: $(STAMP)
 
 test-browser: $(STAMP)
 	@$(PY) -m pytest -q tests/browser
+
+present: $(STAMP)
+	@$(PY) -m klviz.present $(LESSON)
+
+site: $(STAMP)
+	@$(PY) -m klviz.site --out build/site
 
 strip:
 	@$(PYTHON) scripts/strip_notebooks.py notebooks/*.ipynb

@@ -40,7 +40,9 @@ def _conda_packages() -> set[str]:
 
 def test_environment_yml_names_the_same_packages_as_pyproject():
     proj = _pyproject()["project"]
-    wanted = {_name(r) for r in proj["dependencies"]} | {_name(r) for r in proj["optional-dependencies"]["test"]}
+    wanted = {_name(r) for r in proj["dependencies"]}
+    for extra in proj["optional-dependencies"].values():
+        wanted |= {_name(r) for r in extra}
     conda = _conda_packages() - {"python", "pip"}
     expected = {CONDA_NAME.get(n, n) for n in wanted}
     assert conda == expected, f"only in environment.yml: {conda - expected}; only in pyproject: {expected - conda}"
