@@ -38,7 +38,7 @@ from .montecarlo import ESTIMATORS, RunningMoments, _relative, estimator_stats
 __all__ = [
     "EstimatorMoments", "gaussian_moments", "gaussian_closed_forms", "categorical_moments",
     "monte_carlo_row", "schulman_table", "SCHULMAN_PUBLISHED", "table_html", "mean_std_with_se",
-    "k1_negative_probability", "variance_crossing_mu", "control_variate_samples", "sample_log_ratio",
+    "k1_negative_probability", "variance_crossing_mu", "control_variate_samples", "sample_log_ratio", "exact_moments",
 ]
 
 #: The numbers printed in Schulman's blog post (bias/true and std/true of one sample), by mu.
@@ -321,7 +321,7 @@ def schulman_table(mus: tuple[float, ...] = (0.1, 1.0), num_samples: int = 10**7
 def _fmt(x: float, digits: int = 4) -> str:
     if math.isinf(x):
         return "inf"
-    return f"{x:.{digits}f}"
+    return f"{round(x, digits) + 0.0:.{digits}f}"   # + 0.0 turns a rounded -0.0 into 0.0
 
 
 def table_html(rows: list[dict[str, Any]], label: str = "mu") -> str:
@@ -348,8 +348,10 @@ def table_html(rows: list[dict[str, Any]], label: str = "mu") -> str:
                 f"<td>{'' if pb is None else pb[0]}</td>"
                 f"<td>{c['std_rel']:.4f} ± {c['se_std_rel']:.4f}</td><td>{_fmt(ex.std_rel(k))}</td>"
                 f"<td>{'' if pb is None else pb[1]}</td></tr>")
-    return ("<table class='klviz-table' style='border-collapse:collapse;font-size:90%'>" + head
-            + "".join(body) + "</table>")
+    pad = " style='padding:2px 8px'"
+    return ("<table class='klviz-table' style='border-collapse:collapse;font-size:90%'>"
+            + (head + "".join(body)).replace("<td>", f"<td{pad}>").replace("<th>", f"<th{pad}>")
+            + "</table>")
 
 
 def mean_std_with_se(values: torch.Tensor) -> dict[str, float]:

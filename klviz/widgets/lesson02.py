@@ -5,6 +5,10 @@
 - :class:`TokenEstimatorsPanel`: the same on twelve tokens, exact values by enumeration.
 - :class:`ControlVariatePanel`: the spread of k1 + lambda (r - 1) as a function of lambda, the best
   lambda*, and how often each member of the family comes out negative.
+
+All three sample on the CPU with a seeded generator (the same seed draws the same x whatever p is,
+so moving a slider shows the effect of p alone): at the panel sizes (at most 10^6 samples) copying
+results back from a GPU would cost more than the sampling saves.
 """
 from __future__ import annotations
 
@@ -46,16 +50,21 @@ def _rel(x: float, kl: float) -> float:
     return x / kl if kl > 0 else math.nan
 
 
+_TD = "<td style='padding:1px 12px 1px 0'>"
+_TABLE = "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
+_TH = "<th style='padding:1px 12px 1px 0;text-align:left'>"
+
+
 def _cell(x: float, se: float | None = None, signed: bool = False) -> str:
     """A table cell: '—' for undefined, 'inf' for infinite, else the number (± 2 SE)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "<td>—</td>"
+        return _TD + "—</td>"
     if math.isinf(x):
-        return "<td><b>inf</b></td>"
+        return _TD + "<b>inf</b></td>"
     txt = f"{x:+.4g}" if signed else f"{x:.4g}"
     if se is not None and math.isfinite(se):
         txt += f" ± {2 * se:.2g}"
-    return f"<td>{txt}</td>"
+    return f"{_TD}{txt}</td>"
 
 
 def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
@@ -86,9 +95,9 @@ class GaussianEstimatorsPanel(Panel):
     title = "Lesson 02 (a): k1, k2, k3 on Gaussians: q = N(0, 1) samples, p = N(μ, σ²) is the target"
     css_class = "klviz-lesson02-gaussian"
 
-    def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self.seed = seed
-        super().__init__(device)
+        super().__init__("cpu")   # see the module docstring: these panels sample on the CPU
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
@@ -104,7 +113,7 @@ class GaussianEstimatorsPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, axes = new_figure(9.2, 3.0, ncols=4, gridspec_kw={"width_ratios": [1.15, 1, 1, 1]})
+        fig, axes = new_figure(8.4, 3.0, ncols=4, gridspec_kw={"width_ratios": [1.15, 1, 1, 1]})
         ax_d = axes[0]
         self.xs = np.linspace(-7.0, 7.0, 400)
         q = np.exp(-0.5 * self.xs ** 2) / math.sqrt(2 * math.pi)
@@ -163,9 +172,9 @@ class GaussianEstimatorsPanel(Panel):
             self.kl_lines[name].set_xdata([exact.true_kl, exact.true_kl])
             m = data["mc"][name]["mean"]
             self.mean_lines[name].set_xdata([m, m])
-        self.hist_axes["k1"].set_title(f"k1 = −log r  ({100 * data['frac_neg_mc']:.0f} % < 0)")
-        self.hist_axes["k2"].set_title("k2 = ½ (log r)²  (≥ 0)")
-        self.hist_axes["k3"].set_title("k3 = (r − 1) − log r  (≥ 0)")
+        self.hist_axes["k1"].set_title(f"k1 = −log r: {100 * data['frac_neg_mc']:.0f} % < 0", fontsize=9)
+        self.hist_axes["k2"].set_title("k2 = ½ (log r)² ≥ 0", fontsize=9)
+        self.hist_axes["k3"].set_title("k3 = (r − 1) − log r ≥ 0", fontsize=9)
         self.readout.value = self._table(data)
 
     @staticmethod
@@ -176,7 +185,7 @@ class GaussianEstimatorsPanel(Panel):
         for name in ESTIMATORS:
             m = data["mc"][name]
             rows.append(
-                f"<tr><td style='color:{COLORS[name]}'><b>{name}</b></td>"
+                f"<tr><td style='color:{COLORS[name]};padding-right:12px'><b>{name}</b></td>"
                 + _cell(_rel(m["mean"] - kl, kl), _rel(m["se"], kl), signed=True)
                 + _cell(exact.bias_rel(name) if kl > 0 else math.nan, signed=True)
                 + _cell(_rel(m["std"], kl), _rel(m["se_std"], kl))
@@ -188,9 +197,9 @@ class GaussianEstimatorsPanel(Panel):
             notes.append(html.escape(exact.notes["k3"]) + " The Monte Carlo std shown for k3 is therefore "
                          "not an estimate of anything: rerun with a larger N and watch it grow.")
         return (
-            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
-            "<tr><th></th><th>bias/true: Monte Carlo ± 2 SE</th><th>exact</th>"
-            "<th>std/true: Monte Carlo ± 2 SE</th><th>exact</th></tr>" + "".join(rows) + "</table>"
+            _TABLE
+            + f"<tr>{_TH}</th>{_TH}bias/true: Monte Carlo ± 2 SE</th>{_TH}exact</th>"
+            f"{_TH}std/true: Monte Carlo ± 2 SE</th>{_TH}exact</th></tr>" + "".join(rows) + "</table>"
             f"<div style='font-size:90%'>true KL(q‖p) = <b class='klviz-exact'>{kl:.5g}</b> nats · N = {data['n']:,} · "
             f"k1 &lt; 0 for {100 * data['frac_neg_mc']:.1f} % of the samples (exact "
             f"{100 * data['frac_neg_exact']:.1f} %): wherever p(x) &gt; q(x).</div>"
@@ -203,10 +212,10 @@ class TokenEstimatorsPanel(Panel):
     title = "Lesson 02 (b): k1, k2, k3 on a token distribution (exact values by summing over the vocabulary)"
     css_class = "klviz-lesson02-tokens"
 
-    def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self.q_logp = torch.log_softmax(toy_sampler_logits().double(), -1)   # renormalised in float64
         self.seed = seed
-        super().__init__(device)
+        super().__init__("cpu")   # see the module docstring: these panels sample on the CPU
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         names = [t.strip() for t in TOY_VOCAB]
@@ -224,7 +233,7 @@ class TokenEstimatorsPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax_pol, ax_est) = new_figure(9.2, 3.2, ncols=2)
+        fig, (ax_pol, ax_est) = new_figure(8.4, 3.2, ncols=2)
         x = np.arange(len(TOY_VOCAB))
         q = self.q_logp.exp().numpy()
         labels = [t.strip() for t in TOY_VOCAB]
@@ -291,6 +300,7 @@ class TokenEstimatorsPanel(Panel):
 
 _LAMBDAS = np.linspace(-0.5, 1.5, 201)
 _LAMBDAS_NEG = np.linspace(-0.5, 1.5, 41)
+_N_FRAC = 20_000
 
 
 class ControlVariatePanel(Panel):
@@ -299,9 +309,9 @@ class ControlVariatePanel(Panel):
     title = "Lesson 02 (c): the control-variate family k1 + λ (r − 1), q = N(0, 1), p = N(μ, σ²)"
     css_class = "klviz-lesson02-lambda"
 
-    def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self.seed = seed
-        super().__init__(device)
+        super().__init__("cpu")   # see the module docstring: these panels sample on the CPU
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
@@ -317,7 +327,7 @@ class ControlVariatePanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax_v, ax_n) = new_figure(9.2, 3.2, ncols=2)
+        fig, (ax_v, ax_n) = new_figure(8.4, 3.5, ncols=2)
         self.exact_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["exact"], lw=2,
                                       label="exact")
         self.mc_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["mu"], lw=1.2, ls="--",
@@ -326,13 +336,14 @@ class ControlVariatePanel(Panel):
         self.mark_k3, = ax_v.plot([1], [1], "s", color=COLORS["k3"], ms=8, label="λ = 1: k3")
         self.mark_star, = ax_v.plot([1], [1], "*", color="black", ms=13, label="λ* exact")
         self.mark_star_mc = ax_v.axvline(1.0, color=COLORS["mu"], lw=1, ls=":", label="λ* measured")
-        self.note = ax_v.text(0.5, 0.5, "", transform=ax_v.transAxes, ha="center", va="center", fontsize=8.5,
+        self.note = ax_v.text(0.5, 0.6, "", transform=ax_v.transAxes, ha="center", va="center", fontsize=8.5,
+                              bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85},
                               color="#8a4b00")
         ax_v.set_xlabel("λ")
         ax_v.set_ylabel("std / true KL of one sample")
         ax_v.set_title("spread of k1 + λ (r − 1)")
         ax_v.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
-        ax_v.legend(loc="lower center", fontsize=7.5, ncols=2)
+        fig.legend(handles=ax_v.get_legend_handles_labels()[0], loc="outside lower left", ncols=6, fontsize=7.5)
         self.ax_v = ax_v
         self.neg_line, = ax_n.plot(_LAMBDAS_NEG, np.zeros_like(_LAMBDAS_NEG), "o-", ms=3, color=COLORS["mu"],
                                    label="Monte Carlo")
@@ -359,9 +370,10 @@ class ControlVariatePanel(Panel):
         cov = float((da * dc).mean())
         mc_var = np.maximum(var_a + 2 * _LAMBDAS * cov + _LAMBDAS ** 2 * var_c, 0.0)
         lam_mc = -cov / var_c if var_c > 0 else 0.0
-        sub_a, sub_c = a[:100_000], c[:100_000]
+        # how often each member is negative: from the first 20,000 samples (SE of a fraction ≤ 0.0036)
+        sub_a, sub_c = a[:_N_FRAC], c[:_N_FRAC]          # float64: at lambda = 1 the sum must not round below 0
         lam_t = torch.from_numpy(_LAMBDAS_NEG)[:, None]
-        frac_neg = ((sub_a[None, :] + lam_t * sub_c[None, :]) < 0).double().mean(1).numpy()
+        frac_neg = (torch.addcmul(sub_a, lam_t, sub_c) < 0).sum(1).numpy() / sub_a.numel()
         return {"exact": exact, "exact_var": exact.cv_variance(_LAMBDAS), "mc_var": mc_var, "lambda_mc": lam_mc,
                 "frac_neg": frac_neg, "frac_neg_k1": k1_negative_probability(0.0, 1.0, float(mu), float(sigma)),
                 "n": n, "n_frac": int(sub_a.numel())}
@@ -394,12 +406,12 @@ class ControlVariatePanel(Panel):
         note = ("<div style='font-size:90%;color:#8a4b00'>" + html.escape(exact.notes["k3"]) + "</div>"
                 if infinite else "")
         self.readout.value = (
-            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
-            "<tr><th></th><th>λ</th><th>" + rel + " (exact)</th></tr>"
-            f"<tr><td>k1</td><td>0</td>{_cell(std_at['0'])}</tr>"
-            f"<tr><td><b>best</b></td><td class='klviz-lambda-star'>{lam:.4f} (exact) · "
+            _TABLE
+            + f"<tr>{_TH}</th>{_TH}λ</th>{_TH}{rel} (exact)</th></tr>"
+            f"<tr>{_TD}k1</td>{_TD}0</td>{_cell(std_at['0'])}</tr>"
+            f"<tr>{_TD}<b>best</b></td><td class='klviz-lambda-star' style='padding-right:12px'>{lam:.4f} (exact) · "
             f"{data['lambda_mc']:.4f} (measured)</td>{_cell(std_at['star'])}</tr>"
-            f"<tr><td>k3</td><td>1</td>{_cell(std_at['1'])}</tr></table>"
+            f"<tr>{_TD}k3</td>{_TD}1</td>{_cell(std_at['1'])}</tr></table>"
             "<div style='font-size:90%'>λ* = (KL(q‖p) + KL(p‖q)) / χ²(p‖q) = −Cov(k1, r) / Var(r). "
             "Only λ = 1 is never negative: −log r + λ (r − 1) &lt; 0 at r = 1/λ for every other λ &gt; 0. "
             f"N = {data['n']:,} (fraction negative from the first {data['n_frac']:,}).</div>" + note)
