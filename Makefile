@@ -10,7 +10,7 @@ PYTHON      ?= python3
 VENV        ?= .venv
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-PORT        ?= 8888
+PORT        ?=
 BIN         := $(VENV)/bin
 PY          := $(BIN)/python
 STAMP       := $(VENV)/.klviz-installed
@@ -20,7 +20,7 @@ LESSON      ?= 00
 .PHONY: lab test setup test-fast test-notebooks test-browser present site strip clean
 
 lab: $(STAMP)
-	@$(PY) -m klviz.labserver --notebook-dir notebooks --port $(PORT)
+	@$(PY) -m klviz.labcmd notebooks --in-place --no-browser $(if $(PORT),--port $(PORT))
 
 setup: $(STAMP)
 

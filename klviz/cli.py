@@ -70,9 +70,23 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- klviz lab / present / site: own argument parsers, handed the rest of the command line ------
+
+_DELEGATED = {
+    "lab": ("klviz.labcmd", "copy the lessons into DIR (default ./klviz-lessons) and open JupyterLab there"),
+    "present": ("klviz.present", "serve one lesson's prose and panels with Voila (presenter mode)"),
+    "site": ("klviz.site", "execute the lessons and write a static HTML site"),
+}
+
+
+def _add_delegated(sub: argparse._SubParsersAction) -> None:
+    for name, (_module, help_text) in _DELEGATED.items():
+        sub.add_parser(name, add_help=False, help=help_text + f" (klviz {name} --help)")
+
+
 # -- the parser -------------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_diagnose]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_diagnose, _add_delegated]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``klviz`` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in _DELEGATED:      # their options (e.g. --force) pass through untouched
+        import importlib
+
+        return importlib.import_module(_DELEGATED[argv[0]][0]).main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:

@@ -263,28 +263,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser; just print the URL")
     parser.add_argument("--port", type=int, default=None, help="port for JupyterLab (default: a free one)")
     parser.add_argument("--copy-only", action="store_true", help="copy the lessons and exit without starting JupyterLab")
+    parser.add_argument("--in-place", action="store_true",
+                        help="serve DIR as it is, copying nothing (what `make lab` does with notebooks/)")
     args = parser.parse_args(argv)
     if args.port is not None and not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
 
-    ask = _ask_on_terminal if (sys.stdin is not None and sys.stdin.isatty() and not args.force) else None
-    try:
-        report = sync_lessons(args.dir, force=args.force, ask=ask)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"klviz lab: {err}", file=sys.stderr)
-        return 2
-    for line in report.lines():
-        print(f"klviz lab: {line}", flush=True)
-    if args.copy_only:
-        return 0
-    lessons = lesson_paths(report.dest)
+    if args.in_place:
+        folder = Path(args.dir).resolve()
+        if not folder.is_dir():
+            print(f"klviz lab: {folder} is not a folder", file=sys.stderr)
+            return 2
+    else:
+        ask = _ask_on_terminal if (sys.stdin is not None and sys.stdin.isatty() and not args.force) else None
+        try:
+            report = sync_lessons(args.dir, force=args.force, ask=ask)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"klviz lab: {err}", file=sys.stderr)
+            return 2
+        for line in report.lines():
+            print(f"klviz lab: {line}", flush=True)
+        if args.copy_only:
+            return 0
+        folder = report.dest
+    lessons = lesson_paths(folder)
     first = lessons[0].name if lessons else None
     try:
-        proc, url = start_lab(report.dest, port=args.port, open_browser=not args.no_browser, first=first)
+        proc, url = start_lab(folder, port=args.port, open_browser=not args.no_browser, first=first)
     except RuntimeError as err:
         print(f"klviz lab: JupyterLab did not start: {err}", file=sys.stderr)
         return 1
-    print(f"klviz lab: JupyterLab is running in {report.dest}\n"
+    print(f"klviz lab: JupyterLab is running in {folder}\n"
           f"klviz lab: open {url}\n"
           "klviz lab: press Ctrl+C to stop it.", flush=True)
     return run_until_interrupted(proc)

@@ -117,13 +117,22 @@ def execute_notebook(path: str | os.PathLike[str], *, timeout: int = 600) -> nbf
     the cell and the traceback) when a cell fails.
     """
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    with _static_environment():
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
-                       resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
-    return nb
+    for attempt in (1, 2):
+        nb = nbformat.read(path, as_version=4)
+        try:
+            with _static_environment():
+                NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
+                               resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+            return nb
+        except (CellExecutionError, CellTimeoutError):
+            raise
+        except Exception:  # noqa: BLE001 - the kernel did not start (e.g. a port taken meanwhile): once more
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _markdown_text(nb: nbformat.NotebookNode) -> str:
@@ -182,8 +191,8 @@ def _without_widget_views(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 def render_lesson(nb: nbformat.NotebookNode, page: LessonPage, prev: LessonPage | None,
                   next_: LessonPage | None, *, mathjax_url: str = LOCAL_MATHJAX) -> str:
     """The HTML page of an executed lesson, with navigation and rewritten lesson links."""
-    def ref(p: LessonPage | None) -> dict | None:
-        return None if p is None else {"href": p.page, "title": p.title}
+    def ref(p: LessonPage | None) -> dict | None:  # short titles in the navigation bar
+        return None if p is None else {"href": p.page, "title": p.title.split(":")[0].strip()}
 
     nb = _without_widget_views(nb)
     resources = {"klviz": {"prev": ref(prev), "next": ref(next_)},
@@ -280,7 +289,7 @@ def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] 
         title, summary = lesson_title(nb, path.stem)
         pages.append(LessonPage(path, _page_name(path), title, summary))
 
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     failures: list[str] = []
     built: list[LessonPage] = []
@@ -289,7 +298,7 @@ def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] 
         log(f"klviz site: running {page.source.name} ...")
         try:
             executed = execute_notebook(page.source, timeout=timeout)
-        except CellExecutionError as err:
+        except (CellExecutionError, CellTimeoutError) as err:
             message = f"{page.source.name} failed:\n{err}"
             if not keep_going:
                 raise RuntimeError(message) from None

@@ -2,6 +2,7 @@
 edits, and JupyterLab starts on 127.0.0.1 behind a token."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -111,22 +112,24 @@ def test_bad_destination_and_lesson_names(tmp_path, shipped):
         labcmd.resolve_lesson(str(tmp_path / "missing.ipynb"), shipped)
 
 
-def test_cli_without_terminal_keeps_edits_and_says_so(tmp_path):
+def test_cli_without_terminal_keeps_edits_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal: never ask
     dest = tmp_path / "lessons"
-    run = [sys.executable, "-m", "klviz.labcmd", str(dest), "--copy-only"]
-    first = subprocess.run(run, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
-    assert first.returncode == 0, first.stderr
+    args = [str(dest), "--copy-only"]
+    assert labcmd.main(args) == 0
     copied = sorted(p.name for p in dest.glob("*.ipynb"))
     assert copied == sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
     (dest / copied[0]).write_text("my edits")
-    second = subprocess.run(run, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
-    assert second.returncode == 0
-    assert f"kept your edited {copied[0]}" in second.stdout
+    capsys.readouterr()
+    assert labcmd.main(args) == 0
+    assert f"kept your edited {copied[0]}" in capsys.readouterr().out
     assert (dest / copied[0]).read_text() == "my edits"
-    forced = subprocess.run(run + ["--force"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
-    assert forced.returncode == 0 and "backups" in forced.stdout
+    assert labcmd.main(args + ["--force"]) == 0
+    assert "backups" in capsys.readouterr().out
     assert (dest / copied[0]).read_bytes() == (ROOT / "notebooks" / copied[0]).read_bytes()
     assert list((dest / "backups").glob(f"*/{copied[0]}"))
+    with pytest.raises(SystemExit):
+        labcmd.main(["--port", "0"])
 
 
 @pytest.mark.slow

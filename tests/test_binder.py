@@ -1,0 +1,110 @@
+"""Binder conventions, checked statically (conda channels are unreachable here, so the environment
+cannot be built in CI): ``environment.yml`` + ``postBuild`` at the repository root, no ``binder/``
+folder hiding them, every runtime dependency of pyproject.toml present on conda-forge names with the
+same lower bounds, postBuild an executable bash script that installs klviz without dependencies,
+and a README launch link that opens an existing notebook."""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[1]
+# pip name -> conda-forge names that provide it (pytorch-cpu / pytorch-gpu are pytorch variants)
+CONDA_NAMES = {"torch": ("pytorch", "pytorch-cpu", "pytorch-gpu")}
+
+
+def _requirement(spec: str) -> tuple[str, str | None]:
+    """``"numpy>=1.24"`` -> ("numpy", "1.24"); conda specs use the same operators."""
+    match = re.match(r"\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*(?:>=\s*([0-9][^,;\s]*))?", spec)
+    assert match, f"cannot read requirement {spec!r}"
+    return match.group(1).lower().replace("_", "-"), match.group(2)
+
+
+@pytest.fixture(scope="module")
+def env() -> dict:
+    path = ROOT / "environment.yml"
+    assert path.is_file(), "environment.yml is missing at the repository root"
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict), "environment.yml must be a mapping"
+    return data
+
+
+def _conda_packages(env: dict) -> dict[str, str | None]:
+    out = {}
+    for dep in env.get("dependencies", []):
+        if isinstance(dep, str):
+            name, bound = _requirement(dep)  # "python=3.11" -> ("python", None)
+            out[name] = bound
+    return out
+
+
+def test_binder_reads_the_root_files():
+    for folder in ("binder", ".binder"):
+        assert not (ROOT / folder).exists(), f"a {folder}/ folder makes Binder ignore the root environment.yml/postBuild"
+    assert (ROOT / "environment.yml").is_file() and (ROOT / "postBuild").is_file()
+
+
+def test_environment_uses_conda_forge_only(env):
+    assert env.get("channels") == ["conda-forge"], f"channels should be just conda-forge, got {env.get('channels')}"
+    names = _conda_packages(env)
+    assert "python" in names and "pip" in names
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    minimum = re.search(r">=\s*(\d+)\.(\d+)", project["requires-python"])
+    version = re.search(r"(\d+)\.(\d+)", python)
+    assert version and minimum and tuple(map(int, version.groups())) >= tuple(map(int, minimum.groups())), python
+
+
+def test_every_runtime_dependency_is_in_the_environment(env):
+    names = _conda_packages(env)
+    pip_section = [d for d in env["dependencies"] if isinstance(d, dict)]
+    pip_names = {_requirement(s)[0] for section in pip_section for s in section.get("pip", [])}
+    assert "klviz" not in pip_names, "klviz itself is installed by postBuild, not by environment.yml"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"]:
+        name, bound = _requirement(spec)
+        candidates = CONDA_NAMES.get(name, (name,))
+        found = [c for c in candidates if c in names]
+        assert found or name in pip_names, f"{name} (pyproject) is missing from environment.yml"
+        if found and bound:
+            assert names[found[0]] == bound, (
+                f"{found[0]}: environment.yml says >={names[found[0]]}, pyproject.toml says >={bound}")
+
+
+def test_postbuild_is_an_executable_bash_script_installing_klviz_without_deps():
+    path = ROOT / "postBuild"
+    text = path.read_text()
+    assert text.startswith("#!/bin/bash") or text.startswith("#!/usr/bin/env bash"), "postBuild needs a bash shebang"
+    assert re.search(r"^set -e", text, re.M), "postBuild must stop on the first error (set -e)"
+    assert os.stat(path).st_mode & stat.S_IXUSR, "postBuild must be executable (chmod +x postBuild)"
+    tracked = subprocess.run(["git", "ls-files", "-s", "postBuild"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode == 0 and tracked.stdout.strip():
+        assert tracked.stdout.startswith("100755"), "git must record postBuild as executable (git add --chmod=+x)"
+    installs = [line for line in text.splitlines() if re.search(r"\bpip install\b", line) and not line.lstrip().startswith("#")]
+    assert installs, "postBuild does not pip install klviz"
+    for line in installs:
+        assert "--no-deps" in line, f"pip must not pull dependencies over conda's (use --no-deps): {line}"
+        assert re.search(r"\s\.(\s|$)", line), f"postBuild should install the checkout ('.'): {line}"
+    assert "torch" not in " ".join(installs)
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_readme_shows_how_to_launch_binder():
+    readme = ROOT / "README.md"
+    if not readme.is_file():
+        pytest.skip("no README.md yet")
+    links = re.findall(r"https://mybinder\.org/v2/gh/[^\s)\]]+", readme.read_text())
+    assert links, "README.md has no mybinder.org launch link"
+    for link in links:
+        target = re.search(r"urlpath=(?:lab/tree|voila/render)/([^&\s)]+\.ipynb)", link)
+        if target:
+            assert (ROOT / target.group(1)).is_file(), f"Binder link opens {target.group(1)}, which does not exist"
