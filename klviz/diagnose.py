@@ -100,7 +100,8 @@ def _magic(path: Path) -> bytes:
 def _read_pt(path: Path) -> dict[str, Any]:
     head = _magic(path)
     if not (head.startswith(b"PK") or head[:1] == b"\x80"):
-        raise RolloutFileError("not a PyTorch file: it is neither a torch.save zip archive nor a pickle")
+        raise RolloutFileError("refused: not a torch.save file (neither a zip archive nor a binary pickle); "
+                               "nothing in it was executed")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -125,7 +126,8 @@ def _read_npz(path: Path) -> dict[str, Any]:
         raise RolloutFileError("refused: the file is a Python pickle, not an .npz archive; klviz reads .npz with "
                                "allow_pickle=False, so nothing in it was executed")
     if not head.startswith(b"PK"):
-        raise RolloutFileError("not an .npz archive (no zip signature); save with numpy.savez or klviz.diagnose.save_rollouts")
+        raise RolloutFileError("not an .npz archive (no zip signature), so it was not opened; save with numpy.savez or "
+                               "klviz.diagnose.save_rollouts")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {name: np.array(data[name]) for name in data.files}
@@ -177,14 +179,17 @@ def load_rollouts(path: str | Path, *, logprob_key: str = "logprob", ref_key: st
     if suffix not in _SUFFIXES:
         raise RolloutFileError(f"not a recognised rollout dump: '{p.name}' should end in "
                                f"{', '.join(_SUFFIXES)} (other files are not opened, pickles never)")
-    if p.stat().st_size == 0:
-        raise RolloutFileError(f"{p.name} is empty")
-    if suffix in (".pt", ".pth"):
-        raw = _read_pt(p)
-    elif suffix == ".npz":
-        raw = _read_npz(p)
-    else:
-        raw = _read_safetensors(p)
+    try:
+        if p.stat().st_size == 0:
+            raise RolloutFileError(f"{p.name} is empty")
+        if suffix in (".pt", ".pth"):
+            raw = _read_pt(p)
+        elif suffix == ".npz":
+            raw = _read_npz(p)
+        else:
+            raw = _read_safetensors(p)
+    except OSError as err:
+        raise RolloutFileError(f"cannot read {p.name}: {err.strerror or err}") from None
 
     keys = {"logprob": logprob_key, "ref_logprob": ref_key, "response_mask": mask_key}
     for role, key in keys.items():
@@ -275,7 +280,10 @@ def save_rollouts(path: str | Path, logprob: Any, ref_logprob: Any, response_mas
     elif suffix in (".pt", ".pth"):
         torch.save(data, p)
     elif suffix == ".safetensors":
-        from safetensors.torch import save_file
+        try:
+            from safetensors.torch import save_file
+        except ImportError:
+            raise ValueError("writing .safetensors needs the 'safetensors' package; use .npz or .pt instead") from None
         save_file({k: v.contiguous() for k, v in data.items()}, str(p))
     else:
         raise ValueError(f"path must end in one of {', '.join(_SUFFIXES)}, got {p.name!r}")
@@ -594,8 +602,9 @@ def format_report(d: Diagnosis) -> str:
             f"{_fmt(e['seq_token_mean']) + ' ± ' + _fmt(2 * e['seq_token_mean_se']):>24}"
             f"{_fmt(e['seq_sum_mean']) + ' ± ' + _fmt(2 * e['seq_sum_se']):>24}{_fmt(e['token_std']):>11}"
             f"{_fmt(e['p01']):>11}{_fmt(e['p50']):>11}{_fmt(e['p99']):>11}{_fmt(e['max']):>11}")
-    lines += ["  (verl's kl_loss with token-mean is the first column; verl's logged actor/kl and kl_in_reward "
-              "use the second; TRL PPO logs the third = a sequence KL)", "", "What each number estimates"]
+    lines += ["  (verl's kl_loss with loss_agg_mode token-mean is the first column; verl's in-reward metric "
+              "actor/reward_kl_penalty is the second; TRL PPO's logged KL is the third, a sequence KL)", "",
+              "What each number estimates"]
     for k, what in d.directions.items():
         lines.append(f"  {k}: {what}")
     if d.extra:

@@ -361,7 +361,8 @@ def test_nan_only_in_padding_is_fine(tmp_path, capsys):
     ("x.txt", b"logprob,ref\n", "not a recognised"),
     ("x.pkl", b"\x80\x04K\x01.", "not a recognised"),
     ("x.npz", b"hello world", "no zip signature"),
-    ("x.pt", b"hello world", "not a PyTorch file"),
+    ("x.pt", b"hello world", "not a torch.save file"),
+    ("p0.pt", b"cposix\nsystem\n(S'touch /tmp/klviz_never'\ntR.", "nothing in it was executed"),
     ("x.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{bad json", "not a readable .safetensors"),
     ("e.npz", b"", "is empty"),
 ])

@@ -90,6 +90,17 @@ def test_clamped_expectation_quadrature_vs_mc(mu):
     assert pf.gaussian_clamped_expectation(mu, "k3", "none") == pytest.approx(mu * mu / 2, rel=1e-7)
 
 
+def test_clamp_curve_matches_scalar_quadrature():
+    mus = [0.3, 2.0, 4.5]
+    for est, rule in (("k3", "verl low_var_kl"), ("k1", "OpenRLHF ±10")):
+        means, hits = pf.gaussian_clamp_curve(mus, est, rule)
+        for m, e, h in zip(mus, means, hits):
+            assert e == pytest.approx(pf.gaussian_clamped_expectation(m, est, rule), rel=1e-4, abs=1e-9)
+            assert h == pytest.approx(pf.gaussian_clamp_hit_rate(m, est, rule), abs=1e-3)
+    with pytest.raises(ValueError, match="mus"):
+        pf.gaussian_clamp_curve([7.0], "k1", "none")
+
+
 def test_clamp_bad_inputs():
     with pytest.raises(ValueError, match="rule"):
         pf.apply_clamp(torch.zeros(2), "k1", "trl")

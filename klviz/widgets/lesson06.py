@@ -12,6 +12,7 @@ own file via :func:`klviz.diagnose.load_rollouts`) and shows
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -92,7 +93,7 @@ class RolloutPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax_tok, ax_boot) = new_figure(9.2, 3.6, ncols=2)
+        fig, (ax_tok, ax_boot) = new_figure(8.4, 3.5, ncols=2)
         self.tok_hist = ax_tok.stairs(np.ones(40), np.linspace(0, 1, 41), color=COLORS["k3"], fill=True, alpha=0.6)
         self.tok_mean = ax_tok.axvline(0.0, color="black", ls="--", lw=1.2, label="batch token-mean")
         ax_tok.set_yscale("log")
@@ -108,7 +109,8 @@ class RolloutPanel(Panel):
         ax_boot.axvline(0.0, color="black", lw=0.6)
         ax_boot.set_xlabel("logged batch value [nats]")
         ax_boot.set_ylabel("fraction of batches")
-        ax_boot.legend(loc="upper right", title="dotted: whole dump")
+        ax_boot.legend(loc="upper right", title="dotted: whole dump", fontsize=8, title_fontsize=8, frameon=True,
+                       framealpha=0.85, edgecolor="none")
         self.ax_boot = ax_boot
         return fig
 
@@ -163,7 +165,7 @@ class RolloutPanel(Panel):
         self.tok_mean.set_xdata([float(tok.mean())] * 2)
         self.ax_tok.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
         self.ax_tok.set_ylim(0.8, max(10.0, counts.max() * 2.0))
-        self.ax_tok.set_title(f"{tok.size:,} tokens of the dump: {k} ({data['clamp']}, {data['precision']})")
+        self.ax_tok.set_title(f"{tok.size:,} tokens: {k} ({data['clamp']}, {data['precision']})")
 
         stats = data["stats"]
         allb = np.concatenate([stats[e]["boot"] for e in stats] + [np.array([stats[e]["full"] for e in stats])])
@@ -179,18 +181,20 @@ class RolloutPanel(Panel):
             self.full[e].set_xdata([stats[e]["full"]] * 2)
         self.ax_boot.set_xlim(edges[0], edges[-1])
         self.ax_boot.set_ylim(0, top * 1.15)
-        self.ax_boot.set_title(f"{_NUM_BATCHES} batches of B = {data['batch_sequences']} sequences, {data['aggregation']}")
+        self.ax_boot.set_title(f"{_NUM_BATCHES} batches of B = {data['batch_sequences']}: {data['aggregation']}")
 
+        td = "<td style='padding:1px 10px'>"
         rows = "".join(
-            f"<tr><td style='color:{COLORS[e]}'><b>{e}</b></td><td class='klviz-full-{e}'>{s['full']:.4f}</td>"
-            f"<td>{s['unclamped_float32']:.4f}</td><td>{s['boot_std']:.4f}</td>"
-            f"<td>{100 * s['frac_negative']:.1f}%</td><td>{100 * s['hit_fraction']:.2f}%</td></tr>"
+            f"<tr><td style='color:{COLORS[e]}'><b>{e}</b></td>{td[:-1]} class='klviz-full-{e}'>{s['full']:.4f}</td>"
+            f"{td}{s['unclamped_float32']:.4f}</td>{td[:-1]} class='klviz-spread-{e}'>{s['boot_std']:.4f}</td>"
+            f"{td}{100 * s['frac_negative']:.1f}%</td>{td}{100 * s['hit_fraction']:.2f}%</td></tr>"
             for e, s in stats.items())
         self.readout.value = (
             "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
-            "<tr><th></th><th>whole dump</th><th>no clamp, float32</th><th>spread of one batch (std)</th>"
-            "<th>batches &lt; 0</th><th>tokens clamped</th></tr>"
-            f"{rows}</table><div style='font-size:90%'>Source: {html.escape(str(self.source))} · "
+            "<tr><th></th><th style='padding:1px 10px'>whole dump</th><th style='padding:1px 10px'>no clamp, float32</th>"
+            "<th style='padding:1px 10px'>spread of one batch (std)</th><th style='padding:1px 10px'>batches &lt; 0</th>"
+            "<th style='padding:1px 10px'>tokens clamped</th></tr>"
+            f"{rows}</table><div style='font-size:90%'>Source: {html.escape(Path(str(self.source)).name)} · "
             f"{int(self.mask.sum()):,} counted tokens in {self.mask.shape[0]} sequences. "
             "The estimate is of KL(π ‖ π_ref) per token (per sequence for seq-mean-token-sum).</div>"
         )

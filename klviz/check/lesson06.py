@@ -1,0 +1,136 @@
+"""Checks for the exercises of lesson 06 (pitfalls and your own rollouts)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return call_learner(fn, *[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def _as64(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out.detach().double()
+    return torch.as_tensor(out, dtype=torch.float64)
+
+
+def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> CheckResult:
+    """Exercise 1: ``fn(logp_new, logp_old)``, tokens sampled by the old policy, must return the
+    per-token k3 estimate of KL(old || new), accurate for tiny and finite for large log-ratios."""
+    g = torch.Generator().manual_seed(606)
+    old = -torch.rand(40, generator=g, dtype=torch.float64) * 6
+    new = old + torch.randn(40, generator=g, dtype=torch.float64) * 1.5
+    new[:3] = old[:3] + torch.tensor([1e-9, -3e-9, 2e-8], dtype=torch.float64)   # nearly equal policies
+    new[3] = old[3] + 30.0
+    log_r = new - old                     # target (new) minus sampler (old)
+    expected = torch.expm1(log_r) - log_r
+    try:
+        out = _as64(_call(fn, new, old))
+    except _NotAttempted:
+        return not_attempted()
+    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything
+        return failed(f"Your function raised {type(err).__name__}: {err}")
+    if out.shape != expected.shape:
+        return failed(f"Return one value per token: expected shape {tuple(expected.shape)}, got {tuple(out.shape)}.")
+    if not bool(torch.isfinite(out).all()):
+        return failed("Your function returns inf or NaN for a token whose log-ratio is 30: compute in a way that "
+                      "stays finite (k3 is e^30 - 31 there, large but finite in float64).")
+    inverted = torch.expm1(-log_r) + log_r
+    if torch.allclose(out, inverted, rtol=1e-6, atol=1e-12):
+        return failed("Ratio inverted: that is the seed's exp(logp_old - logp_new), sampler over target. With tokens "
+                      "from old, r must be new/old (target over sampler); the inverted version averages to "
+                      "chi²(old||new) - KL(old||new).")
+    if torch.allclose(out, old - new, atol=1e-9):
+        return failed("That is k1 = log old - log new: unbiased but noisy and sometimes negative; the exercise asks for k3.")
+    body = slice(4, None)
+    if not torch.allclose(out[body], expected[body], rtol=1e-6, atol=1e-9):
+        return failed("Not k3 of KL(old || new): use log r = logp_new - logp_old and return (r - 1) - log r.")
+    rel = ((out[:3] - expected[:3]).abs() / expected[:3]).max()
+    if float(rel) > 1e-3:
+        return failed("Right formula, but for nearly equal policies (log r ≈ 1e-9) it loses every digit to "
+                      "cancellation: compute r - 1 as torch.expm1(log_r).")
+    if not torch.allclose(out, expected, rtol=1e-6):
+        return failed("Close, but the token with log r = 30 is off: compute it as expm1(log_r) - log_r in float64.")
+    return passed("k3 with r = new/old (target over sampler), computed as expm1(log r) - log r: unbiased for "
+                  "KL(old || new), never negative, accurate for tiny log-ratios.")
+
+
+def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
+    """Exercise 2: ``fn(logprob, ref_logprob, old_logprob, mask)`` with tokens from pi_old must return the
+    token-mean over the mask of an unbiased per-token estimate of KL(pi || pi_ref)."""
+    g = torch.Generator().manual_seed(6060)
+    B, T = 6, 9
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 4
+    lp = old + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    ref = old + 0.6 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([9, 2, 5, 7, 1, 4])
+    mask = (torch.arange(T)[None] < lengths[:, None]).to(torch.float64)
+    lp_pad = torch.where(mask > 0, lp, torch.full_like(lp, -50.0))   # padding holds junk that must be ignored
+    rho = torch.exp(lp - old)
+    per_token = rho * (lp - ref)
+    expected = float((per_token * mask).sum() / mask.sum())
+    try:
+        out = _call(fn, lp_pad, ref, old, mask)
+    except _NotAttempted:
+        return not_attempted()
+    except Exception as err:  # noqa: BLE001
+        return failed(f"Your function raised {type(err).__name__}: {err}")
+    try:
+        value = float(_as64(out).reshape(()))
+    except (RuntimeError, ValueError, TypeError):
+        return failed("Return one number: the token-mean over the mask.")
+    close = lambda v: abs(value - v) <= 1e-6 * max(1.0, abs(v))  # noqa: E731
+    if close(expected):
+        return passed("rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi || pi_ref) "
+                      "although pi_old sampled the tokens.")
+    m = mask
+    if close(float(((lp - ref) * m).sum() / m.sum())):
+        return failed("No importance weight: on pi_old's tokens, log pi - log pi_ref averages to KL(old||ref) - "
+                      "KL(old||pi), not KL(pi||ref). Multiply each token by rho = exp(logprob - old_logprob).")
+    if close(float((torch.exp(old - lp) * (lp - ref) * m).sum() / m.sum())):
+        return failed("Weight inverted: rho must be pi/pi_old = exp(logprob - old_logprob), target over sampler.")
+    k3 = torch.expm1(ref - lp) - (ref - lp)
+    if close(float((rho * k3 * m).sum() / m.sum())):
+        return passed("rho · k3, averaged over the mask: also unbiased for KL(pi || pi_ref), and never negative.")
+    if close(float(((rho * (lp - ref) * m).sum(-1) / m.sum(-1)).mean())):
+        return failed("Right weights, wrong aggregation: that is seq-mean-token-mean; the exercise asks for the token-mean "
+                      "(sum over all counted tokens / number of counted tokens).")
+    if close(float((rho * (lp - ref)).mean())) or close(float((torch.exp(lp_pad - old) * (lp_pad - ref)).mean())):
+        return failed("The padding was counted: average only where mask is 1.")
+    return failed("Not the importance-weighted estimate: per token rho · (logprob - ref_logprob) with "
+                  "rho = exp(logprob - old_logprob), then the mean over the counted tokens.")
+
+
+def kl_term_with_gradient(fn: Callable[..., Any]) -> CheckResult:
+    """Exercise 3: ``fn(logprob, ref_logprob, mask)`` must return the token-mean k3 penalty as a tensor that
+    carries a gradient to ``logprob`` (not computed under ``torch.no_grad`` nor detached)."""
+    g = torch.Generator().manual_seed(66)
+    lp = (-torch.rand(3, 5, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    ref = lp.detach() + 0.5 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.float64)
+    d = ref - lp.detach()
+    expected = float(((torch.expm1(d) - d) * mask).sum() / mask.sum())
+    try:
+        out = call_learner(fn, lp, ref, mask)
+    except _NotAttempted:
+        return not_attempted()
+    except Exception as err:  # noqa: BLE001
+        return failed(f"Your function raised {type(err).__name__}: {err}")
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        return failed("Return a one-element torch tensor (the loss term), not a Python number: a float has no gradient.")
+    if abs(float(out.detach()) - expected) > 1e-8 * max(1.0, expected):
+        return failed(f"The value is off: expected the masked token-mean of k3 = {expected:.6f}, got {float(out.detach()):.6f}.")
+    if not out.requires_grad:
+        return failed("Right value, but no gradient: the term was computed under torch.no_grad() or detached, so "
+                      "adding it to the loss changes the logged number and nothing else (open-instruct#530).")
+    (grad,) = torch.autograd.grad(out.sum(), lp)
+    expected_grad = (1 - torch.exp(d)) * mask / mask.sum()
+    if not torch.allclose(grad, expected_grad, atol=1e-10):
+        return failed("The gradient is not that of k3 with respect to logprob: keep logprob in the graph and "
+                      "detach nothing inside the formula.")
+    return passed("A loss term with a gradient: its expected gradient follows KL(pi_ref || pi) (lesson 05), "
+                  "and it does reach the optimizer.")

@@ -1,0 +1,34 @@
+"""Lesson 06 in a real browser: run the notebook, move the rollout panel's batch size and estimator,
+see the spread of the logged KL and the figure change."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from .helpers import figure_of, move_slider, open_and_run
+
+pytestmark = pytest.mark.browser
+
+
+def test_rollout_panel_responds(page, lab_server, artifacts):
+    open_and_run(page, lab_server, "06_pitfalls_and_your_rollouts.ipynb")
+    panel = page.locator(".klviz-rollouts").first
+    panel.scroll_into_view_if_needed()
+    spread = panel.locator(".klviz-spread-k1")
+    expect(spread).to_be_visible(timeout=20_000)
+    page.wait_for_timeout(1_000)                       # let the first render settle
+    before_spread = spread.inner_text()
+    before_png = figure_of(panel).screenshot()
+
+    # larger batches: the spread of the logged k1 shrinks (about 1/sqrt(B))
+    move_slider(page, panel, "batch-sequences", "ArrowRight", times=2)
+    expect(spread).not_to_have_text(before_spread, timeout=20_000)
+    assert float(spread.inner_text()) < float(before_spread)
+
+    # switch the left histogram to k1's tokens
+    panel.locator(".klviz-estimator button", has_text="k1").click()
+    page.wait_for_timeout(1_500)                       # let the canvas repaint
+    after_png = figure_of(panel).screenshot()
+    assert after_png != before_png
+    assert not panel.locator(".klviz-error").inner_text().strip()
+    panel.screenshot(path=str(artifacts / "lesson06_rollout_panel.png"))
