@@ -2,9 +2,10 @@
 
 RLHF code compares three states of one model on the same tokens: the frozen **reference** (the
 model after supervised training), the **old** policy that sampled the rollouts, and the **new**
-policy being updated on them. This module ships all three for a one-layer GRU over a 32-token
-vocabulary (a neural n-gram model of about 45k parameters, trained by ``scripts/train_tiny_lm.py`` on a corpus the repo
-generates), so every lesson can show real prompts and responses, per-token log-probabilities of
+policy being updated on them. This module ships all three for a character-level neural n-gram
+model (the last 16 characters through one tanh layer, about 45k parameters, a 32-token
+vocabulary), trained by ``scripts/train_tiny_lm.py`` on a corpus the repo generates
+(``klviz/data/tiny_corpus.txt``), so every lesson can show real prompts and responses, per-token log-probabilities of
 the sampled tokens, and the full next-token distributions (hence the *exact* KL at every position
 beside every estimate). No download: the weights are package data, read with ``importlib.resources``.
 
@@ -19,6 +20,9 @@ API at a glance::
     lm.next_token_logprobs(old, ro)   # [B, T, V] full log-distributions at every position
     ro.response_mask                  # [B, T] 1 on response tokens up to and including the first EOS
     lm.update_path()                  # [old, step 1, ..., new]: the policy after each update step
+    lm.update_batch()                 # the 60-row batch of old's rollouts those steps were taken on
+    ro.response_layout(x), ro.response_layout_mask   # [B, R] response-only layout (verl/TRL/MiniMind style)
+    lm.reward(ro.responses, ro.finished)              # the programmatic reward of each response
 
 Layout of a batch (one row per rollout, right-padded, the same for every tensor)::
 
@@ -32,6 +36,8 @@ without EOS is truncated (all its tokens stay in the mask and ``finished[b]`` is
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.resources
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -73,6 +79,31 @@ NEGATIVE_WORDS = ("sad", "bad", "cold", "dark", "angry")
 CONTEXT = 16
 EMBED_DIM = 12
 HIDDEN_DIM = 192
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Run tiny CPU matrix work on one thread, then restore the caller's setting.
+
+    The model's matrices are so small that a second thread only adds synchronisation; on a busy
+    2-core machine the default thread pool made sampling 30x slower than one thread.
+    """
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)
+
+
+def _single_threaded(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _one_thread():
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 def encode(text: str) -> list[int]:
@@ -265,6 +296,7 @@ def _model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+@_single_threaded
 @torch.no_grad()
 def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Generator, max_new_tokens: int = 40,
                     temperature: float = 1.0, stop_at_eos: bool = True) -> Rollouts:
@@ -340,12 +372,13 @@ def _check_rollouts(rollouts: Rollouts) -> None:
         raise ValueError(f"rollouts must be a klviz.lm.Rollouts (from sample_rollouts), got {type(rollouts).__name__}")
 
 
+@_single_threaded
 def next_token_logprobs(model: TinyLM, rollouts: Rollouts) -> torch.Tensor:
     """``[B, T, V]`` log-distributions: row ``[b, t]`` is ``log pi(· | input_ids[b, :t])``.
 
-    Position 0 (BOS, never predicted) holds a copy of position 1's distribution's shape filled with
-    ``log(1/V)``; every tensor stays aligned with ``input_ids``. Computed without gradients unless
-    the model's parameters require them.
+    Position 0 (BOS, never predicted) holds the uniform ``log(1/V)`` so that every tensor stays
+    aligned with ``input_ids``. Computed without gradients unless the model's parameters require
+    them (then it can be differentiated, e.g. for a policy-gradient step on a trainable copy).
     """
     _check_rollouts(rollouts)
     dev = _model_device(model)

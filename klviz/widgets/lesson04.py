@@ -11,6 +11,7 @@ import torch
 from matplotlib import colormaps
 from matplotlib.colors import Normalize, TwoSlopeNorm, to_hex
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .. import lm
 from ..divergences import exact_kl
@@ -51,6 +52,10 @@ class WorkedTokensPanel(Panel):
 
     # -- data, computed once --------------------------------------------------------------------
     def _precompute(self) -> None:
+        with lm._one_thread():        # tiny tensors: one thread avoids contention on a busy machine
+            self._score_path()
+
+    def _score_path(self) -> None:
         old = lm.load_tiny_lm("old")
         path = lm.update_path()
         ro = lm.update_batch(old)
@@ -62,9 +67,10 @@ class WorkedTokensPanel(Panel):
         old_full = ro.response_layout(lm.next_token_logprobs(old, ro))
         per_step: dict[str, list[torch.Tensor]] = {q: [] for q in ("delta", "exact")}
         for model in path:
-            lp = ro.response_layout(lm.logprobs_of(model, ro))
+            full = ro.response_layout(lm.next_token_logprobs(model, ro))     # [B, R, V], scored once
+            lp = full.gather(-1, self.ids.unsqueeze(-1)).squeeze(-1)
             per_step["delta"].append((lp - old_lp) * mask)          # log r = log π_θ − log π_old
-            per_step["exact"].append(exact_kl(old_full, ro.response_layout(lm.next_token_logprobs(model, ro))) * mask)
+            per_step["exact"].append(exact_kl(old_full, full) * mask)
         delta = torch.stack(per_step["delta"])                          # [S, B, R]
         self.token_values = {"k1": k1(delta) * mask, "k2": k2(delta) * mask, "k3": k3(delta) * mask,
                        "exact": torch.stack(per_step["exact"])}
@@ -73,6 +79,12 @@ class WorkedTokensPanel(Panel):
         self.curves = {q: np.array([float(masked_mean(v[s], mask)) for s in range(v.shape[0])])
                        for q, v in self.token_values.items()}
         self.num_steps = delta.shape[0] - 1
+        # fixed colour scales (the same colour means the same value at every step): k1 symmetric
+        # around 0, the others from 0 to their 99th percentile over all steps and tokens
+        self.colour_span = {"k1": max(1e-6, float(self.token_values["k1"].abs().max()))}
+        for q in ("k2", "k3", "exact"):
+            pos = self.token_values[q][self.token_values[q] > 0]
+            self.colour_span[q] = max(1e-6, float(torch.quantile(pos.double(), 0.99))) if pos.numel() else 1.0
         self.labels = [f"{i}: {p}|{r}" for i, (p, r) in enumerate(zip(ro.prompts, ro.responses))]
 
     # -- panel ------------------------------------------------------------------------------------
@@ -81,9 +93,11 @@ class WorkedTokensPanel(Panel):
         return {
             "step": widgets.IntSlider(value=4, min=0, max=self.num_steps, step=1, description="update step",
                                       style=style, continuous_update=True),
-            "color_by": widgets.ToggleButtons(options=[("k1", "k1"), ("k2 = ½Δ²", "k2"), ("k3", "k3"),
-                                                       ("exact KL", "exact")], value="k2",
-                                              description="colour by", style={"button_width": "80px"}),
+            "color_by": widgets.ToggleButtons(options=[("k1", "k1"), ("k2", "k2"), ("k3", "k3"),
+                                                       ("exact", "exact")], value="k2",
+                                              description="colour by", style={"button_width": "72px"},
+                                              tooltips=["k1 = −log r (signed)", "k2 = ½(log r)², MiniMind's approx_kl",
+                                                        "k3 = (r − 1) − log r", "exact KL(π_old‖π_θ) at the position"]),
             "row": widgets.IntSlider(value=1, min=0, max=self.rollouts.batch_size - 1, step=1,
                                      description="response #", style=style, continuous_update=True),
             "threshold": widgets.FloatSlider(value=0.25, min=0.01, max=1.0, step=0.01,
@@ -95,7 +109,7 @@ class WorkedTokensPanel(Panel):
         return widgets.VBox([widgets.HBox([c["step"], c["threshold"]]), widgets.HBox([c["row"], c["color_by"]])])
 
     def make_figure(self) -> Figure:
-        fig, (ax_c, ax_t) = new_figure(9.0, 3.3, ncols=2, gridspec_kw={"width_ratios": [1, 1.35]})
+        fig, (ax_c, ax_t) = new_figure(8.4, 3.3, ncols=2, gridspec_kw={"width_ratios": [1, 1.35]})
         steps = np.arange(self.num_steps + 1)
         names = {"k2": "approx_kl: ½Δ² (MiniMind, TRL)", "k1": "ppo_kl: k1 (verl)", "k3": "k3 (CleanRL, SB3)",
                  "exact": "exact KL(π_old‖π_θ)"}
@@ -120,7 +134,8 @@ class WorkedTokensPanel(Panel):
                                            color=COLORS[q], lw=1.3 if q != "exact" else 1.8,
                                            label={"k1": "k1", "k2": "k2 = ½Δ²", "k3": "k3", "exact": "exact KL"}[q])
         ax_t.axhline(0, color="black", lw=0.6)
-        ax_t.set_xlabel("response token")
+        ax_t.set_xlabel("position in the response (the token strip below, left to right)")
+        ax_t.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax_t.set_ylabel("per-token value [nats]")
         ax_t.legend(loc="upper right", ncol=4, fontsize=7.5)
         self.ax_t = ax_t
@@ -178,15 +193,14 @@ class WorkedTokensPanel(Panel):
 
     # -- HTML ---------------------------------------------------------------------------------------
     def _colour(self, q: str, values: np.ndarray) -> list[str]:
+        span = self.colour_span[q]
         if q == "k1":
-            span = max(1e-6, float(np.abs(self.token_values["k1"]).max()))
             norm = TwoSlopeNorm(vcenter=0.0, vmin=-span, vmax=span)
             cmap = colormaps["RdBu_r"]
         else:
-            norm = Normalize(vmin=0.0, vmax=max(1e-6, float(np.quantile(self.token_values[q][self.token_values[q] > 0], 0.99))
-                                                if bool((self.token_values[q] > 0).any()) else 1.0), clip=True)
+            norm = Normalize(vmin=0.0, vmax=span, clip=True)
             cmap = colormaps["YlOrRd"]
-        return [to_hex(cmap(norm(v))) for v in values]
+        return [to_hex(c) for c in cmap(norm(np.asarray(values, dtype=float)))]
 
     def _strip_html(self, data: dict[str, Any]) -> str:
         q = data["color_by"]
@@ -217,6 +231,8 @@ class WorkedTokensPanel(Panel):
             verdict = f"still updating; approx_kl will first exceed {data['threshold']:.2f} at step {stop}."
         rm = data["row_means"]
         return (
+            "<style>.klviz-lesson04 .klviz-table td, .klviz-lesson04 .klviz-table th {padding:1px 10px;"
+            "text-align:right} .klviz-lesson04 .klviz-table td:first-child {text-align:left}</style>"
             "<table class='klviz-table' style='font-size:90%;border-collapse:collapse;margin-top:4px'>"
             "<tr><th style='text-align:left'>step " + str(data["step"]) + "</th><th>approx_kl ½Δ²</th><th>ppo_kl k1</th>"
             "<th>k3</th><th>exact KL(π_old‖π_θ)</th></tr>"

@@ -1,0 +1,37 @@
+"""Lesson 04 in a real browser: run the notebook, move the update-step slider, hover a token."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from .helpers import figure_of, move_slider, open_and_run
+
+pytestmark = pytest.mark.browser
+
+
+def test_worked_tokens_panel_responds(page, lab_server, artifacts):
+    open_and_run(page, lab_server, "04_worked_tokens.ipynb")
+    panel = page.locator(".klviz-lesson04").first
+    panel.scroll_into_view_if_needed()
+    readout = panel.locator(".klviz-readout")
+    approx = panel.locator(".klviz-approx-kl")
+    before_text, before_value = readout.inner_text(), approx.inner_text()
+    before_png = figure_of(panel).screenshot()
+
+    # four more update steps: approx_kl grows past MiniMind's threshold and the panel says it stopped
+    move_slider(page, panel, "step", "ArrowRight", times=4)
+    expect(approx).not_to_have_text(before_value, timeout=20_000)
+    assert float(approx.inner_text()) > float(before_value)
+    expect(readout).to_contain_text("stopped", timeout=20_000)
+    assert readout.inner_text() != before_text
+
+    # colour the tokens by the exact KL; every token carries its numbers in a tooltip
+    panel.locator(".klviz-color-by button", has_text="exact").click()
+    expect(readout).to_contain_text("exact KL(π_old‖π_θ) at this position", timeout=20_000)
+    token = panel.locator(".klviz-token").nth(3)
+    assert "k3" in token.get_attribute("title") and "exact" in token.get_attribute("title")
+    token.hover()
+    page.wait_for_timeout(1_000)     # let the canvas repaint
+    after_png = figure_of(panel).screenshot()
+    assert after_png != before_png
+    panel.screenshot(path=str(artifacts / "lesson04_worked_tokens_panel.png"))
