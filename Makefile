@@ -17,7 +17,7 @@ STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
 
-.PHONY: lab test setup test-fast test-notebooks test-browser present site strip clean
+.PHONY: lab test setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts strip clean
 
 lab: $(STAMP)
 	@$(PY) -m klviz.labcmd notebooks --in-place --no-browser $(if $(PORT),--port $(PORT))
@@ -52,6 +52,12 @@ present: $(STAMP)
 
 site: $(STAMP)
 	@$(PY) -m klviz.site --out build/site
+
+tiny-lm: $(STAMP)          # retrain the shipped tiny LM from its seed (about 2 minutes); --check compares
+	@$(PY) scripts/train_tiny_lm.py
+
+sample-rollouts: $(STAMP)  # rebuild klviz/data/sample_rollouts.npz from the tiny LM
+	@$(PY) scripts/make_sample_rollouts.py
 
 strip:
 	@$(PYTHON) scripts/strip_notebooks.py notebooks/*.ipynb
