@@ -247,27 +247,27 @@ def descent_paths(start_probs: Tensor, ref_probs: Tensor, flows: Sequence[str], 
         check_choice(flow, "flows", ALL_FLOWS)
     log_ref = torch.log_softmax(ref.log(), -1)
     out: dict[str, Tensor] = {}
+    flows = list(dict.fromkeys(flows))
     with single_thread(), torch.no_grad():
-        for flow in flows:
-            theta = start.log().clone()
-            rec = [start.clone()]
-            for t in range(1, n + 1):
-                log_pi = torch.log_softmax(theta, -1)
-                c = _flow_coefficient(log_pi, log_ref, flow)          # validated inputs: no re-checks
-                if rw is not None:
-                    c = b * c - rw
-                else:
-                    c = b * c
-                if preconditioned:
-                    step = c
-                else:
-                    pi = log_pi.exp()
-                    step = pi * (c - (pi * c).sum(-1, keepdim=True))
-                theta = theta - lr * step
-                theta = (theta - theta.max(-1, keepdim=True).values).clamp_min(LOGIT_FLOOR)
-                if t % every == 0 or t == n:
-                    rec.append(torch.softmax(theta, -1))
-            out[flow] = torch.stack(rec)
+        # all flows advance together: one stacked tensor [F, ..., V], one coefficient call per flow
+        theta = start.log().expand(len(flows), *start.shape).clone()
+        rec = [theta.softmax(-1)]
+        for t in range(1, n + 1):
+            log_pi = torch.log_softmax(theta, -1)
+            c = torch.stack([_flow_coefficient(log_pi[i], log_ref, flow) for i, flow in enumerate(flows)])
+            c = b * c - rw if rw is not None else b * c
+            if preconditioned:
+                step = c
+            else:
+                pi = log_pi.exp()
+                step = pi * (c - (pi * c).sum(-1, keepdim=True))
+            theta = theta - lr * step
+            theta = (theta - theta.max(-1, keepdim=True).values).clamp_min(LOGIT_FLOOR)
+            if t % every == 0 or t == n:
+                rec.append(torch.softmax(theta, -1))
+        stacked = torch.stack(rec, 1)                         # [F, records, ..., V]
+        for i, flow in enumerate(flows):
+            out[flow] = stacked[i]
             if not bool(torch.isfinite(out[flow]).all()):
                 raise ValueError(f"descent for {flow!r} left the simplex (non-finite policy); lower lr")
     return out

@@ -94,7 +94,7 @@ class SimplexFlowPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax, ax_kl) = new_figure(9.0, 4.0, ncols=2, gridspec_kw={"width_ratios": [1.25, 1]})
+        fig, (ax, ax_kl) = new_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.2, 1]})
         _draw_triangle(ax)
         xy = self.grid_xy
         self.quiver = ax.quiver(xy[:, 0], xy[:, 1], np.zeros(len(xy)), np.zeros(len(xy)), angles="xy",
@@ -167,7 +167,7 @@ class SimplexFlowPanel(Panel):
             "<span style='color:#222'>⋯ black</span> true reverse-KL path; <span style='color:#d62728'>⋯ red</span> "
             "true forward-KL path; ● start; ○ end; <span style='color:#9467bd'>★</span> π_ref.</div>"
             f"<div style='font-size:90%'><b style='color:{CHOICE_COLORS[flow]}'>{html.escape(flow)}</b>: "
-            f"start π = ({start[0]:.2f}, {start[1]:.2f}, {start[2]:.2f}) → after {data['steps']} steps "
+            f"start π = (<span class='klviz-start'>{start[0]:.2f}, {start[1]:.2f}, {start[2]:.2f}</span>) → after {data['steps']} steps "
             f"π = (<span class='klviz-end'>{end[0]:.3f}, {end[1]:.3f}, {end[2]:.3f}</span>); "
             f"KL(π‖π_ref) = <b>{kl_end:.4f}</b> (the true reverse-KL gradient reaches {kl_rev_end:.4f}; "
             f"start {float(data['kl'][flow][0]):.4f}).</div>"
@@ -236,7 +236,7 @@ class BanditPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax, ax_tv) = new_figure(9.0, 4.0, ncols=2, gridspec_kw={"width_ratios": [1.15, 1]})
+        fig, (ax, ax_tv) = new_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.1, 1]})
         _draw_triangle(ax)
         rev_xy = to_xy(self.data["reverse"]).numpy()
         fwd_xy = to_xy(self.data["forward"]).numpy()
@@ -302,7 +302,7 @@ class BanditPanel(Panel):
             "choice ends (colours as in the table); ○ the highlighted choice.</div>"
             f"<div style='font-size:90%'>β = <b class='klviz-beta-value'>{data['beta']:g}</b>: "
             "fixed point reached from π_ref by gradient descent on −E[R] + β·(choice).</div>"
-            "<table class='klviz-table' style='font-size:85%;border-collapse:collapse'>"
+            "<table class='klviz-table' style='font-size:85%;border-collapse:separate;border-spacing:10px 1px'>"
             "<tr><th>choice</th><th>π at the end (mat, sofa, moon)</th><th>TV to π*</th><th>E[R]</th>"
             f"<th>KL(π‖π_ref)</th></tr>{body}</table>"
         )

@@ -1,0 +1,101 @@
+"""Checks for lesson 07's exercises: per-token returns with the KL in the reward, and PPO's
+``approx_kl`` early-stopping test.
+
+Each check tests the learner's function on cases the lesson did not show and says in one sentence
+what is wrong (no reward-to-go, a sign, the mask forgotten, the ½ dropped, the wrong direction).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+
+__all__ = ["kl_returns", "approx_kl_stop"]
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=1e-6, atol=1e-9))
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return call_learner(fn, *args)
+    except _NotAttempted:
+        raise
+    except Exception as err:  # noqa: BLE001 - the learner's exception, as a sentence
+        raise RuntimeError(f"your function raised {type(err).__name__}: {err}") from None
+
+
+def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]) -> CheckResult:
+    """Check ``fn(rewards [B], k1 [B, T], mask [B, T], beta) -> returns [B, T]``:
+    ``R_b - beta · sum_{u >= t} k1[b, u] · mask[b, u]`` on response tokens, 0 elsewhere."""
+    rewards = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+    k1 = torch.tensor([[0.0, 0.2, -0.1, 0.4, 0.3], [0.0, 0.5, 0.1, 9.0, 9.0], [0.0, 0.0, -0.3, 0.2, 0.6]],
+                      dtype=torch.float64)
+    mask = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 1, 1, 1]], dtype=torch.float64)
+    beta = 0.3
+    try:
+        out = _call(fn, rewards.clone(), k1.clone(), mask.clone(), beta)
+    except _NotAttempted:
+        return not_attempted()
+    except RuntimeError as err:
+        return failed(str(err))
+    out = torch.as_tensor(out, dtype=torch.float64)
+    if out.shape != k1.shape:
+        return failed(f"Return one value per token: shape {tuple(k1.shape)}, got {tuple(out.shape)}.")
+    km = k1 * mask
+    togo = km.flip(-1).cumsum(-1).flip(-1)
+    right = (rewards[:, None] - beta * togo) * mask
+    if _close(out, right):
+        return passed("Right: each token's return is the reward minus beta times the KL of itself and every later "
+                      "response token, which gives the full sequence-KL gradient.")
+    if _close(out, (rewards[:, None] + beta * togo) * mask):
+        return failed("Sign: the KL is a penalty, so subtract beta · (k1 to go) from the reward.")
+    if _close(out, (rewards[:, None] - beta * km) * mask):
+        return failed("That uses only the token's own k1 (the partial gradient); sum k1 over this and all later tokens.")
+    if _close(out, (rewards[:, None] - beta * km.cumsum(-1)) * mask):
+        return failed("That sums the past tokens; a token can only affect the ones after it: sum over u ≥ t.")
+    if _close(out, (rewards[:, None] - beta * k1.flip(-1).cumsum(-1).flip(-1)) * mask) or \
+            _close(out, rewards[:, None] - beta * togo):
+        return failed("Use the mask: k1 of padding and prompt positions must not count, and returns outside the "
+                      "response are 0.")
+    if _close(out, (rewards[:, None] - beta * km.sum(-1, keepdim=True)) * mask):
+        return failed("The whole-sequence KL on every token is unbiased but not reward-to-go; drop the earlier tokens.")
+    return failed(f"For row 0 the returns should be {[round(v, 4) for v in right[0].tolist()]}, "
+                  f"yours are {[round(v, 4) for v in out[0].tolist()]}.")
+
+
+def approx_kl_stop(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]) -> CheckResult:
+    """Check ``fn(new_logp, old_logp, mask, threshold) -> (approx_kl, stop)`` with MiniMind's
+    ``approx_kl`` = masked mean of ½ (new - old)² and ``stop`` = approx_kl > threshold."""
+    old = torch.tensor([[-2.0, -1.0, -0.5, -3.0], [-2.0, -0.7, -4.0, -1.0]], dtype=torch.float64)
+    new = torch.tensor([[-1.8, -1.2, -0.5, -1.0], [-0.5, -0.7, -2.0, -9.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]], dtype=torch.float64)
+    d = new - old
+    right = float((0.5 * d * d * mask).sum() / mask.sum())
+    for threshold, expect in ((right * 0.9, True), (right * 1.1, False)):
+        try:
+            out = _call(fn, new.clone(), old.clone(), mask.clone(), threshold)
+        except _NotAttempted:
+            return not_attempted()
+        except RuntimeError as err:
+            return failed(str(err))
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            return failed("Return a pair (approx_kl, stop).")
+        value, stop = float(torch.as_tensor(out[0])), bool(out[1])
+        if abs(value - right) > 1e-9:
+            if abs(value - float((0.5 * d * d).mean())) < 1e-9:
+                return failed("Use the mask: positions outside the response (here the last column) must not count.")
+            if abs(value - float((d * d * mask).sum() / mask.sum())) < 1e-9:
+                return failed("MiniMind's approx_kl is ½ (Δ)²: you dropped the ½.")
+            if abs(value - float((-d * mask).sum() / mask.sum())) < 1e-9 or abs(value - float((d * mask).sum() / mask.sum())) < 1e-9:
+                return failed("That is k1 (the plain log-ratio mean); this exercise asks for ½ (new - old)², which is never negative.")
+            if abs(value - float((0.5 * d * d * mask).sum() / mask.numel())) < 1e-9:
+                return failed("Divide by the number of response tokens (mask.sum()), not by every position.")
+            return failed(f"approx_kl should be {right:.6f} here, yours is {value:.6f}.")
+        if stop != expect:
+            return failed("Stop when approx_kl is *greater* than the threshold (the policy moved too far from pi_old).")
+    return passed("Right: ½ (log pi - log pi_old)² averaged over response tokens estimates KL(pi_old || pi) to second "
+                  "order; once it exceeds the threshold the remaining epochs on this batch are skipped.")

@@ -1,0 +1,245 @@
+"""A mini RLHF lab: train a tiny language model with a KL penalty placed in the reward or in the loss.
+
+One training step, REINFORCE/GRPO-style, on a batch of prompts each repeated ``group_size`` times:
+
+1. sample one response per row from the current policy (it becomes pi_old for this batch);
+2. score the responses with a programmatic reward R (:func:`klviz.lm.reward`: +1 per positive word,
+   -1 per negative word, -1 if the response never ends);
+3. compute per-token log-probabilities of the policy and of the frozen reference pi_ref on the
+   sampled tokens, and the full next-token distributions of both (for the exact KL);
+4. take ``epochs`` gradient steps on that batch (more than one makes the later ones off-policy),
+   optionally stopping early when PPO's ``approx_kl`` (masked mean of ½(log pi - log pi_old)²,
+   MiniMind's choice) exceeds ``early_stop_kl``.
+
+The KL term is one of :data:`PLACEMENTS`:
+
+* ``"k1 in reward"``: per-token reward -beta · k1_t, summed **to go** (the return of token t is
+  R - beta · sum_{u>=t} k1_u); the gradient of the sequence KL in full (lesson 05, section 5);
+* ``"k1 in loss"``, ``"k2 in loss"``, ``"k3 in loss"``, ``"k3+ in loss"``: beta · sum_t kl_penalty(log pi,
+  log pi_ref, kind) added to the loss (verl's ``kl_penalty`` kinds), the advantage carries R only;
+* ``"k3·ρ in loss"``: k3 (unclamped, as TRL computes it) multiplied by rho = pi / sg(pi_old), the
+  gradient flowing through rho (DeepSeek-V3.2, TRL ``use_bias_correction_kl``);
+* ``"none"``: no KL term (the baseline every penalty is compared with).
+
+The advantage is the return minus the mean return of the row's group (a leave-in baseline, as in
+GRPO without the division by the standard deviation, so the objective stays E[R] - beta · KL).
+Per-token terms are summed over the response (each row's sequence objective) and averaged over rows.
+
+Everything the lab reports is computed from the same batch, *before* the update: the reward, the
+**true KL(pi || pi_ref)** (the exact next-token KL summed along each sampled response, averaged: an
+unbiased estimate of the sequence KL with no sampling noise inside each position), the KL the chosen
+estimator **reports** (the batch mean of its per-sequence sum; k1 for the reward placement), and the
+mean per-token entropy of the policy.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from . import lm
+from ._checks import check_choice, check_positive_int
+from .devices import make_generator, resolve_device
+from .divergences import exact_kl
+from .estimators import k3, kl_penalty
+from .simplex import single_thread
+
+__all__ = ["PLACEMENTS", "LabConfig", "TrainingHistory", "train_policy", "run_placements", "METRICS"]
+
+PLACEMENTS: tuple[str, ...] = ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss", "k3·ρ in loss",
+                               "k3+ in loss", "none")
+_LOSS_KIND = {"k1 in loss": "k1", "k2 in loss": "k2", "k3 in loss": "k3", "k3·ρ in loss": "k3", "k3+ in loss": "k3+"}
+#: What a history records at every step (one float each).
+METRICS: tuple[str, ...] = ("reward", "true_kl", "reported_kl", "entropy", "approx_kl", "epochs_run",
+                            "response_length", "finished")
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """Settings of one training run (every field is a visible knob of the lesson)."""
+
+    placement: str = "k1 in reward"
+    beta: float = 0.2
+    steps: int = 60
+    prompts: int = 4                  # distinct prompts per batch (from klviz.lm.PROMPTS, cycled)
+    group_size: int = 8               # responses per prompt (the baseline is the group mean)
+    max_new_tokens: int = 24
+    lr: float = 1e-3
+    epochs: int = 1                   # gradient steps per batch; > 1: the later ones are off-policy
+    early_stop_kl: float | None = None  # stop a batch's epochs when approx_kl exceeds this
+    clip: float | None = None         # PPO ratio clip epsilon (None: plain importance ratio)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice(self.placement, "placement", PLACEMENTS)
+        for name in ("steps", "prompts", "group_size", "max_new_tokens", "epochs"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("beta", "lr"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite non-negative number, got {v!r}")
+        if self.lr == 0:
+            raise ValueError("lr must be positive, got 0")
+        if self.early_stop_kl is not None and not (isinstance(self.early_stop_kl, (int, float))
+                                                   and self.early_stop_kl > 0):
+            raise ValueError(f"early_stop_kl must be a positive number or None, got {self.early_stop_kl!r}")
+        if self.clip is not None and not (isinstance(self.clip, (int, float)) and 0 < self.clip < 1):
+            raise ValueError(f"clip must lie in (0, 1) or be None, got {self.clip!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+
+@dataclass
+class TrainingHistory:
+    """Per-step metrics of one run, the final policy and a few sampled responses."""
+
+    config: LabConfig
+    metrics: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in METRICS})
+    samples: list[list[str]] = field(default_factory=list)
+    seconds: float = 0.0
+    policy: nn.Module | None = None
+
+    def last(self, name: str, window: int = 5) -> float:
+        """Mean of the last ``window`` recorded values of a metric."""
+        vals = self.metrics[name][-window:]
+        return float(sum(vals) / len(vals)) if vals else math.nan
+
+    def as_tensors(self) -> dict[str, torch.Tensor]:
+        return {k: torch.tensor(v) for k, v in self.metrics.items()}
+
+    def summary(self) -> dict[str, Any]:
+        return {"placement": self.config.placement, **{m: self.last(m) for m in METRICS}, "seconds": self.seconds}
+
+
+def _masked_row_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum(-1)
+
+
+def _batch_prompts(cfg: LabConfig) -> list[str]:
+    chosen = [lm.PROMPTS[i % len(lm.PROMPTS)] for i in range(cfg.prompts)]
+    return [p for p in chosen for _ in range(cfg.group_size)]
+
+
+def train_policy(config: LabConfig, *, policy: nn.Module | None = None, reference: nn.Module | None = None,
+                 reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None = None,
+                 device: str | torch.device | None = "cpu",
+                 callback: Callable[[int, TrainingHistory], None] | None = None) -> TrainingHistory:
+    """Train ``policy`` (default: a fresh copy of the reference) for ``config.steps`` steps.
+
+    ``reference`` defaults to ``klviz.lm.load_tiny_lm("ref")``; the policy may be any
+    :class:`klviz.lm.TinyLM`. ``reward_fn(texts, finished) -> [B]`` defaults to :func:`klviz.lm.reward`.
+    Sampling uses ``make_generator(config.seed, device)`` and the policy starts from the same
+    weights, so the same config gives the same run (on the same device). ``callback(step, history)``
+    is called after every step (the lesson's panel uses it to redraw live).
+    """
+    cfg = config if isinstance(config, LabConfig) else LabConfig(**config)
+    dev = resolve_device(device)
+    if dev.type == "cpu":        # a 45k-parameter model: one thread beats two threads handing work back and forth
+        with single_thread():
+            return _train(cfg, dev, policy, reference, reward_fn, callback)
+    return _train(cfg, dev, policy, reference, reward_fn, callback)
+
+
+def _train(cfg: LabConfig, dev: torch.device, policy: nn.Module | None, reference: nn.Module | None,
+           reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None,
+           callback: Callable[[int, TrainingHistory], None] | None) -> TrainingHistory:
+    ref = lm.load_tiny_lm("ref", dev) if reference is None else reference.to(dev).eval().requires_grad_(False)
+    pol = copy.deepcopy(ref if policy is None else policy).to(dev)
+    pol.train().requires_grad_(True)
+    reward_fn = lm.reward if reward_fn is None else reward_fn
+    opt = torch.optim.Adam(pol.parameters(), lr=cfg.lr)
+    gen = make_generator(cfg.seed, dev)
+    prompts = _batch_prompts(cfg)
+    hist = TrainingHistory(cfg)
+    kind = _LOSS_KIND.get(cfg.placement)
+    t0 = time.perf_counter()
+    for step in range(cfg.steps):
+        with torch.no_grad():
+            ro = lm.sample_rollouts(pol, prompts, gen, max_new_tokens=cfg.max_new_tokens)
+            mask = ro.response_mask
+            rewards = reward_fn(ro.responses, ro.finished).to(dev).float()
+            ref_logp_all = lm.next_token_logprobs(ref, ro)
+            old_logp_all = lm.next_token_logprobs(pol, ro)
+            ids = ro.input_ids.unsqueeze(-1)
+            ref_logp = ref_logp_all.gather(-1, ids).squeeze(-1)
+            old_logp = old_logp_all.gather(-1, ids).squeeze(-1)
+            k1_tok = (old_logp - ref_logp) * mask
+            true_kl = _masked_row_sum(exact_kl(old_logp_all, ref_logp_all), mask).mean()
+            entropy = (-(old_logp_all.exp() * old_logp_all).sum(-1) * mask).sum() / mask.sum().clamp_min(1)
+            if kind is None:
+                reported = _masked_row_sum(k1_tok, mask).mean()
+            else:
+                reported = _masked_row_sum(kl_penalty(old_logp, ref_logp, kind), mask).mean()
+            # returns per token: R for every token; k1 in the reward adds -beta · (k1 of this and later tokens)
+            returns = rewards[:, None].expand_as(mask).clone()
+            if cfg.placement == "k1 in reward":
+                to_go = k1_tok.flip(-1).cumsum(-1).flip(-1)
+                returns = returns - cfg.beta * to_go
+            # group baseline: mean over the group of the return at each row's first response token
+            first = torch.stack([returns[b, ro.response_slice(b).start] for b in range(ro.batch_size)])
+            base = first.view(cfg.prompts, cfg.group_size).mean(-1).repeat_interleave(cfg.group_size)
+            adv = (returns - base[:, None]) * mask
+        approx = 0.0
+        epochs_run = 0
+        for _epoch in range(cfg.epochs):
+            logp_all = lm.next_token_logprobs(pol, ro)
+            logp = logp_all.gather(-1, ids).squeeze(-1)
+            ratio = torch.exp(logp - old_logp)
+            if cfg.clip is None:
+                pg = -(ratio * adv)
+            else:
+                pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
+            loss_tok = pg
+            if kind is not None and cfg.beta > 0:
+                if cfg.placement == "k3·ρ in loss":             # TRL / DeepSeek-V3.2: unclamped k3 times rho
+                    pen = ratio * k3(ref_logp - logp)           # rho = pi / sg(pi_old), differentiated
+                else:
+                    pen = kl_penalty(logp, ref_logp, kind)      # verl's kinds, with verl's clamps for k3
+                loss_tok = loss_tok + cfg.beta * pen
+            loss = _masked_row_sum(loss_tok, mask).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            epochs_run += 1
+            with torch.no_grad():
+                new_logp = lm.logprobs_of(pol, ro)
+                approx = float((0.5 * (new_logp - old_logp).square() * mask).sum() / mask.sum().clamp_min(1))
+            if cfg.early_stop_kl is not None and approx > cfg.early_stop_kl:
+                break
+        m = hist.metrics
+        m["reward"].append(float(rewards.mean()))
+        m["true_kl"].append(float(true_kl))
+        m["reported_kl"].append(float(reported))
+        m["entropy"].append(float(entropy))
+        m["approx_kl"].append(approx)
+        m["epochs_run"].append(float(epochs_run))
+        m["response_length"].append(float(ro.response_lengths.float().mean()))
+        m["finished"].append(float(ro.finished.float().mean()))
+        hist.samples.append(ro.responses[:: cfg.group_size][:3])
+        if not all(math.isfinite(m[k][-1]) for k in METRICS):
+            raise ValueError(f"training diverged at step {step} (non-finite metric); lower lr or beta")
+        hist.seconds = time.perf_counter() - t0
+        if callback is not None:
+            callback(step, hist)
+    pol.eval().requires_grad_(False)
+    hist.policy = pol
+    return hist
+
+
+def run_placements(placements: Sequence[str] = PLACEMENTS, *, device: str | torch.device | None = "cpu",
+                   **overrides: Any) -> dict[str, TrainingHistory]:
+    """Side-by-side runs: the same config (and seed) for each placement."""
+    out = {}
+    for p in placements:
+        out[p] = train_policy(LabConfig(placement=p, **overrides), device=device)
+    return out
+
+
+def config_dict(config: LabConfig) -> dict[str, Any]:
+    """The config as a plain dict (for printing)."""
+    return asdict(config)

@@ -1,0 +1,152 @@
+"""Lesson 07's panel: train the tiny language model with one KL placement and watch it learn.
+
+:class:`RLHFLabPanel` runs :func:`klviz.rlhf.train_policy` for the chosen settings and draws reward,
+the true KL(pi || pi_ref), the KL the estimator reports, and the entropy, step by step. With
+interactive figures (ipympl) the curves grow while the run trains. Runs are cached by their
+settings, so going back to a setting already trained is instant.
+"""
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from ..plotting import new_figure
+from ..rlhf import PLACEMENTS, LabConfig, TrainingHistory, train_policy
+from .base import Panel
+
+__all__ = ["RLHFLabPanel", "cached_run", "PLACEMENT_COLORS"]
+
+PLACEMENT_COLORS: dict[str, str] = {
+    "k1 in reward": "#1f77b4", "k1 in loss": "#17becf", "k2 in loss": "#ff7f0e", "k3 in loss": "#2ca02c",
+    "k3·ρ in loss": "#9467bd", "k3+ in loss": "#8c564b", "none": "#7f7f7f",
+}
+_STYLE = {"description_width": "initial"}
+
+
+_RUNS: dict[tuple[LabConfig, str], TrainingHistory] = {}
+_MAX_RUNS = 32
+
+
+def cached_run(config: LabConfig, device: str | torch.device = "cpu", callback: Any = None) -> TrainingHistory:
+    """:func:`klviz.rlhf.train_policy` with the default policy, reward and reference, cached by
+    (config, device): the same settings train once per kernel. ``callback`` is passed to a new run."""
+    key = (config, str(torch.device(device)))
+    if key not in _RUNS:
+        hist = train_policy(config, device=device, callback=callback)
+        if len(_RUNS) >= _MAX_RUNS:
+            _RUNS.pop(next(iter(_RUNS)))
+        _RUNS[key] = hist
+    return _RUNS[key]
+
+
+class RLHFLabPanel(Panel):
+    """One training run of the mini RLHF lab, with its settings as controls."""
+
+    title = "Mini RLHF lab: train the tiny model with a KL penalty"
+    css_class = "klviz-rlhf-lab"
+
+    def __init__(self, device: str | torch.device | None = "cpu", *, steps: int = 40, lr: float = 1e-3,
+                 prompts: int = 4, group_size: int = 8, max_new_tokens: int = 24) -> None:
+        self.fixed = {"lr": lr, "prompts": prompts, "group_size": group_size, "max_new_tokens": max_new_tokens}
+        self.default_steps = steps
+        self._live_hist: TrainingHistory | None = None
+        super().__init__(device)
+
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        return {
+            "placement": widgets.Dropdown(options=list(PLACEMENTS), value="k1 in reward", description="KL placement",
+                                          style=_STYLE, layout=widgets.Layout(width="250px")),
+            "beta": widgets.FloatSlider(value=0.2, min=0.0, max=1.0, step=0.05, description="β",
+                                        style=_STYLE, continuous_update=False),
+            "steps": widgets.IntSlider(value=self.default_steps, min=5, max=200, step=5, description="steps",
+                                       style=_STYLE, continuous_update=False),
+            "epochs": widgets.IntSlider(value=1, min=1, max=4, description="epochs per batch", style=_STYLE,
+                                        continuous_update=False),
+            "early_stop_kl": widgets.FloatSlider(value=0.0, min=0.0, max=0.2, step=0.01, readout_format=".2f",
+                                                 description="early stop at approx_kl", style=_STYLE,
+                                                 continuous_update=False, tooltip="0 = no early stopping",
+                                                 layout=widgets.Layout(width="380px")),
+            "seed": widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="seed",
+                                           layout=widgets.Layout(width="140px")),
+        }
+
+    def make_figure(self) -> Figure:
+        fig, axes = new_figure(8.4, 3.2, ncols=3)
+        ax_r, ax_kl, ax_h = axes
+        self.line_r, = ax_r.plot([], [], color="#222222", lw=1.8)
+        ax_r.set_title("reward R (batch mean)")
+        ax_r.set_xlabel("training step")
+        self.line_true, = ax_kl.plot([], [], color="#d62728", lw=1.8, label="true KL(π‖π_ref)")
+        self.line_rep, = ax_kl.plot([], [], "--", color="#1f77b4", lw=1.4, label="what the estimator reports")
+        ax_kl.set_title("KL per response  [nats]")
+        ax_kl.set_xlabel("training step")
+        ax_kl.legend(loc="upper left", fontsize=7.5)
+        self.line_h, = ax_h.plot([], [], color="#2ca02c", lw=1.8)
+        ax_h.set_title("entropy per token  [nats]")
+        ax_h.set_xlabel("training step")
+        self.axes = axes
+        return fig
+
+    def _config(self, placement: str, beta: float, steps: int, epochs: int, early_stop_kl: float,
+                seed: int) -> LabConfig:
+        return LabConfig(placement=placement, beta=float(beta), steps=int(steps), epochs=int(epochs),
+                         early_stop_kl=float(early_stop_kl) if early_stop_kl > 0 else None, seed=int(seed),
+                         **self.fixed)
+
+    def compute(self, placement: str, beta: float, steps: int, epochs: int, early_stop_kl: float,
+                seed: int) -> dict[str, Any]:
+        cfg = self._config(placement, beta, steps, epochs, early_stop_kl, seed)
+        hist = cached_run(cfg, self.device, callback=self._live if self._live_ok() else None)
+        return {"config": cfg, "history": hist, "metrics": {k: np.asarray(v) for k, v in hist.metrics.items()}}
+
+    # live redraw while training (interactive canvases only)
+    def _live_ok(self) -> bool:
+        return isinstance(self.fig.canvas, widgets.DOMWidget) and self._layout_frozen
+
+    def _live(self, step: int, hist: TrainingHistory) -> None:
+        if step % 5 == 4:
+            self._draw_curves({k: np.asarray(v) for k, v in hist.metrics.items()}, hist.config.steps)
+            self.fig.canvas.draw_idle()
+            self.fig.canvas.flush_events()
+
+    def _draw_curves(self, m: dict[str, np.ndarray], total_steps: int) -> None:
+        t = np.arange(len(m["reward"]))
+        self.line_r.set_data(t, m["reward"])
+        self.line_true.set_data(t, m["true_kl"])
+        self.line_rep.set_data(t, m["reported_kl"])
+        self.line_h.set_data(t, m["entropy"])
+        for ax, series in zip(self.axes, ((m["reward"],), (m["true_kl"], m["reported_kl"]), (m["entropy"],))):
+            ax.set_xlim(0, max(total_steps - 1, 1))
+            lo = min(float(np.min(s)) for s in series) if len(t) else 0.0
+            hi = max(float(np.max(s)) for s in series) if len(t) else 1.0
+            pad = 0.08 * (hi - lo) if hi > lo else 0.5
+            ax.set_ylim(min(lo - pad, 0.0) if ax is not self.axes[0] else lo - pad, hi + pad)
+
+    def draw(self, data: dict[str, Any]) -> None:
+        m, cfg, hist = data["metrics"], data["config"], data["history"]
+        self._draw_curves(m, cfg.steps)
+        self.line_rep.set_label(f"reported ({'k1' if cfg.placement in ('k1 in reward', 'none') else cfg.placement.split()[0]})")
+        samples = "".join(f"<li><code>{html.escape(p)}</code>→<code>{html.escape(s)}</code></li>"
+                          for p, s in zip(_first_prompts(cfg), hist.samples[-1]))
+        stopped = int(np.sum(m["epochs_run"] < cfg.epochs))
+        self.readout.value = (
+            f"<div style='font-size:90%'><b style='color:{PLACEMENT_COLORS[cfg.placement]}'>"
+            f"{html.escape(cfg.placement)}</b>, β = {cfg.beta:g}, {cfg.steps} steps in {hist.seconds:.1f} s: "
+            f"reward <b class='klviz-final-reward'>{hist.last('reward'):.2f}</b>, true KL "
+            f"<b class='klviz-final-kl'>{hist.last('true_kl'):.2f}</b> nats, reported {hist.last('reported_kl'):.2f}, "
+            f"entropy {hist.last('entropy'):.2f} (means of the last 5 steps)"
+            + (f"; early stopping cut {stopped} of {cfg.steps} batches short" if cfg.early_stop_kl
+               else "; early stopping off (0)")
+            + f".<br>Last samples:<ul style='margin:0'>{samples}</ul></div>"
+        )
+
+
+def _first_prompts(cfg: LabConfig) -> list[str]:
+    from .. import lm
+
+    return [lm.PROMPTS[i % len(lm.PROMPTS)] for i in range(cfg.prompts)][:3]

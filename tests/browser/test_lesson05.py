@@ -1,0 +1,41 @@
+"""Lesson 05 in a real browser: run the notebook, move beta in the bandit panel and the start of the
+simplex panel, see the readouts and the figures change."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from .helpers import figure_of, move_slider, open_and_run
+
+pytestmark = pytest.mark.browser
+
+
+def test_bandit_and_simplex_panels_respond(page, lab_server, artifacts):
+    open_and_run(page, lab_server, "05_gradients.ipynb")
+
+    bandit = page.locator(".klviz-bandit").first
+    bandit.scroll_into_view_if_needed()
+    beta = bandit.locator(".klviz-beta-value")
+    expect(beta).to_be_visible(timeout=20_000)
+    before_beta, before_text = beta.inner_text(), bandit.locator(".klviz-readout").inner_text()
+    page.wait_for_timeout(1_000)                       # let the first render settle
+    before_png = figure_of(bandit).screenshot()
+    move_slider(page, bandit, "beta", "ArrowRight", times=3)
+    expect(beta).not_to_have_text(before_beta, timeout=20_000)
+    assert bandit.locator(".klviz-readout").inner_text() != before_text
+    page.wait_for_timeout(1_000)                       # let the canvas repaint
+    assert figure_of(bandit).screenshot() != before_png
+    bandit.screenshot(path=str(artifacts / "lesson05_bandit_panel.png"))
+
+    flow = page.locator(".klviz-simplex-flow").first
+    flow.scroll_into_view_if_needed()
+    end = flow.locator(".klviz-start")
+    expect(end).to_be_visible(timeout=20_000)
+    before_end = end.inner_text()
+    page.wait_for_timeout(1_000)
+    before_png = figure_of(flow).screenshot()
+    move_slider(page, flow, "start-mat", "ArrowRight", times=20)   # continuous_update=False: one update on release
+    expect(end).not_to_have_text(before_end, timeout=20_000)
+    page.wait_for_timeout(1_000)
+    assert figure_of(flow).screenshot() != before_png
+    flow.screenshot(path=str(artifacts / "lesson05_simplex_panel.png"))

@@ -1,0 +1,29 @@
+"""Lesson 07 in a real browser: run the notebook, change the KL placement of the lab panel, see a new
+run train (readout and curves change)."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from .helpers import figure_of, move_slider, open_and_run
+
+pytestmark = pytest.mark.browser
+
+
+def test_rlhf_lab_panel_responds(page, lab_server, artifacts):
+    open_and_run(page, lab_server, "07_mini_rlhf_lab.ipynb", timeout_ms=300_000)
+    panel = page.locator(".klviz-rlhf-lab").first
+    panel.scroll_into_view_if_needed()
+    final_kl = panel.locator(".klviz-final-kl")
+    expect(final_kl).to_be_visible(timeout=20_000)
+    before_kl, before_text = final_kl.inner_text(), panel.locator(".klviz-readout").inner_text()
+    page.wait_for_timeout(1_000)
+    before_png = figure_of(panel).screenshot()
+    # beta 0.2 -> 0.0: a new 40-step run without any penalty trains (a few seconds) and its KL grows
+    move_slider(page, panel, "beta", "Home")
+    expect(panel.locator(".klviz-readout")).to_contain_text("β = 0,", timeout=90_000)
+    expect(final_kl).not_to_have_text(before_kl, timeout=30_000)
+    assert panel.locator(".klviz-readout").inner_text() != before_text
+    page.wait_for_timeout(1_500)
+    assert figure_of(panel).screenshot() != before_png
+    panel.screenshot(path=str(artifacts / "lesson07_lab_panel.png"))

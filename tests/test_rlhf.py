@@ -1,0 +1,148 @@
+"""Lesson 07: the mini RLHF lab's training loop, its panel and the exercise checks (short runs only)."""
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("agg")
+
+import pytest
+import torch
+
+from klviz import lm
+from klviz.check import lesson07 as check07
+from klviz.rlhf import METRICS, PLACEMENTS, LabConfig, train_policy
+
+SMALL = {"steps": 3, "prompts": 2, "group_size": 6, "max_new_tokens": 20}
+
+
+def _run(placement: str, **kw):
+    return train_policy(LabConfig(placement=placement, **{**SMALL, **kw}))
+
+
+def test_config_validation_names_the_argument():
+    for kw, name in (({"placement": "k4 in loss"}, "placement"), ({"steps": 0}, "steps"), ({"beta": -0.1}, "beta"),
+                     ({"beta": float("nan")}, "beta"), ({"lr": 0.0}, "lr"), ({"epochs": 0}, "epochs"),
+                     ({"early_stop_kl": -1.0}, "early_stop_kl"), ({"clip": 1.5}, "clip"), ({"group_size": 1.5}, "group_size"),
+                     ({"seed": 1.5}, "seed")):
+        with pytest.raises(ValueError, match=name):
+            LabConfig(**kw)
+
+
+def test_run_is_reproducible_and_starts_at_the_reference():
+    a, b = _run("k1 in reward"), _run("k1 in reward")
+    assert a.metrics == b.metrics
+    assert a.samples == b.samples
+    for name in METRICS:
+        assert len(a.metrics[name]) == SMALL["steps"]
+        assert all(math.isfinite(v) for v in a.metrics[name])
+    # step 0 samples from a copy of the reference: the true KL and k1's report are exactly 0
+    assert a.metrics["true_kl"][0] == pytest.approx(0.0, abs=1e-6)
+    assert a.metrics["reported_kl"][0] == pytest.approx(0.0, abs=1e-6)
+    assert a.metrics["true_kl"][-1] > 0
+
+
+def test_identical_on_policy_gradients_give_identical_runs():
+    runs = {p: _run(p) for p in ("k2 in loss", "k3+ in loss", "k3·ρ in loss")}
+    base = runs["k2 in loss"].metrics
+    for p in ("k3+ in loss", "k3·ρ in loss"):
+        for name in ("reward", "true_kl", "entropy"):
+            assert runs[p].metrics[name] == pytest.approx(base[name], rel=1e-4, abs=1e-6), (p, name)
+    # with beta = 0 every placement is the same run as no penalty
+    none = _run("none", beta=0.0).metrics
+    for p in ("k1 in reward", "k3 in loss"):
+        assert _run(p, beta=0.0).metrics["true_kl"] == pytest.approx(none["true_kl"], rel=1e-5, abs=1e-7)
+
+
+def test_early_stopping_epochs_and_callback():
+    seen = []
+    h = train_policy(LabConfig(placement="k3 in loss", epochs=3, early_stop_kl=1e-12, **SMALL),
+                     callback=lambda step, hist: seen.append((step, len(hist.metrics["reward"]))))
+    assert h.metrics["epochs_run"] == [1.0] * SMALL["steps"]
+    assert seen == [(i, i + 1) for i in range(SMALL["steps"])]
+    h3 = train_policy(LabConfig(placement="k3 in loss", epochs=3, **SMALL))
+    assert h3.metrics["epochs_run"] == [3.0] * SMALL["steps"]
+    assert all(v > 0 for v in h3.metrics["approx_kl"])
+
+
+def test_custom_reward_and_policy():
+    calls = []
+
+    def count_a(texts, finished):
+        calls.append(len(texts))
+        return torch.tensor([float(t.count("a")) for t in texts])
+
+    policy = lm.load_tiny_lm("old")
+    h = train_policy(LabConfig(placement="k1 in reward", **SMALL), policy=policy, reward_fn=count_a)
+    assert calls == [SMALL["prompts"] * SMALL["group_size"]] * SMALL["steps"]
+    assert h.metrics["true_kl"][0] > 0          # "old" already differs from the reference
+    assert h.policy is not policy               # the caller's model is not modified
+    assert all(p.requires_grad is False for p in policy.parameters())
+
+
+def test_all_placements_run():
+    for p in PLACEMENTS:
+        h = train_policy(LabConfig(placement=p, **{**SMALL, "steps": 2}))
+        assert all(math.isfinite(h.last(m)) for m in METRICS), p
+        assert h.summary()["placement"] == p
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_runs_on_gpu():
+    h = train_policy(LabConfig(placement="k1 in reward", **SMALL), device="cuda")
+    assert all(math.isfinite(v) for v in h.metrics["true_kl"])
+
+
+# ---------------------------------------------------------------- panel
+def test_lab_panel_defaults_and_extremes():
+    from klviz.widgets.lesson07 import RLHFLabPanel
+
+    panel = RLHFLabPanel(steps=5, prompts=2, group_size=6, max_new_tokens=20)
+    assert panel.last_error is None
+    first = panel.readout.value
+    assert "klviz-final-kl" in first
+    panel.set(placement="k3 in loss", beta=1.0, epochs=4, early_stop_kl=0.2, seed=3)
+    assert panel.last_error is None and panel.readout.value != first
+    panel.set(placement="none", beta=0.0, epochs=1, early_stop_kl=0.0, steps=5)
+    assert panel.last_error is None
+    for p in ("k3·ρ in loss", "k1 in loss"):
+        panel.set(placement=p)
+        assert panel.last_error is None, p
+        assert all(math.isfinite(float(v[-1])) for v in panel.last["metrics"].values())
+    # a setting already trained comes back from the cache
+    panel.set(placement="k1 in reward")
+    assert panel.last_compute_ms < 500
+
+
+# ---------------------------------------------------------------- exercise checks
+def test_check_kl_returns():
+    def right(r, k1, m, b):
+        return (r[:, None] - b * (k1 * m).flip(-1).cumsum(-1).flip(-1)) * m
+
+    assert check07.kl_returns(right)
+    assert not check07.kl_returns(lambda r, k1, m, b: ...).attempted
+    assert "Sign" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] + b * (k1 * m).flip(-1).cumsum(-1).flip(-1)) * m).message
+    assert "partial" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] - b * k1 * m) * m).message
+    assert "past" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] - b * (k1 * m).cumsum(-1)) * m).message
+    assert "mask" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] - b * k1.flip(-1).cumsum(-1).flip(-1)) * m).message
+    assert "raised" in check07.kl_returns(lambda r, k1, m, b: r.no_such_method()).message
+
+
+def test_check_approx_kl_stop():
+    def right(new, old, m, t):
+        v = (0.5 * (new - old) ** 2 * m).sum() / m.sum()
+        return v, bool(v > t)
+
+    assert check07.approx_kl_stop(right)
+    assert not check07.approx_kl_stop(lambda *a: ...).attempted
+    assert "mask" in check07.approx_kl_stop(lambda n, o, m, t: ((0.5 * (n - o) ** 2).mean(), False)).message
+    assert "½" in check07.approx_kl_stop(lambda n, o, m, t: (((n - o) ** 2 * m).sum() / m.sum(), True)).message
+    assert "k1" in check07.approx_kl_stop(lambda n, o, m, t: (((o - n) * m).sum() / m.sum(), True)).message
+
+    def wrong_direction(new, old, m, t):
+        v = (0.5 * (new - old) ** 2 * m).sum() / m.sum()
+        return v, bool(v < t)
+
+    assert "greater" in check07.approx_kl_stop(wrong_direction).message
+    assert "pair" in check07.approx_kl_stop(lambda *a: 0.1).message
