@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-yaml = pytest.importorskip("yaml")
+import yaml  # noqa: E402  (PyYAML comes with JupyterLab)
 
 ROOT = Path(__file__).resolve().parents[1]
 # pip name -> conda-forge names that provide it (pytorch-cpu / pytorch-gpu are pytorch variants)
@@ -100,8 +100,6 @@ def test_postbuild_is_an_executable_bash_script_installing_klviz_without_deps():
 
 def test_readme_shows_how_to_launch_binder():
     readme = ROOT / "README.md"
-    if not readme.is_file():
-        pytest.skip("no README.md yet")
     links = re.findall(r"https://mybinder\.org/v2/gh/[^\s)\]]+", readme.read_text())
     assert links, "README.md has no mybinder.org launch link"
     for link in links:

@@ -22,8 +22,7 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     lessons = sorted(NOTEBOOKS.glob("00_*.ipynb"))
-    if not lessons:
-        pytest.skip(f"no lesson 00 in {NOTEBOOKS}")
+    assert lessons, f"no lesson 00 in {NOTEBOOKS}"
     out = tmp_path_factory.mktemp("site")
     home = tmp_path_factory.mktemp("site-home")
     env = dict(os.environ, HOME=str(home))
