@@ -87,3 +87,22 @@ def test_lessons_open_with_what_you_will_learn_and_run_time(nb):
     text = "\n".join("".join(c["source"]) for c in cells)
     assert "## Takeaways" in text and "## Exercises" in text and "## References" in text, nb.name
     assert "TODO" not in text, f"{nb.name} contains a TODO"
+
+
+def test_every_panel_class_is_listed_in_klviz_widgets():
+    import importlib
+    import inspect
+    import pkgutil
+
+    import klviz.widgets as w
+    from klviz.widgets.base import Panel
+
+    found = {}
+    for mod in pkgutil.iter_modules(w.__path__):
+        module = importlib.import_module(f"klviz.widgets.{mod.name}")
+        for name, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, Panel) and obj is not Panel and obj.__module__ == module.__name__:
+                found[name] = mod.name
+    assert found == w.PANELS
+    for name in w.PANELS:
+        assert getattr(w, name) is getattr(importlib.import_module(f"klviz.widgets.{w.PANELS[name]}"), name)
