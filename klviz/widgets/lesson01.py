@@ -53,10 +53,10 @@ class SamplingPanel(Panel):
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         style = {"description_width": "initial"}
-        slider = dict(style=style, continuous_update=True, layout=widgets.Layout(width="300px"))
+        slider = dict(style=style, continuous_update=True, layout=widgets.Layout(width="340px"))
         return {
             "mode": widgets.ToggleButtons(options=list(MODES), value="q", description="tokens",
-                                          style={"button_width": "170px"}),
+                                          style={"button_width": "190px"}),
             "q_push": widgets.FloatSlider(value=1.5, min=-4.0, max=4.0, step=0.1,
                                           description="q: push ' sofa'", **slider),
             "q_temperature": widgets.FloatSlider(value=0.8, min=0.25, max=4.0, step=0.05,
@@ -67,7 +67,7 @@ class SamplingPanel(Panel):
                                            description="μ: push ' mat'", **slider),
             "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=10_000,
                                                    description="tokens N", style=style, continuous_update=False,
-                                                   layout=widgets.Layout(width="300px")),
+                                                   layout=widgets.Layout(width="340px")),
             "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
                                            layout=widgets.Layout(width="140px")),
         }
@@ -77,12 +77,13 @@ class SamplingPanel(Panel):
         row = dict(layout=widgets.Layout(flex_flow="row wrap"))
         return widgets.VBox([
             c["mode"],
-            widgets.HBox([c["q_push"], c["q_temperature"], c["num_samples"]], **row),
-            widgets.HBox([c["mu_temperature"], c["mu_push"], c["seed"]], **row),
+            widgets.HBox([c["q_push"], c["q_temperature"]], **row),
+            widgets.HBox([c["mu_temperature"], c["mu_push"]], **row),
+            widgets.HBox([c["num_samples"], c["seed"]], **row),
         ])
 
     def make_figure(self) -> Figure:
-        fig, (ax_pol, ax_run) = new_figure(9.2, 4.0, ncols=2, gridspec_kw={"width_ratios": [1.35, 1]})
+        fig, (ax_pol, ax_run) = new_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.35, 1]})
         x = np.arange(len(TOY_VOCAB))
         zeros = np.zeros(len(TOY_VOCAB))
         self.bars_q = ax_pol.bar(x - 0.2, zeros, width=0.4, color=COLORS["q"], label="q(x): the expectation's weights")
@@ -103,6 +104,7 @@ class SamplingPanel(Panel):
         self.biased_line = ax_run.axhline(0.0, color=COLORS["mu"], ls=":", lw=1.6,
                                           label="E_μ[log q/p] (plain mean over μ's tokens)")
         ax_run.set_xscale("log")
+        ax_run.minorticks_off()              # dozens of minor ticks cost redraw time and add nothing here
         ax_run.set_xlabel("number of tokens N")
         ax_run.set_ylabel("estimate of KL(q‖p)  [nats]")
         ax_run.set_title("running mean of log q(x)/p(x)")
@@ -157,9 +159,11 @@ class SamplingPanel(Panel):
         # raw counts sit on the bars of the distribution that drew them; weighted counts come back to q
         offset = 0.2 if mode == "mu" else -0.2
         self.freq_line.set_data(np.arange(len(TOY_VOCAB)) + offset, freq)
-        if mode != self._legend_mode:
+        if mode != self._legend_mode:           # legends list only what is shown; rebuilt when the mode changes
             self.freq_line.set_label("counts·(q/μ) / N" if mode == "weighted" else "counts / N")
             self.ax_pol.legend(loc="upper right")
+            self.biased_line.set_label("E_μ[log q/p] (plain mean over μ's tokens)" if mode == "mu" else "_hidden")
+            self.ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
             self._legend_mode = mode
         top = max(float(data["q"].max()), float(data["mu"].max()), float(freq.max()), 0.3)
         self.ax_pol.set_ylim(0, 1.12 * top)
@@ -193,6 +197,7 @@ class SamplingPanel(Panel):
                     if mode == "weighted" else
                     f"every token counts fully: effective sample size = N = {data['num_samples']:,}")
         self.readout.value = (
+            "<style>.klviz-sampling .klviz-table td{padding:1px 14px 1px 0}</style>"
             "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
             f"<tr><td><b>exact</b> KL(q‖p) = Σ<sub>x</sub> q(x) log q(x)/p(x)</td>"
             f"<td class='klviz-exact'>{exact:.4f}</td></tr>"

@@ -58,3 +58,29 @@ def type_into_readout(page: Page, panel: Locator, control: str, text: str) -> No
 def figure_of(panel: Locator) -> Locator:
     """The rendered figure of a panel (the ipympl canvas element)."""
     return panel.locator(".jupyter-matplotlib-figure, img.widget-image").first
+
+
+def settled_screenshot(page: Page, locator: Locator, timeout_ms: int = 20_000) -> bytes:
+    """A screenshot of ``locator`` once two taken 0.5 s apart are identical (the canvas has repainted).
+
+    The readout changes as soon as the kernel has computed; the figure arrives later, as an image from
+    the kernel, so a screenshot taken right away may still show the previous frame.
+    """
+    shot = locator.screenshot()
+    for _ in range(max(1, timeout_ms // 500)):
+        page.wait_for_timeout(500)
+        again = locator.screenshot()
+        if again == shot:
+            return shot
+        shot = again
+    return shot
+
+
+def changed_screenshot(page: Page, locator: Locator, before: bytes, timeout_ms: int = 20_000) -> bytes:
+    """Wait until ``locator`` looks different from ``before`` and has settled; fail if it never changes."""
+    for _ in range(max(1, timeout_ms // 250)):
+        shot = locator.screenshot()
+        if shot != before:
+            return settled_screenshot(page, locator)
+        page.wait_for_timeout(250)
+    raise AssertionError("the figure did not change (no redraw reached the browser)")

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
-from .helpers import figure_of, move_slider, open_and_run
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -15,22 +16,17 @@ def test_sampling_panel_responds(page, lab_server, artifacts):
     readout = panel.locator(".klviz-readout")
     exact = panel.locator(".klviz-exact")
     before_text, before_exact = readout.inner_text(), exact.inner_text()
-    before_png = figure_of(panel).screenshot()
+    before_png = settled_screenshot(page, figure_of(panel))
 
     # push q's " sofa" further: the exact KL(q||p) and the estimate change
     move_slider(page, panel, "q-push", "ArrowRight", times=5)
-    page.wait_for_timeout(3000)
-    panel.screenshot(path=str(artifacts / "debug01.png"))
-    print("DEBUG", before_exact, "|", exact.inner_text(), "|", panel.locator(".klviz-q-push").inner_text(), "|", panel.locator(".klviz-error").inner_text())
-    page.wait_for_function("([el, old]) => el.innerText !== old", arg=[exact.element_handle(), before_exact],
-                           timeout=20_000)
+    # the readout's HTML is replaced on every update: poll through locators, not element handles
+    expect(exact).not_to_have_text(before_exact, timeout=20_000)
     assert readout.inner_text() != before_text
 
     # switch to tokens from mu with importance weights: the readout reports an effective sample size
     panel.locator(".klviz-mode button", has_text="with importance weights").click()
-    page.wait_for_function("(el) => el.querySelector('.klviz-ess') !== null", arg=readout.element_handle(),
-                           timeout=20_000)
-    page.wait_for_timeout(1_000)     # let the canvas repaint
-    after_png = figure_of(panel).screenshot()
+    expect(readout.locator(".klviz-ess")).to_be_visible(timeout=20_000)
+    after_png = changed_screenshot(page, figure_of(panel), before_png)
     assert after_png != before_png
     panel.screenshot(path=str(artifacts / "lesson01_sampling_panel.png"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import figure_of, move_slider, open_and_run
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -18,16 +18,14 @@ def test_gaussian_panel_responds(page, lab_server, artifacts):
     exact = panel.locator(".klviz-exact")
     expect(exact).to_have_text("0.5", timeout=20_000)          # default mu = 1: KL(q||p) = mu²/2
     before_text = readout.inner_text()
-    page.wait_for_timeout(1_000)                                # let the first render settle
-    before_png = figure_of(panel).screenshot()
+    before_png = settled_screenshot(page, figure_of(panel))
 
     # move p's mean from 1.0 to 1.25 (five steps of 0.05): KL = 1.25²/2 = 0.78125
     move_slider(page, panel, "mu", "ArrowRight", times=5)
     expect(exact).to_have_text("0.78125", timeout=20_000)
     assert readout.inner_text() != before_text
     assert "k3" in readout.inner_text() and "nan" not in readout.inner_text().lower()
-    page.wait_for_timeout(1_000)                                # let the canvas repaint
-    after_png = figure_of(panel).screenshot()
+    after_png = changed_screenshot(page, figure_of(panel), before_png)
     assert after_png != before_png
 
     # widen p beyond sqrt(2): the exact variance of k3 is infinite and the panel says why

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import figure_of, move_slider, open_and_run
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -16,7 +16,7 @@ def test_worked_tokens_panel_responds(page, lab_server, artifacts):
     readout = panel.locator(".klviz-readout")
     approx = panel.locator(".klviz-approx-kl")
     before_text, before_value = readout.inner_text(), approx.inner_text()
-    before_png = figure_of(panel).screenshot()
+    before_png = settled_screenshot(page, figure_of(panel))
 
     # four more update steps: approx_kl grows past MiniMind's threshold and the panel says it stopped
     move_slider(page, panel, "step", "ArrowRight", times=4)
@@ -31,7 +31,6 @@ def test_worked_tokens_panel_responds(page, lab_server, artifacts):
     token = panel.locator(".klviz-token").nth(3)
     assert "k3" in token.get_attribute("title") and "exact" in token.get_attribute("title")
     token.hover()
-    page.wait_for_timeout(1_000)     # let the canvas repaint
-    after_png = figure_of(panel).screenshot()
+    after_png = changed_screenshot(page, figure_of(panel), before_png)
     assert after_png != before_png
     panel.screenshot(path=str(artifacts / "lesson04_worked_tokens_panel.png"))

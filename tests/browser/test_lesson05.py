@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import figure_of, move_slider, open_and_run
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -18,13 +18,11 @@ def test_bandit_and_simplex_panels_respond(page, lab_server, artifacts):
     beta = bandit.locator(".klviz-beta-value")
     expect(beta).to_be_visible(timeout=20_000)
     before_beta, before_text = beta.inner_text(), bandit.locator(".klviz-readout").inner_text()
-    page.wait_for_timeout(1_000)                       # let the first render settle
-    before_png = figure_of(bandit).screenshot()
+    before_png = settled_screenshot(page, figure_of(bandit))
     move_slider(page, bandit, "beta", "ArrowRight", times=3)
     expect(beta).not_to_have_text(before_beta, timeout=20_000)
     assert bandit.locator(".klviz-readout").inner_text() != before_text
-    page.wait_for_timeout(1_000)                       # let the canvas repaint
-    assert figure_of(bandit).screenshot() != before_png
+    changed_screenshot(page, figure_of(bandit), before_png)
     bandit.screenshot(path=str(artifacts / "lesson05_bandit_panel.png"))
 
     flow = page.locator(".klviz-simplex-flow").first
@@ -32,10 +30,8 @@ def test_bandit_and_simplex_panels_respond(page, lab_server, artifacts):
     end = flow.locator(".klviz-start")
     expect(end).to_be_visible(timeout=20_000)
     before_end = end.inner_text()
-    page.wait_for_timeout(1_000)
-    before_png = figure_of(flow).screenshot()
+    before_png = settled_screenshot(page, figure_of(flow))
     move_slider(page, flow, "start-mat", "ArrowRight", times=20)   # continuous_update=False: one update on release
     expect(end).not_to_have_text(before_end, timeout=20_000)
-    page.wait_for_timeout(1_000)
-    assert figure_of(flow).screenshot() != before_png
+    changed_screenshot(page, figure_of(flow), before_png)
     flow.screenshot(path=str(artifacts / "lesson05_simplex_panel.png"))

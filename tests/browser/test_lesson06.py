@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import figure_of, move_slider, open_and_run
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -16,9 +16,8 @@ def test_rollout_panel_responds(page, lab_server, artifacts):
     panel.scroll_into_view_if_needed()
     spread = panel.locator(".klviz-spread-k1")
     expect(spread).to_be_visible(timeout=20_000)
-    page.wait_for_timeout(1_000)                       # let the first render settle
     before_spread = spread.inner_text()
-    before_png = figure_of(panel).screenshot()
+    before_png = settled_screenshot(page, figure_of(panel))
 
     # larger batches: the spread of the logged k1 shrinks (about 1/sqrt(B))
     move_slider(page, panel, "batch-sequences", "ArrowRight", times=2)
@@ -27,8 +26,7 @@ def test_rollout_panel_responds(page, lab_server, artifacts):
 
     # switch the left histogram to k1's tokens
     panel.locator(".klviz-estimator button", has_text="k1").click()
-    page.wait_for_timeout(1_500)                       # let the canvas repaint
-    after_png = figure_of(panel).screenshot()
+    after_png = changed_screenshot(page, figure_of(panel), before_png)
     assert after_png != before_png
     assert not panel.locator(".klviz-error").inner_text().strip()
     panel.screenshot(path=str(artifacts / "lesson06_rollout_panel.png"))

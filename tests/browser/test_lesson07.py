@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import figure_of, move_slider, open_and_run
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -17,13 +17,11 @@ def test_rlhf_lab_panel_responds(page, lab_server, artifacts):
     final_kl = panel.locator(".klviz-final-kl")
     expect(final_kl).to_be_visible(timeout=20_000)
     before_kl, before_text = final_kl.inner_text(), panel.locator(".klviz-readout").inner_text()
-    page.wait_for_timeout(1_000)
-    before_png = figure_of(panel).screenshot()
+    before_png = settled_screenshot(page, figure_of(panel))
     # beta 0.2 -> 0.0: a new 40-step run without any penalty trains (a few seconds) and its KL grows
     move_slider(page, panel, "beta", "Home")
     expect(panel.locator(".klviz-readout")).to_contain_text("β = 0,", timeout=90_000)
     expect(final_kl).not_to_have_text(before_kl, timeout=30_000)
     assert panel.locator(".klviz-readout").inner_text() != before_text
-    page.wait_for_timeout(1_500)
-    assert figure_of(panel).screenshot() != before_png
+    changed_screenshot(page, figure_of(panel), before_png)
     panel.screenshot(path=str(artifacts / "lesson07_lab_panel.png"))

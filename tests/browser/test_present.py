@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .helpers import figure_of
+from .helpers import changed_screenshot, figure_of, settled_screenshot
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = Path(os.environ.get("KLVIZ_TEST_NOTEBOOKS", ROOT / "notebooks"))
@@ -84,7 +84,7 @@ def test_presenter_shows_panel_without_code_and_slider_moves(page, presenter, ar
     figure = figure_of(panel)
     figure.wait_for(state="visible", timeout=30_000)
     before_text = readout.inner_text()
-    before_png = figure.screenshot()
+    before_png = settled_screenshot(page, figure)
     handle = panel.locator(".noUi-handle").first
     handle.scroll_into_view_if_needed()
     handle.focus()
@@ -92,8 +92,7 @@ def test_presenter_shows_panel_without_code_and_slider_moves(page, presenter, ar
         page.keyboard.press("ArrowRight")
     page.wait_for_function("([el, old]) => el.innerText !== old", arg=[readout.element_handle(), before_text],
                            timeout=30_000)
-    page.wait_for_timeout(800)  # let the canvas repaint
     assert readout.inner_text() != before_text
-    assert figure.screenshot() != before_png, "the figure did not change after the slider moved"
+    changed_screenshot(page, figure, before_png)      # fails if the figure never changes
     assert panel.locator(".klviz-error").inner_text().strip() == ""
     page.screenshot(path=str(artifacts / "present_00.png"), full_page=True)

@@ -7,7 +7,7 @@ import urllib.request
 
 from playwright.sync_api import Page, expect
 
-from .helpers import figure_of, move_slider, open_and_run
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
 
 
 def test_lab_refuses_requests_without_the_token(lab_server):
@@ -30,12 +30,10 @@ def test_start_here_panel_reacts_to_a_slider(page: Page, lab_server, artifacts):
     fig = figure_of(panel)
     expect(fig).to_be_visible(timeout=30_000)
     fig.scroll_into_view_if_needed()
-    page.wait_for_timeout(500)
-    before_text, before_png = exact.inner_text(), fig.screenshot()
+    before_text, before_png = exact.inner_text(), settled_screenshot(page, fig)
     move_slider(page, panel, "push", "ArrowRight", times=5)   # push p harder toward "sofa"
     expect(exact).not_to_have_text(before_text, timeout=15_000)
-    page.wait_for_timeout(800)                                 # let the canvas redraw
-    after_png = figure_of(panel).screenshot()
+    after_png = changed_screenshot(page, figure_of(panel), before_png)
     assert after_png != before_png, "the figure did not redraw after the slider moved"
     assert float(exact.inner_text()) > float(before_text)      # a harder push means a larger KL
     status = panel.locator(".klviz-status").inner_text()

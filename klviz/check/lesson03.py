@@ -1,0 +1,162 @@
+"""Exercise checks for lesson 03, f-divergences and the Bregman view.
+
+The checks name the usual mistakes: the estimator of the other direction (k3 instead of
+r log r - (r - 1)), the plain r log r that can go negative, a ratio upside down, a sign error in a
+curvature, a tangent taken at the sample instead of at r = 1.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+
+__all__ = ["kl_pq_estimator", "k2_curvature", "concave_from", "bregman_estimator"]
+
+_LOG_R = torch.tensor([-6.0, -2.5, -1.0, -0.3, -1e-3, 0.0, 2e-3, 0.4, 1.0, 2.2, 5.0], dtype=torch.float64)
+
+
+def _as_tensor(value: Any, shape: torch.Size, what: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(value, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{what} should be a tensor of numbers, got {type(value).__name__}") from None
+    if value.shape != shape:
+        raise TypeError(f"{what} should have shape {tuple(shape)} (one value per input), got {tuple(value.shape)}")
+    return value.detach().to(torch.float64)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.isfinite(a).all()) and torch.allclose(a, b, rtol=1e-5, atol=1e-9)
+
+
+def _call(fn: Callable[..., Any], args: tuple, shape: torch.Size, what: str) -> torch.Tensor | CheckResult:
+    try:
+        return _as_tensor(call_learner(fn, *args), shape, what)
+    except _NotAttempted:
+        return not_attempted()
+    except TypeError as err:
+        return failed(str(err))
+    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; say what
+        return failed(f"your function raised {type(err).__name__}: {err}")
+
+
+def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
+    """Exercise 1: ``fn(log_r)`` (log_r = log p - log q, x ~ q) must return r log r - (r - 1),
+    the non-negative unbiased per-sample estimator of KL(p || q)."""
+    got = _call(fn, (_LOG_R.clone(),), _LOG_R.shape, "the estimate")
+    if isinstance(got, CheckResult):
+        return got
+    lr = _LOG_R
+    r = torch.exp(lr)
+    right = r * lr - torch.expm1(lr)
+    if _close(got, right):
+        return passed("r log r − (r − 1): the gap between t log t and its tangent at 1, never negative, and its "
+                      "mean under q is KL(p‖q).")
+    wrong = {
+        "k3": (torch.expm1(lr) - lr, "That is k3 = (r − 1) − log r, which estimates KL(q‖p), the other direction; "
+                                     "for KL(p‖q) start from f(t) = t log t."),
+        "naive": (r * lr, "r log r alone is unbiased for KL(p‖q) but negative whenever r < 1; subtract the tangent "
+                          "f′(1)(r − 1) = r − 1, whose mean under q is zero."),
+        "sign": (-right, "The sign is flipped: the gap f(r) − f′(1)(r − 1) is curve minus tangent, never negative."),
+        "inverted": (torch.exp(-lr) * (-lr) - torch.expm1(-lr),
+                     "The ratio is upside down: r = p(x)/q(x) = exp(log_r), target over sampler."),
+        "plus": (r * lr + torch.expm1(lr), "You added r − 1; subtract it: the tangent of t log t at 1 is t − 1, "
+                                           "and the estimator is the curve minus the tangent."),
+    }
+    for value, message in wrong.values():
+        if _close(got, value):
+            return failed(message)
+    if bool((got < -1e-12).any()):
+        return failed("Some estimates are negative; r log r − (r − 1) never is.")
+    return failed(f"Not r log r − (r − 1) (at log r = 1 expected {float(right[8]):.6f}, got {float(got[8]):.6f}).")
+
+
+_T = torch.tensor([0.05, 0.3, 1.0, 2.0, math.e, 4.0, 10.0, 50.0], dtype=torch.float64)
+
+
+def k2_curvature(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
+    """Exercise 2a: ``fn(t)`` must return f''(t) for k2's generator f(t) = ½ (log t)²."""
+    got = _call(fn, (_T.clone(),), _T.shape, "the curvature")
+    if isinstance(got, CheckResult):
+        return got
+    lt = torch.log(_T)
+    right = (1 - lt) / _T ** 2
+    if _close(got, right):
+        return passed("f″(t) = (1 − log t)/t²: positive up to t = e, negative beyond, so ½(log t)² is not convex.")
+    wrong = {
+        "sign": (-right, "The sign is flipped: f″(1) must be +1, like the curvature of −log t and t log t at 1."),
+        "one_t": ((1 - lt) / _T, "Missing a factor 1/t: f′(t) = log t / t, and differentiating it gives "
+                                 "(1 − log t)/t²."),
+        "first": (lt / _T, "That is the first derivative f′(t) = log t / t; differentiate once more."),
+        "minus_log": (1 / _T ** 2, "That is the curvature of −log t (1/t²), which is never negative; "
+                                   "½(log t)² has (1 − log t)/t²."),
+    }
+    for value, message in wrong.values():
+        if _close(got, value):
+            return failed(message)
+    return failed(f"Not f″ of ½(log t)² (at t = 4 expected {float(right[5]):.6f}, got {float(got[5]):.6f}).")
+
+
+def concave_from(answer: Any) -> CheckResult:
+    """Exercise 2b: the ratio t beyond which ½ (log t)² bends the wrong way (f'' < 0): e."""
+    if answer is Ellipsis or answer is None:
+        return not_attempted()
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        return failed(f"Give a number, got {type(answer).__name__}.")
+    if abs(value - math.e) < 1e-3:
+        return passed("t = e ≈ 2.718: a sample with p(x)/q(x) > e lands where k2's generator is concave.")
+    if abs(value - 1.0) < 1e-3:
+        return failed("At t = 1 the curvature is +1 (the second-order match with KL); it turns negative later.")
+    if abs(value - math.exp(2)) < 1e-2 or abs(value - 2.0) < 1e-3:
+        return failed("Solve f″(t) = (1 − log t)/t² = 0: log t = 1.")
+    return failed(f"Not where (1 − log t)/t² changes sign (got {value:.4g}).")
+
+
+def _generators() -> list[tuple[Callable, Callable]]:
+    """Generators as (f, f') in t, including ones the lesson never showed."""
+    return [
+        (lambda t: -torch.log(t), lambda t: -1 / t),
+        (lambda t: t * torch.log(t), lambda t: torch.log(t) + 1),
+        # Jensen-Shannon (times 2): f(t) = t log t - (t + 1) log((t + 1)/2)
+        (lambda t: t * torch.log(t) - (t + 1) * torch.log((t + 1) / 2),
+         lambda t: torch.log(t) - torch.log((t + 1) / 2)),
+        # a power generator, (t^3 - 1)/6, convex for t > 0, with f'(1) = 1/2
+        (lambda t: (t ** 3 - 1) / 6, lambda t: t ** 2 / 2),
+    ]
+
+
+def bregman_estimator(fn: Callable[[Callable, Callable, torch.Tensor], Any]) -> CheckResult:
+    """Exercise 3: ``fn(f, df, log_r)`` must return f(r) - f'(1)(r - 1) with r = exp(log_r), for any
+    generator f with derivative df (both functions of a tensor t)."""
+    lr = _LOG_R[1:-1]                        # |log r| <= 2.5 keeps every generator finite
+    r = torch.exp(lr)
+    one = torch.ones((), dtype=torch.float64)
+    results = []
+    for f, df in _generators():
+        got = _call(fn, (f, df, lr.clone()), lr.shape, "the estimate")
+        if isinstance(got, CheckResult):
+            return got
+        results.append((got, f, df))
+    if all(_close(got, f(r) - df(one) * (r - 1)) for got, f, df in results):
+        return passed("f(r) − f′(1)(r − 1): unbiased for D_f because E_q[r − 1] = 0, and never negative when f is "
+                      "convex, for every generator, including the Jensen–Shannon and power ones you had not seen.")
+    checks = [
+        (lambda f, df: f(r) - df(r) * (r - 1),
+         "The tangent is taken at the sample (f′(r)); take it at r = 1, where E_q[r − 1] = 0 makes the correction "
+         "vanish on average."),
+        (lambda f, df: f(r) + df(one) * (r - 1), "Sign: subtract f′(1)(r − 1), the tangent, from f(r)."),
+        (lambda f, df: f(lr) - df(one) * (lr - 1), "You evaluated f at log r; r = exp(log_r)."),
+        (lambda f, df: f(r), "You returned f(r) alone: unbiased, but not the Bregman gap; subtract f′(1)(r − 1)."),
+        (lambda f, df: f(r) - (r - 1), "You subtracted (r − 1) with slope 1 for every f; the slope is f′(1), "
+                                       "which depends on f (−1 for −log t, +1 for t log t)."),
+    ]
+    for formula, message in checks:
+        if all(_close(got, formula(f, df)) for got, f, df in results):
+            return failed(message)
+    return failed("Not f(r) − f′(1)(r − 1) for every generator (the Jensen–Shannon case may help you debug).")
