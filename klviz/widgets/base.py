@@ -140,6 +140,7 @@ class Panel:
             # and never shows the canvas. Keep the URL well formed.
             canvas.observe(_prefix_data_url, names="_data_url")
             _prefix_data_url({"owner": canvas, "new": getattr(canvas, "_data_url", None)})
+            _send_full_frames(canvas)
             return canvas
         self._image = widgets.Image(format="png")
         return self._image
@@ -213,6 +214,24 @@ def _prefix_data_url(change: dict[str, Any]) -> None:
     value = change["new"]
     if isinstance(value, str) and value and not value.startswith("data:"):
         change["owner"]._data_url = "data:image/png;base64," + value
+
+
+def _send_full_frames(canvas: Any) -> None:
+    """Make an ipympl canvas send whole frames instead of the pixels that changed since the last one.
+
+    ipympl sends diff frames; when the browser drops a frame (a second one arrives before the first
+    has loaded, common on a busy machine), the next diff lands on an older picture and changed text
+    (a legend entry, a title) stays stale. A full frame cannot go stale.
+    """
+    if not hasattr(canvas, "get_diff_image") or not hasattr(canvas, "_force_full"):
+        return
+    diff_image = canvas.get_diff_image
+
+    def full_image() -> bytes | None:
+        canvas._force_full = True
+        return diff_image()
+
+    canvas.get_diff_image = full_image
 
 
 def static_mode() -> bool:
