@@ -11,11 +11,12 @@ from ._checks import Tensor, as_float_tensor, check_finite_values, check_positiv
 __all__ = ["exact_kl", "gaussian_kl", "categorical_kl"]
 
 # Rows per chunk are chosen so that one chunk of logits holds about this many numbers. Each chunk
-# needs two scratch buffers of its size (16 MiB each in float32 on the CPU): small enough to stay
-# in the last-level cache and far below the gigabytes of a whole [4096, 50257] batch, large enough
-# that the few parallel kernels per chunk do not pay thread start-up and Python costs 50 times over.
-_CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 26}
-_DEFAULT_CHUNK = 1 << 22
+# needs two scratch buffers of its size (64 MiB each in float32 on the CPU): far below the
+# gigabytes that a whole [4096, 50257] batch of log-probabilities takes, and large enough that
+# the six parallel kernels per chunk are started only a few dozen times in all (on a busy CPU
+# every start of torch's thread pool can wait for a time slice, so many small chunks are slow).
+_CHUNK_ELEMENTS = {"cpu": 1 << 24, "cuda": 1 << 26}
+_DEFAULT_CHUNK = 1 << 24
 
 
 def _kl_rows(q: Tensor, p: Tensor, buf_a: Tensor, buf_b: Tensor) -> Tensor:
@@ -53,9 +54,10 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
 
     No sampling: ``sum_x q(x) [log q(x) - log p(x)]`` at every position, the quantity that k1, k2
     and k3 estimate from a single sampled token (tokens drawn from q). The rows are processed in
-    chunks of about ``chunk_elements`` numbers (default: 4 million on the CPU, 64 million on CUDA),
-    with two chunk-sized scratch buffers, so the extra memory is bounded whatever the batch size
-    (a [4096, 50257] pair of float32 logits needs 32 MiB beside its result, not gigabytes).
+    chunks of about ``chunk_elements`` numbers (default: 16 million on the CPU, 64 million on
+    CUDA), with two chunk-sized scratch buffers, so the extra memory is bounded whatever the batch
+    size: a [4096, 50257] pair of float32 logits needs 128 MiB beside its result, where
+    ``F.kl_div`` on two ``log_softmax`` outputs needs three full-size 0.8 GiB temporaries.
 
     ``-inf`` logits mean probability zero and are allowed (0 · log 0 counts as 0); if p gives zero
     probability to a token that q can emit, the KL is ``+inf`` (that is its value). NaN or ``+inf``
