@@ -17,7 +17,7 @@ STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
 
-.PHONY: lab test setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts strip clean
+.PHONY: lab test setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts bench strip clean
 
 lab: $(STAMP)
 	@$(PY) -m klviz.labcmd notebooks --in-place --no-browser $(if $(PORT),--port $(PORT))
@@ -58,6 +58,11 @@ tiny-lm: $(STAMP)          # retrain the shipped tiny LM from its seed (about 2 
 
 sample-rollouts: $(STAMP)  # rebuild klviz/data/sample_rollouts.npz from the tiny LM
 	@$(PY) scripts/make_sample_rollouts.py
+
+bench: $(STAMP)            # the figures of the README's Performance section
+	@$(PY) benchmarks/estimator_stats.py --repeat 5
+	@$(PY) benchmarks/exact_kl.py --repeat 3
+	@$(PY) benchmarks/panels.py
 
 strip:
 	@$(PYTHON) scripts/strip_notebooks.py notebooks/*.ipynb
