@@ -84,3 +84,32 @@ def changed_screenshot(page: Page, locator: Locator, before: bytes, timeout_ms: 
             return settled_screenshot(page, locator)
         page.wait_for_timeout(250)
     raise AssertionError("the figure did not change (no redraw reached the browser)")
+
+
+def changed_number(page: Page, locator: Locator, before: str, timeout_ms: int = 20_000) -> float:
+    """Wait until ``locator`` shows a number other than ``before`` and return it.
+
+    An HTML readout is replaced as a whole when it updates, so for a moment the element can be
+    empty or half written; only a complete number that differs from the old text counts.
+    """
+    for _ in range(max(1, timeout_ms // 100)):
+        text = locator.inner_text().strip() if locator.count() else ""
+        if text and text != before.strip():
+            try:
+                return float(text)
+            except ValueError:
+                pass
+        page.wait_for_timeout(100)
+    raise AssertionError(f"the readout never changed from {before!r} (last seen {text!r})")
+
+
+def settled_text(page: Page, locator: Locator, timeout_ms: int = 20_000) -> str:
+    """The text of ``locator`` once it has stayed the same for 0.5 s (all queued updates have landed)."""
+    text = locator.inner_text()
+    for _ in range(max(1, timeout_ms // 500)):
+        page.wait_for_timeout(500)
+        again = locator.inner_text()
+        if again == text and again.strip():
+            return again
+        text = again
+    return text

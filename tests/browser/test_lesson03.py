@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
+from .helpers import changed_number, changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot, settled_text
 
 pytestmark = pytest.mark.browser
 
@@ -21,7 +21,8 @@ def test_bregman_panel_responds(page, lab_server, artifacts):
     # drag r to the right: the gap (k3 for f = -log t) changes and still agrees with klviz.k3
     move_slider(page, panel, "r", "ArrowRight", times=20)
     # the readout's HTML is replaced on every update: poll through locators, not element handles
-    expect(gap).not_to_have_text(before_gap, timeout=20_000)
+    changed_number(page, gap, before_gap)
+    settled_text(page, panel.locator(".klviz-readout"))       # all twenty key presses have landed
     assert float(gap.inner_text()) == pytest.approx(float(k3.inner_text()), rel=1e-5)
 
     # switch f to t log t: the readout names the other direction
