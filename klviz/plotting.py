@@ -1,13 +1,14 @@
 """One visual language for the whole suite: colours per estimator, a quiet style, figure helpers."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-__all__ = ["COLORS", "LABELS", "apply_style", "new_figure"]
+__all__ = ["COLORS", "LABELS", "apply_style", "new_figure", "sticky_limits"]
 
 #: The same colour means the same quantity in every lesson.
 COLORS: dict[str, str] = {
@@ -38,3 +39,37 @@ def new_figure(width: float = 9.0, height: float = 3.6, **subplot_kw: Any) -> tu
     with plt.ioff():
         fig, axes = plt.subplots(figsize=(width, height), **subplot_kw)
     return fig, axes
+
+
+def sticky_limits(ax: Any, axis: str, lo: float, hi: float, *, keep_fraction: float = 0.5,
+                  headroom: float = 0.1) -> None:
+    """Set ``ax``'s x or y limits to show [lo, hi], changing them only when they must.
+
+    The current limits are kept while they contain [lo, hi] and [lo, hi] fills at least
+    ``keep_fraction`` of them; otherwise they become [lo, hi] widened by ``headroom`` of its span on
+    each side (a side at exactly 0 stays at 0). Limits that rarely move keep a panel readable (the
+    axis does not jump on every slider step) and let it redraw only the data (see the blitting in
+    :mod:`klviz.widgets.base`).
+    """
+    lo, hi = float(lo), float(hi)
+    if not (lo == lo and hi == hi) or lo in (float("inf"), float("-inf")) or hi in (float("inf"), float("-inf")):
+        raise ValueError(f"limits must be finite numbers, got [{lo}, {hi}]")
+    if hi <= lo:
+        hi = lo + (abs(lo) * 0.1 or 1.0)
+    get, set_ = (ax.get_xlim, ax.set_xlim) if axis == "x" else (ax.get_ylim, ax.set_ylim)
+    scale = (ax.get_xscale if axis == "x" else ax.get_yscale)()
+    cur_lo, cur_hi = get()
+    if scale == "log":                      # decide in decades: a log axis needs positive limits
+        if lo <= 0 or cur_lo <= 0:
+            set_(lo, hi)
+            return
+        fwd, back = math.log10, (lambda v: 10.0 ** v)
+    else:
+        fwd = back = (lambda v: v)
+    lo_t, hi_t, cur_lo_t, cur_hi_t = fwd(lo), fwd(hi), fwd(cur_lo), fwd(cur_hi)
+    span = hi_t - lo_t
+    if cur_lo_t <= lo_t and hi_t <= cur_hi_t and span >= keep_fraction * (cur_hi_t - cur_lo_t):
+        return
+    new_lo = lo if (lo == 0 and scale != "log") else back(lo_t - headroom * span)
+    new_hi = hi if (hi == 0 and scale != "log") else back(hi_t + headroom * span)
+    set_(new_lo, new_hi)

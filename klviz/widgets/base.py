@@ -19,6 +19,7 @@ import traceback
 from typing import Any
 
 import ipywidgets as widgets
+import numpy as np
 import torch
 from matplotlib.figure import Figure
 
@@ -32,24 +33,28 @@ class Panel:
 
     title: str = "panel"
     css_class: str = "klviz-panel"
+    #: compose frames by blitting when only artists that changed before have changed again
+    blit: bool = True
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         self.device = resolve_device(device)
         self.controls: dict[str, widgets.ValueWidget] = self.make_controls()
         self.fig: Figure = self.make_figure()
+        # Redraws are requested by the panel only: with pyplot's interactive mode on (as in a
+        # notebook), every artist change would otherwise ask the canvas for a full redraw too.
+        self.fig.stale_callback = None
         self._layout_frozen = False
+        self._frames = _FrameComposer(self.fig)
         self.last: dict[str, Any] = {}
         self.last_error: BaseException | None = None
         self.last_compute_ms = float("nan")
         self.last_draw_ms = float("nan")
         self.updates = 0
         self._holding = False
-        self._draw_requested_at: float | None = None
         self.readout = widgets.HTML().add_class("klviz-readout")
         self.error = widgets.HTML().add_class("klviz-error")
         self.status = widgets.HTML().add_class("klviz-status")
         self._canvas = self._make_canvas()
-        self.fig.canvas.mpl_connect("draw_event", self._on_draw)
         for name, w in self.controls.items():
             w.add_class(f"klviz-{name.replace('_', '-')}")
             w.observe(self._on_change, names="value")
@@ -154,23 +159,26 @@ class Panel:
             self._layout_frozen = True
 
     def _redraw(self) -> None:
+        """Compose the new frame and hand it to the canvas widget; times the whole redraw."""
         self._freeze_layout()
-        self._draw_requested_at = time.perf_counter()
-        if isinstance(self.fig.canvas, widgets.DOMWidget):
-            self.fig.canvas.draw_idle()
+        t0 = time.perf_counter()
+        self._frames.render(blit=self.blit and os.environ.get("KLVIZ_NO_BLIT", "") in ("", "0"))
+        canvas = self.fig.canvas
+        if isinstance(canvas, widgets.DOMWidget):
+            if getattr(canvas, "syncing_data_url", False):
+                # no view of the canvas exists yet (the cell is still running): a frame sent now
+                # leaves the view that appears later at zero size; ask for a draw once it is there
+                canvas.draw_idle()
+            else:
+                canvas.blit(self.fig.bbox)          # ipympl encodes the buffer and sends it
         else:
-            buf = io.BytesIO()
-            self.fig.savefig(buf, format="png")
-            self._image.value = buf.getvalue()
-
-    def _on_draw(self, _event: Any) -> None:
-        if self._draw_requested_at is not None:
-            self.last_draw_ms = (time.perf_counter() - self._draw_requested_at) * 1e3
-            self._draw_requested_at = None
-            self._show_status()
+            self._image.value = self._frames.png()
+        self.last_draw_ms = (time.perf_counter() - t0) * 1e3
 
     def _show_status(self) -> None:
         draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
+        if self._frames.last_was_blit:
+            draw += " (blitted)"
         self.status.value = (
             f"<span style='color:#666;font-size:85%'>device {html.escape(describe_device(self.device))}"
             f" · compute {self.last_compute_ms:.1f} ms{draw}</span>"
@@ -208,6 +216,122 @@ class Panel:
             "Run the notebook to move the controls.</span>"
             f"<div>{self.readout.value}</div>{self.error.value}</div>"))
         display(Image(data=self.png(), format="png"))
+
+
+class _FrameComposer:
+    """Renders a panel's frames into the Agg buffer, redrawing only what changed when it can.
+
+    A panel's ``draw`` changes a few artists (bars, lines, a title) and leaves axes, ticks and
+    legends alone, yet a full Agg render spends most of its time on that unchanged text. So the
+    composer keeps a background: the figure rendered *without* the artists known to change
+    ("dynamic") and without the legends. A frame is then: restore the background, draw the dynamic
+    artists, draw the legends on top. It falls back to a full render, and takes a new background,
+    whenever anything else may have changed: axis limits, ticks or scales, the figure size, the set
+    of artists, a figure-level text, or an artist that had not changed before (which from then on
+    counts as dynamic). Artists are found to have changed by matplotlib's own ``stale`` flag.
+    """
+
+    def __init__(self, fig: Figure) -> None:
+        self.fig = fig
+        self.dynamic: set[int] = set()
+        self.background: Any = None
+        self.state: Any = None
+        self.last_was_blit = False
+
+    def _axes_state(self) -> tuple:
+        from matplotlib.ticker import FixedFormatter, FixedLocator
+
+        key: list[Any] = [tuple(self.fig.bbox.bounds), self.fig.dpi, tuple(id(t) for t in self.fig.texts),
+                          tuple(id(a) for a in self.fig.axes)]
+        for ax in self.fig.axes:
+            key.append((ax.get_xlim(), ax.get_ylim(), tuple(ax.get_position().bounds), ax.get_visible(),
+                        tuple(id(c) for c in ax.get_children())))
+            for axis in (ax.xaxis, ax.yaxis):
+                loc, fmt = axis.get_major_locator(), axis.get_major_formatter()
+                key.append((axis.get_scale(), id(loc), id(fmt), axis.label.get_text(),
+                            tuple(loc.locs) if isinstance(loc, FixedLocator) else (),
+                            tuple(fmt.seq) if isinstance(fmt, FixedFormatter) else ()))
+        return tuple(key)
+
+    def _artists(self) -> list[Any]:
+        from matplotlib.axis import Axis
+        from matplotlib.legend import Legend
+        from matplotlib.spines import Spine
+
+        return [a for ax in self.fig.axes for a in ax.get_children()
+                if a is not ax.patch and not isinstance(a, (Axis, Spine, Legend)) and not _empty_text(a)]
+
+    def _legends(self) -> list[Any]:
+        return [ax.get_legend() for ax in self.fig.axes if ax.get_legend() is not None]
+
+    def render(self, blit: bool = True) -> None:
+        """Bring the Agg buffer up to date with the figure."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        canvas = self.fig.canvas
+        state = self._axes_state()
+        if self.state is None:                 # first frame: render everything, learn what changes later
+            FigureCanvasAgg.draw(canvas)
+            self.state, self.last_was_blit = state, False
+            return
+        artists = self._artists()
+        changed = [a for a in artists if a.stale]
+        figure_level_changed = any(t.stale for t in self.fig.texts) or any(lg.stale for lg in self.fig.legends)
+        can_blit = (blit and self.background is not None and state == self.state and not figure_level_changed
+                    and all(id(a) in self.dynamic for a in changed))
+        dynamic = [a for a in artists if id(a) in self.dynamic or a.stale]
+        overlays = self._legends()
+        if can_blit:
+            canvas.restore_region(self.background)
+        else:
+            self.dynamic = {id(a) for a in dynamic}
+            hidden = [a for a in dynamic + overlays if a.get_visible()]
+            titles = {id(t): t.get_text() for ax in self.fig.axes for t in _titles(ax)}
+            for a in hidden:
+                if id(a) in titles:
+                    a.set_text("")   # an invisible title would make the axes misplace it
+                else:
+                    a.set_visible(False)
+            try:
+                FigureCanvasAgg.draw(canvas)       # the background; no frame is sent yet
+                self.background = canvas.copy_from_bbox(self.fig.bbox)
+            finally:
+                for a in hidden:
+                    if id(a) in titles:
+                        a.set_text(titles[id(a)])
+                    else:
+                        a.set_visible(True)
+            self.state = state
+        renderer = canvas.get_renderer()
+        for a in sorted(dynamic, key=lambda a: a.get_zorder()):
+            a.draw(renderer)
+        for lg in overlays:
+            lg.draw(renderer)
+        self.fig.stale = False
+        for ax in self.fig.axes:
+            ax.stale = False
+        self.last_was_blit = can_blit
+
+    def png(self) -> bytes:
+        """The current Agg buffer as PNG bytes (fast compression: it is sent on every update)."""
+        from PIL import Image
+
+        buf = np.asarray(self.fig.canvas.buffer_rgba())
+        out = io.BytesIO()
+        Image.fromarray(buf, mode="RGBA").save(out, format="png", compress_level=1)
+        return out.getvalue()
+
+
+def _titles(ax: Any) -> tuple[Any, ...]:
+    return (ax.title, ax._left_title, ax._right_title)
+
+
+def _empty_text(artist: Any) -> bool:
+    """An empty Text draws nothing and never loses its stale flag; hiding one (an unused left or
+    right axes title) also shifts where the axes places its main title, so leave them alone."""
+    from matplotlib.text import Text
+
+    return isinstance(artist, Text) and not artist.get_text()
 
 
 def _prefix_data_url(change: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from ..devices import make_generator
 from ..divergences import categorical_kl
-from ..plotting import COLORS, new_figure
+from ..plotting import COLORS, new_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..sampling import draw_tokens, effective_sample_size, importance_weights, running_mean
 from .base import Panel
@@ -166,7 +166,7 @@ class SamplingPanel(Panel):
             self.ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
             self._legend_mode = mode
         top = max(float(data["q"].max()), float(data["mu"].max()), float(freq.max()), 0.3)
-        self.ax_pol.set_ylim(0, 1.12 * top)
+        sticky_limits(self.ax_pol, "y", 0, 1.12 * top)
 
         run = data["run"]
         lo, hi = run["mean"] - 2 * run["se"], run["mean"] + 2 * run["se"]
@@ -183,7 +183,7 @@ class SamplingPanel(Panel):
               float(lo[tail].min()), float(hi[tail].max())]
         ymin, ymax = min(ys), max(ys)
         pad = 0.15 * (ymax - ymin) if ymax > ymin else 0.05
-        self.ax_run.set_ylim(ymin - pad, ymax + pad)
+        sticky_limits(self.ax_run, "y", ymin - pad, ymax + pad)
 
         est, se, exact = data["estimate"], data["se"], data["exact"]
         how = {"q": "plain mean of log q/p over tokens from q",

@@ -26,7 +26,7 @@ from ..devices import make_generator
 from ..divergences import categorical_kl
 from ..estimators import k1, k2, k3
 from ..montecarlo import ESTIMATORS, categorical_counts
-from ..plotting import COLORS, new_figure
+from ..plotting import COLORS, new_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..tables import (
     EstimatorMoments,
@@ -161,14 +161,14 @@ class GaussianEstimatorsPanel(Panel):
 
     def draw(self, data: dict[str, Any]) -> None:
         self.p_line.set_ydata(data["density_p"])
-        self.ax_d.set_ylim(0, 1.08 * max(0.4, float(data["density_p"].max())))
+        sticky_limits(self.ax_d, "y", 0, 1.08 * max(0.4, float(data["density_p"].max())))
         exact: EstimatorMoments = data["exact"]
         for name in ESTIMATORS:
             dens, edges = data["hists"][name]
             self.hist[name].set_data(dens, edges)
             ax = self.hist_axes[name]
-            ax.set_xlim(edges[0], edges[-1])
-            ax.set_ylim(0, 1.1 * float(dens.max()) if dens.max() > 0 else 1.0)
+            sticky_limits(ax, "x", edges[0], edges[-1])
+            sticky_limits(ax, "y", 0, 1.1 * float(dens.max()) if dens.max() > 0 else 1.0)
             self.kl_lines[name].set_xdata([exact.true_kl, exact.true_kl])
             m = data["mc"][name]["mean"]
             self.mean_lines[name].set_xdata([m, m])
@@ -283,7 +283,7 @@ class TokenEstimatorsPanel(Panel):
     def draw(self, data: dict[str, Any]) -> None:
         for bar, h in zip(self.bars_p, data["p"]):
             bar.set_height(h)
-        self.ax_pol.set_ylim(0, 1.08 * max(0.35, float(data["p"].max())))
+        sticky_limits(self.ax_pol, "y", 0, 1.08 * max(0.35, float(data["p"].max())))
         lo, hi = 0.0, data["exact"].true_kl
         for name in ESTIMATORS:
             vals = data["per_token"][name]
@@ -291,7 +291,7 @@ class TokenEstimatorsPanel(Panel):
                 bar.set_height(h)
             lo, hi = min(lo, float(vals.min())), max(hi, float(vals.max()))
         pad = 0.08 * (hi - lo) if hi > lo else 0.01
-        self.ax_est.set_ylim(lo - pad, hi + 3 * pad)
+        sticky_limits(self.ax_est, "y", lo - pad, hi + 3 * pad)
         self.kl_line.set_ydata([data["exact"].true_kl] * 2)
         self.readout.value = GaussianEstimatorsPanel._table(
             {"exact": data["exact"], "mc": data["mc"], "n": data["n"], "frac_neg_mc": data["frac_neg_mc"],
@@ -394,7 +394,7 @@ class ControlVariatePanel(Panel):
         self.mark_star_mc.set_xdata([data["lambda_mc"]] * 2)
         shown = np.concatenate([ex_std[finite], mc_std])
         top = float(np.percentile(shown, 90)) if shown.size else 1.0
-        self.ax_v.set_ylim(0, max(top, 1e-9) * 1.15)
+        sticky_limits(self.ax_v, "y", 0, max(top, 1e-9) * 1.15)
         self.ax_v.set_ylabel("std / true KL of one sample" if kl > 0 else "std of one sample (KL = 0)")
         infinite = not math.isfinite(exact.var_r)
         self.note.set_text("exact variance is infinite for every λ ≠ 0:\nVar(r) diverges (see the note below)"

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from ..estimators import k3
 from ..fdiv import GENERATORS, bregman_gap, f_second, f_value, generator, tangent_at_one
-from ..plotting import COLORS, new_figure
+from ..plotting import COLORS, new_figure, sticky_limits
 from .base import Panel
 
 __all__ = ["BregmanPanel", "F_CHOICES"]
@@ -125,7 +125,7 @@ class BregmanPanel(Panel):
         ys = np.concatenate([curve[visible], tangent[visible], [fr, tr, 0.0]])
         lo, hi = float(np.min(ys)), float(np.max(ys))
         pad = 0.08 * (hi - lo) if hi > lo else 0.5
-        self.ax_f.set_ylim(lo - pad, hi + 0.45 * (hi - lo) + pad)
+        sticky_limits(self.ax_f, "y", lo - pad, hi + 0.45 * (hi - lo) + pad)
         self.ax_f.set_title(f"f(t) = {gen.formula}: gap at r = {r:.3g} is {gap:.3g}")
 
         est, naive = data["estimator"], data["naive"]
@@ -145,7 +145,7 @@ class BregmanPanel(Panel):
         near = np.exp(_GRID_LOG) <= max(4.0, 2.0 * r)
         lo = min(float(est.min()), float(naive[near].min()) if gen.df1 != 0 else 0.0, 0.0)
         hi = max(float(est[near].max()), gap, 1e-3)
-        self.ax_g.set_ylim(lo - 0.05 * (hi - lo), hi + 0.35 * (hi - lo))
+        sticky_limits(self.ax_g, "y", lo - 0.05 * (hi - lo), hi + 0.35 * (hi - lo))
 
         what = {
             "-log t": f"= k3 = (r − 1) − log r, one sample's estimate of KL(q‖p) (klviz.k3 gives "

@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 from .. import lm
 from ..divergences import exact_kl
 from ..estimators import k1, k2, k3, masked_mean
-from ..plotting import COLORS, new_figure
+from ..plotting import COLORS, new_figure, sticky_limits
 from .base import Panel
 
 __all__ = ["WorkedTokensPanel"]
@@ -174,7 +174,7 @@ class WorkedTokensPanel(Panel):
             self.stop_marker.set_data([data["stop_step"]], [self.curves["k2"][data["stop_step"]]])
         top = max(float(max(c.max() for c in self.curves.values())), thr) * 1.08
         low = min(0.0, float(self.curves["k1"].min()))
-        self.ax_c.set_ylim(low - 0.02 * top, top)
+        sticky_limits(self.ax_c, "y", low - 0.02 * top, top)
 
         n = data["n"]
         width = self.ids.shape[1]
@@ -186,7 +186,7 @@ class WorkedTokensPanel(Panel):
             if n:
                 lo, hi = min(lo, float(np.nanmin(y))), max(hi, float(np.nanmax(y)))
         pad = 0.08 * (hi - lo) if hi > lo else 0.05
-        self.ax_t.set_ylim(lo - pad, hi + pad)
+        sticky_limits(self.ax_t, "y", lo - pad, hi + pad)
         self.ax_t.set_xlim(-0.5, max(n, 2) - 0.5)
         self.ax_t.set_title(f"response #{data['row']} at step {s}: per-token values", fontsize=10)
         self.readout.value = self._strip_html(data) + self._summary_html(data)

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from ..bandit import bandit_fixed_points, forward_kl_optimum, reverse_kl_optimum, tv_distance
 from ..divergences import categorical_kl
-from ..plotting import new_figure
+from ..plotting import new_figure, sticky_limits
 from ..simplex import (
     ALL_FLOWS,
     CHOICE_COLORS,
@@ -153,7 +153,7 @@ class SimplexFlowPanel(Panel):
         self.kl_sel.set_data(t, data["kl"][flow])
         self.ax_kl.set_xlim(0, data["steps"])
         top = max(float(np.max(v)) for v in data["kl"].values())
-        self.ax_kl.set_ylim(0, 1.08 * top if top > 0 else 1.0)
+        sticky_limits(self.ax_kl, "y", 0, 1.08 * top if top > 0 else 1.0)
         self.legend_kl.texts[2].set_text(flow)
         handle = self.legend_kl.legend_handles[2]
         handle.set_color(CHOICE_COLORS[flow])

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from ..devices import make_generator
 from ..diagnose import Rollouts, load_rollouts, sample_rollouts_path
 from ..pitfalls import CLAMP_RULES, apply_clamp
-from ..plotting import COLORS, new_figure
+from ..plotting import COLORS, new_figure, sticky_limits
 from .base import Panel
 
 __all__ = ["RolloutPanel", "BATCH_SIZES", "STORAGE_DTYPES", "AGGREGATIONS"]
@@ -163,8 +163,8 @@ class RolloutPanel(Panel):
         self.tok_hist.set_facecolor(COLORS[k])
         self.tok_hist.set_edgecolor(COLORS[k])
         self.tok_mean.set_xdata([float(tok.mean())] * 2)
-        self.ax_tok.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
-        self.ax_tok.set_ylim(0.8, max(10.0, counts.max() * 2.0))
+        sticky_limits(self.ax_tok, "x", lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
+        sticky_limits(self.ax_tok, "y", 0.8, max(10.0, counts.max() * 2.0))
         self.ax_tok.set_title(f"{tok.size:,} tokens: {k} ({data['clamp']}, {data['precision']})")
 
         stats = data["stats"]
@@ -179,8 +179,8 @@ class RolloutPanel(Panel):
             top = max(top, float(frac.max()))
             self.boot[e].set_data(frac, edges)
             self.full[e].set_xdata([stats[e]["full"]] * 2)
-        self.ax_boot.set_xlim(edges[0], edges[-1])
-        self.ax_boot.set_ylim(0, top * 1.15)
+        sticky_limits(self.ax_boot, "x", edges[0], edges[-1])
+        sticky_limits(self.ax_boot, "y", 0, top * 1.15)
         self.ax_boot.set_title(f"{_NUM_BATCHES} batches of B = {data['batch_sequences']}: {data['aggregation']}")
 
         td = "<td style='padding:1px 10px'>"

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..plotting import new_figure
+from ..plotting import new_figure, sticky_limits
 from ..rlhf import PLACEMENTS, LabConfig, TrainingHistory, train_policy
 from .base import Panel
 
@@ -125,7 +125,7 @@ class RLHFLabPanel(Panel):
             lo = min(float(np.min(s)) for s in series) if len(t) else 0.0
             hi = max(float(np.max(s)) for s in series) if len(t) else 1.0
             pad = 0.08 * (hi - lo) if hi > lo else 0.5
-            ax.set_ylim(min(lo - pad, 0.0) if ax is not self.axes[0] else lo - pad, hi + pad)
+            sticky_limits(ax, "y", min(lo - pad, 0.0) if ax is not self.axes[0] else lo - pad, hi + pad)
 
     def draw(self, data: dict[str, Any]) -> None:
         m, cfg, hist = data["metrics"], data["config"], data["history"]

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from ..devices import make_generator
 from ..divergences import categorical_kl
 from ..montecarlo import categorical_counts, moments_from_counts, summarize
-from ..plotting import COLORS, new_figure
+from ..plotting import COLORS, new_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from .base import Panel, html_table
 
@@ -96,7 +96,7 @@ class StartHerePanel(Panel):
         for bar, h in zip(self.bars_p, data["p"]):
             bar.set_height(h)
         self.freq_line.set_ydata(data["freq"])
-        self.ax_pol.set_ylim(0, max(0.4, float(data["p"].max()) * 1.1, float(data["freq"].max()) * 1.1))
+        sticky_limits(self.ax_pol, "y", 0, max(0.4, float(data["p"].max()) * 1.1, float(data["freq"].max()) * 1.1))
         stats = data["stats"]
         means = [stats[k]["mean"] for k in ("k1", "k2", "k3")]
         ses = [2 * stats[k]["se"] for k in ("k1", "k2", "k3")]
@@ -107,7 +107,7 @@ class StartHerePanel(Panel):
         lo = min(0.0, *(m - s for m, s in zip(means, ses)))
         hi = max(data["exact"], *(m + s for m, s in zip(means, ses)))
         pad = 0.12 * (hi - lo) if hi > lo else 0.01
-        self.ax_est.set_ylim(lo - pad, hi + pad)
+        sticky_limits(self.ax_est, "y", lo - pad, hi + pad)
         rows = [[f"<b style='color:{COLORS[k]}'>{k}</b>", f"{stats[k]['mean']:.4f}", f"± {2 * stats[k]['se']:.4f}",
                  f"{stats[k]['std']:.4f}", f"{stats[k]['bias']:+.4f}"] for k in ("k1", "k2", "k3")]
         rows.append(["<b>exact</b>", f"<span class='klviz-exact'>{data['exact']:.4f}</span>", "", "",
