@@ -119,7 +119,7 @@ class BregmanPanel(Panel):
         self.tangent.set_data(t, tangent)
         self.gap_line.set_data([r, r], [tr, fr])
         self.point.set_data([r], [fr])
-        self.ax_f.set_xlim(0, data["t_max"])
+        sticky_limits(self.ax_f, "x", 0, data["t_max"])
         # y range: the curve where it is visible, both ends of the gap, and a little room for the legend
         visible = t >= min(0.15, r)
         ys = np.concatenate([curve[visible], tangent[visible], [fr, tr, 0.0]])
