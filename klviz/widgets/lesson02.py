@@ -89,6 +89,20 @@ def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
     return out
 
 
+def _gaussian_controls(seed: int) -> dict[str, widgets.ValueWidget]:
+    """p's mean and scale, the sample count and the seed: the controls of panels (a) and (c)."""
+    return {
+        "mu": widgets.FloatSlider(value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ",
+                                  style=_STYLE, continuous_update=True),
+        "sigma": widgets.FloatSlider(value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ",
+                                     style=_STYLE, continuous_update=True),
+        "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=100_000,
+                                               description="samples N", style=_STYLE, continuous_update=False),
+        "seed": widgets.BoundedIntText(value=seed, min=0, max=2**31 - 1, description="seed",
+                                       layout=widgets.Layout(width="140px")),
+    }
+
+
 class GaussianEstimatorsPanel(Panel):
     """q = N(0, 1) samples x; p = N(mu, sigma²) is moved; k1, k2, k3 of each sample estimate KL(q || p)."""
 
@@ -100,17 +114,7 @@ class GaussianEstimatorsPanel(Panel):
         super().__init__("cpu")   # see the module docstring: these panels sample on the CPU
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
-        return {
-            "mu": widgets.FloatSlider(value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ",
-                                      style=_STYLE, continuous_update=True),
-            "sigma": widgets.FloatSlider(value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ",
-                                         style=_STYLE, continuous_update=True),
-            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=100_000,
-                                                   description="samples N", style=_STYLE,
-                                                   continuous_update=False),
-            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
-                                           layout=widgets.Layout(width="140px")),
-        }
+        return _gaussian_controls(self.seed)
 
     def make_figure(self) -> Figure:
         fig, axes = new_figure(8.4, 3.0, ncols=4, gridspec_kw={"width_ratios": [1.15, 1, 1, 1]})
@@ -314,17 +318,7 @@ class ControlVariatePanel(Panel):
         super().__init__("cpu")   # see the module docstring: these panels sample on the CPU
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
-        return {
-            "mu": widgets.FloatSlider(value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ",
-                                      style=_STYLE, continuous_update=True),
-            "sigma": widgets.FloatSlider(value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ",
-                                         style=_STYLE, continuous_update=True),
-            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=100_000,
-                                                   description="samples N", style=_STYLE,
-                                                   continuous_update=False),
-            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
-                                           layout=widgets.Layout(width="140px")),
-        }
+        return _gaussian_controls(self.seed)
 
     def make_figure(self) -> Figure:
         fig, (ax_v, ax_n) = new_figure(8.4, 3.5, ncols=2)

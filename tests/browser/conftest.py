@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from .helpers import stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = Path(os.environ.get("KLVIZ_NOTEBOOK_DIR", ROOT / "notebooks"))
@@ -92,14 +93,7 @@ def lab_server(tmp_path_factory):
                 time.sleep(0.25)
         yield {"base": base, "token": token, "root": root, "pid": proc.pid, "log": log_path}
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         log.close()
 
 

@@ -1,6 +1,10 @@
 """Helpers for driving JupyterLab notebooks and ipywidgets from Playwright."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+
 from playwright.sync_api import Locator, Page
 
 KERNEL_IDLE = """() => {
@@ -113,3 +117,15 @@ def settled_text(page: Page, locator: Locator, timeout_ms: int = 20_000) -> str:
             return again
         text = again
     return text
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """Stop a server started with ``start_new_session=True`` and everything it started (kernels)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot, settled_text
 
 pytestmark = pytest.mark.browser
 
@@ -15,7 +15,8 @@ def test_sampling_panel_responds(page, lab_server, artifacts):
     panel.scroll_into_view_if_needed()
     readout = panel.locator(".klviz-readout")
     exact = panel.locator(".klviz-exact")
-    before_text, before_exact = readout.inner_text(), exact.inner_text()
+    before_text = settled_text(page, readout)
+    before_exact = exact.inner_text()
     before_png = settled_screenshot(page, figure_of(panel))
 
     # push q's " sofa" further: the exact KL(q||p) and the estimate change

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot, settled_text
 
 pytestmark = pytest.mark.browser
 
@@ -17,7 +17,7 @@ def test_gaussian_panel_responds(page, lab_server, artifacts):
     readout = panel.locator(".klviz-readout")
     exact = panel.locator(".klviz-exact")
     expect(exact).to_have_text("0.5", timeout=20_000)          # default mu = 1: KL(q||p) = mu²/2
-    before_text = readout.inner_text()
+    before_text = settled_text(page, readout)
     before_png = settled_screenshot(page, figure_of(panel))
 
     # move p's mean from 1.0 to 1.25 (five steps of 0.05): KL = 1.25²/2 = 0.78125

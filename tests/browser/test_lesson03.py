@@ -15,6 +15,7 @@ def test_bregman_panel_responds(page, lab_server, artifacts):
     panel.scroll_into_view_if_needed()
     gap = panel.locator(".klviz-readout .klviz-gap")
     k3 = panel.locator(".klviz-readout .klviz-k3")
+    settled_text(page, panel.locator(".klviz-readout"))
     before_gap = gap.inner_text()
     before_png = settled_screenshot(page, figure_of(panel))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import changed_number, changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
+from .helpers import changed_number, changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot, settled_text
 
 pytestmark = pytest.mark.browser
 
@@ -15,7 +15,8 @@ def test_worked_tokens_panel_responds(page, lab_server, artifacts):
     panel.scroll_into_view_if_needed()
     readout = panel.locator(".klviz-readout")
     approx = panel.locator(".klviz-approx-kl")
-    before_text, before_value = readout.inner_text(), approx.inner_text()
+    before_text = settled_text(page, readout)
+    before_value = approx.inner_text()
     before_png = settled_screenshot(page, figure_of(panel))
 
     # four more update steps: approx_kl grows past MiniMind's threshold and the panel says it stopped

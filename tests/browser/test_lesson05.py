@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot, settled_text
 
 pytestmark = pytest.mark.browser
 
@@ -17,11 +17,12 @@ def test_bandit_and_simplex_panels_respond(page, lab_server, artifacts):
     bandit.scroll_into_view_if_needed()
     beta = bandit.locator(".klviz-beta-value")
     expect(beta).to_be_visible(timeout=20_000)
-    before_beta, before_text = beta.inner_text(), bandit.locator(".klviz-readout").inner_text()
+    before_text = settled_text(page, bandit.locator(".klviz-readout"))   # cells after the panel may still move it
+    before_beta = beta.inner_text()
     before_png = settled_screenshot(page, figure_of(bandit))
     move_slider(page, bandit, "beta", "ArrowRight", times=3)
     expect(beta).not_to_have_text(before_beta, timeout=20_000)
-    assert bandit.locator(".klviz-readout").inner_text() != before_text
+    expect(bandit.locator(".klviz-readout")).not_to_have_text(before_text, timeout=20_000)
     changed_screenshot(page, figure_of(bandit), before_png)
     bandit.screenshot(path=str(artifacts / "lesson05_bandit_panel.png"))
 
@@ -29,6 +30,7 @@ def test_bandit_and_simplex_panels_respond(page, lab_server, artifacts):
     flow.scroll_into_view_if_needed()
     end = flow.locator(".klviz-start")
     expect(end).to_be_visible(timeout=20_000)
+    settled_text(page, flow.locator(".klviz-readout"))
     before_end = end.inner_text()
     before_png = settled_screenshot(page, figure_of(flow))
     move_slider(page, flow, "start-mat", "ArrowRight", times=20)   # continuous_update=False: one update on release

@@ -2,10 +2,13 @@
 see the spread of the logged KL and the figure change."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import changed_number, changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
+from .helpers import (changed_number, changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot,
+                      settled_text)
 
 pytestmark = pytest.mark.browser
 
@@ -16,7 +19,8 @@ def test_rollout_panel_responds(page, lab_server, artifacts):
     panel.scroll_into_view_if_needed()
     spread = panel.locator(".klviz-spread-k1")
     expect(spread).to_be_visible(timeout=20_000)
-    before_spread = spread.inner_text()
+    expect(spread).to_have_text(re.compile(r"\d"), timeout=20_000)      # the first readout has landed
+    before_spread = settled_text(page, spread)
     before_png = settled_screenshot(page, figure_of(panel))
 
     # larger batches: the spread of the logged k1 shrinks (about 1/sqrt(B))

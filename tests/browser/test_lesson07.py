@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
+from .helpers import changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot, settled_text
 
 pytestmark = pytest.mark.browser
 
@@ -16,7 +16,8 @@ def test_rlhf_lab_panel_responds(page, lab_server, artifacts):
     panel.scroll_into_view_if_needed()
     final_kl = panel.locator(".klviz-final-kl")
     expect(final_kl).to_be_visible(timeout=20_000)
-    before_kl, before_text = final_kl.inner_text(), panel.locator(".klviz-readout").inner_text()
+    before_text = settled_text(page, panel.locator(".klviz-readout"))
+    before_kl = final_kl.inner_text()
     before_png = settled_screenshot(page, figure_of(panel))
     # beta 0.2 -> 0.0: a new 40-step run without any penalty trains (a few seconds) and its KL grows
     move_slider(page, panel, "beta", "Home")

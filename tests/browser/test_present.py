@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .helpers import changed_screenshot, figure_of, settled_screenshot
+from .helpers import changed_screenshot, figure_of, settled_screenshot, settled_text, stop_process_group
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = Path(os.environ.get("KLVIZ_TEST_NOTEBOOKS", ROOT / "notebooks"))
@@ -48,14 +47,7 @@ def presenter(tmp_path_factory):
                 time.sleep(0.25)
         yield {"url": url, "log": log_path}
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         log.close()
 
 
@@ -83,7 +75,7 @@ def test_presenter_shows_panel_without_code_and_slider_moves(page, presenter, ar
 
     figure = figure_of(panel)
     figure.wait_for(state="visible", timeout=30_000)
-    before_text = readout.inner_text()
+    before_text = settled_text(page, readout)
     before_png = settled_screenshot(page, figure)
     handle = panel.locator(".noUi-handle").first
     handle.scroll_into_view_if_needed()

@@ -7,7 +7,7 @@ import urllib.request
 
 from playwright.sync_api import Page, expect
 
-from .helpers import changed_number, changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot
+from .helpers import changed_number, changed_screenshot, figure_of, move_slider, open_and_run, settled_screenshot, settled_text
 
 
 def test_lab_refuses_requests_without_the_token(lab_server):
@@ -30,6 +30,7 @@ def test_start_here_panel_reacts_to_a_slider(page: Page, lab_server, artifacts):
     fig = figure_of(panel)
     expect(fig).to_be_visible(timeout=30_000)
     fig.scroll_into_view_if_needed()
+    settled_text(page, panel.locator(".klviz-readout"))
     before_text, before_png = exact.inner_text(), settled_screenshot(page, fig)
     move_slider(page, panel, "push", "ArrowRight", times=5)   # push p harder toward "sofa"
     after_exact = changed_number(page, exact, before_text)
