@@ -41,8 +41,8 @@ def new_figure(width: float = 9.0, height: float = 3.6, **subplot_kw: Any) -> tu
     return fig, axes
 
 
-def sticky_limits(ax: Any, axis: str, lo: float, hi: float, *, keep_fraction: float = 0.5,
-                  headroom: float = 0.1) -> None:
+def sticky_limits(ax: Any, axis: str, lo: float, hi: float, *, keep_fraction: float = 0.35,
+                  headroom: float = 0.2) -> None:
     """Set ``ax``'s x or y limits to show [lo, hi], changing them only when they must.
 
     The current limits are kept while they contain [lo, hi] and [lo, hi] fills at least

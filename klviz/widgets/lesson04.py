@@ -187,7 +187,7 @@ class WorkedTokensPanel(Panel):
                 lo, hi = min(lo, float(np.nanmin(y))), max(hi, float(np.nanmax(y)))
         pad = 0.08 * (hi - lo) if hi > lo else 0.05
         sticky_limits(self.ax_t, "y", lo - pad, hi + pad)
-        self.ax_t.set_xlim(-0.5, max(n, 2) - 0.5)
+        sticky_limits(self.ax_t, "x", -0.5, max(n, 2) - 0.5)
         self.ax_t.set_title(f"response #{data['row']} at step {s}: per-token values", fontsize=10)
         self.readout.value = self._strip_html(data) + self._summary_html(data)
 
