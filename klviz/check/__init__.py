@@ -10,7 +10,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["CheckResult", "passed", "failed", "not_attempted", "call_learner"]
+__all__ = ["CheckResult", "passed", "failed", "not_attempted", "call_learner", "WrongAnswer", "as_answer_tensor", "learner_tensor"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,42 @@ def call_learner(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if out is Ellipsis or out is None:
         raise _NotAttempted
     return out
+
+
+class WrongAnswer(Exception):
+    """A learner's answer of the wrong kind (type, shape, non-finite); its message is the sentence shown."""
+
+
+def as_answer_tensor(value: Any, shape: tuple[int, ...], what: str, *, finite: bool = False) -> Any:
+    """``value`` as a float64 tensor of ``shape``, or :class:`WrongAnswer` saying what is off."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        try:
+            value = torch.as_tensor(value, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise WrongAnswer(f"{what} should be a tensor of numbers, got {type(value).__name__}") from None
+    if value.shape != shape:
+        raise WrongAnswer(f"{what} should have shape {tuple(shape)} (one value per input), got {tuple(value.shape)}")
+    value = value.detach().to(torch.float64)
+    if finite and not bool(torch.isfinite(value).all()):
+        raise WrongAnswer(f"{what} returned NaN or inf values")
+    return value
+
+
+def learner_tensor(fn: Callable[..., Any], args: tuple, shape: tuple[int, ...], what: str, *,
+                   finite: bool = False) -> Any:
+    """Call a learner's function and return its answer as a float64 tensor of ``shape``; or, instead,
+    the :class:`CheckResult` to show: "not attempted" for a skeleton, one sentence for a wrong kind
+    of answer or an exception."""
+    try:
+        return as_answer_tensor(call_learner(fn, *args), shape, what, finite=finite)
+    except _NotAttempted:
+        return not_attempted()
+    except WrongAnswer as err:
+        return failed(str(err))
+    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; say what
+        return failed(f"your function raised {type(err).__name__}: {err}")
 
 
 def __getattr__(name: str) -> Any:  # lazy: klviz.check.lesson02 imports klviz.check.lesson02

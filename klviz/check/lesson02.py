@@ -12,25 +12,9 @@ import torch
 
 from ..estimators import k1 as _k1, k2 as _k2, k3 as _k3
 from ..tables import variance_crossing_mu
-from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+from . import CheckResult, WrongAnswer, _NotAttempted, as_answer_tensor, call_learner, failed, not_attempted, passed
 
 __all__ = ["k3_estimator", "k3_direction", "best_lambda", "variance_crossing"]
-
-
-def _as_tensor(out: Any, like: torch.Tensor, what: str) -> torch.Tensor:
-    if not isinstance(out, torch.Tensor):
-        try:
-            out = torch.as_tensor(out, dtype=like.dtype)
-        except (TypeError, ValueError, RuntimeError):
-            raise _Wrong(f"{what} should return a tensor of the same shape as its input, got {type(out).__name__}")
-    if out.shape != like.shape:
-        raise _Wrong(f"{what} should work elementwise and keep the shape {tuple(like.shape)}, "
-                     f"got shape {tuple(out.shape)}")
-    return out.detach().to(torch.float64)
-
-
-class _Wrong(Exception):
-    pass
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-6, atol: float = 1e-12) -> bool:
@@ -41,10 +25,10 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Check ``fn(log_r) -> k3`` per sample, with ``log_r = log p(x) - log q(x)`` (target minus sampler)."""
     log_r = torch.tensor([-3.0, -1.2, -0.4, -0.05, 0.0, 0.07, 0.3, 1.0, 2.5, 4.0], dtype=torch.float64)
     try:
-        out = _as_tensor(call_learner(fn, log_r.clone()), log_r, "your k3")
+        out = as_answer_tensor(call_learner(fn, log_r.clone()), log_r.shape, "your k3")
     except _NotAttempted:
         return not_attempted()
-    except _Wrong as err:
+    except WrongAnswer as err:
         return failed(str(err))
     except Exception as err:  # noqa: BLE001 - report the learner's exception as a sentence
         return failed(f"your function raised {type(err).__name__}: {err}")
@@ -66,7 +50,7 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     # precision: float32 inputs with tiny |log r|, where exp(x) - 1 - x cancels catastrophically
     tiny = torch.tensor([1e-3, -2e-3, 5e-4, -4e-4, 3e-4, -1e-4], dtype=torch.float32)
     try:
-        small = _as_tensor(call_learner(fn, tiny.clone()), tiny, "your k3")
+        small = as_answer_tensor(call_learner(fn, tiny.clone()), tiny.shape, "your k3")
     except Exception as err:  # noqa: BLE001
         return failed(f"On float32 input your function raised {type(err).__name__}: {err}")
     truth = _k3(tiny.double())
@@ -75,7 +59,7 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
                       "compute r - 1 as torch.expm1(log_r) (open-instruct does; the plain exp(x) - 1 of verl's low_var_kl does not).")
     big = torch.tensor([30.0, -30.0], dtype=torch.float64)
     try:
-        large = _as_tensor(call_learner(fn, big.clone()), big, "your k3")
+        large = as_answer_tensor(call_learner(fn, big.clone()), big.shape, "your k3")
     except Exception as err:  # noqa: BLE001
         return failed(f"For |log r| = 30 your function raised {type(err).__name__}: {err}")
     if not _close(large, _k3(big), rtol=1e-9):
@@ -96,10 +80,10 @@ def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult
     logp = torch.log_softmax(_POLICY, -1)
     ref = torch.log_softmax(_REF, -1)
     try:
-        out = _as_tensor(call_learner(fn, logp.clone(), ref.clone()), logp, "your function")
+        out = as_answer_tensor(call_learner(fn, logp.clone(), ref.clone()), logp.shape, "your function")
     except _NotAttempted:
         return not_attempted()
-    except _Wrong as err:
+    except WrongAnswer as err:
         return failed(str(err))
     except Exception as err:  # noqa: BLE001
         return failed(f"your function raised {type(err).__name__}: {err}")
@@ -128,14 +112,14 @@ def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult
 def _number(value: Any, what: str) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise _Wrong(f"{what} should be one number, got a tensor of shape {tuple(value.shape)}")
+            raise WrongAnswer(f"{what} should be one number, got a tensor of shape {tuple(value.shape)}")
         value = value.item()
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise _Wrong(f"{what} should be a number, got {type(value).__name__}") from None
+        raise WrongAnswer(f"{what} should be a number, got {type(value).__name__}") from None
     if not math.isfinite(v):
-        raise _Wrong(f"{what} is {v}; it should be a finite number")
+        raise WrongAnswer(f"{what} is {v}; it should be a finite number")
     return v
 
 
@@ -148,7 +132,7 @@ def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
             got.append(_number(call_learner(fn, mu), f"your best_lambda({mu})"))
     except _NotAttempted:
         return not_attempted()
-    except _Wrong as err:
+    except WrongAnswer as err:
         return failed(str(err))
     except Exception as err:  # noqa: BLE001
         return failed(f"your function raised {type(err).__name__}: {err}")
@@ -180,7 +164,7 @@ def variance_crossing(answer: Any) -> CheckResult:
         return not_attempted()
     try:
         v = _number(answer, "your answer")
-    except _Wrong as err:
+    except WrongAnswer as err:
         return failed(str(err))
     mu_star = variance_crossing_mu()
     if abs(v - mu_star) < 1e-3:

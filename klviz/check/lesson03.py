@@ -11,43 +11,21 @@ from typing import Any, Callable
 
 import torch
 
-from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+from . import CheckResult, failed, learner_tensor, not_attempted, passed
 
 __all__ = ["kl_pq_estimator", "k2_curvature", "concave_from", "bregman_estimator"]
 
 _LOG_R = torch.tensor([-6.0, -2.5, -1.0, -0.3, -1e-3, 0.0, 2e-3, 0.4, 1.0, 2.2, 5.0], dtype=torch.float64)
 
 
-def _as_tensor(value: Any, shape: torch.Size, what: str) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        try:
-            value = torch.as_tensor(value, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            raise TypeError(f"{what} should be a tensor of numbers, got {type(value).__name__}") from None
-    if value.shape != shape:
-        raise TypeError(f"{what} should have shape {tuple(shape)} (one value per input), got {tuple(value.shape)}")
-    return value.detach().to(torch.float64)
-
-
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.isfinite(a).all()) and torch.allclose(a, b, rtol=1e-5, atol=1e-9)
-
-
-def _call(fn: Callable[..., Any], args: tuple, shape: torch.Size, what: str) -> torch.Tensor | CheckResult:
-    try:
-        return _as_tensor(call_learner(fn, *args), shape, what)
-    except _NotAttempted:
-        return not_attempted()
-    except TypeError as err:
-        return failed(str(err))
-    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; say what
-        return failed(f"your function raised {type(err).__name__}: {err}")
 
 
 def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 1: ``fn(log_r)`` (log_r = log p - log q, x ~ q) must return r log r - (r - 1),
     the non-negative unbiased per-sample estimator of KL(p || q)."""
-    got = _call(fn, (_LOG_R.clone(),), _LOG_R.shape, "the estimate")
+    got = learner_tensor(fn, (_LOG_R.clone(),), _LOG_R.shape, "the estimate")
     if isinstance(got, CheckResult):
         return got
     lr = _LOG_R
@@ -80,7 +58,7 @@ _T = torch.tensor([0.05, 0.3, 1.0, 2.0, math.e, 4.0, 10.0, 50.0], dtype=torch.fl
 
 def k2_curvature(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 2a: ``fn(t)`` must return f''(t) for k2's generator f(t) = ½ (log t)²."""
-    got = _call(fn, (_T.clone(),), _T.shape, "the curvature")
+    got = learner_tensor(fn, (_T.clone(),), _T.shape, "the curvature")
     if isinstance(got, CheckResult):
         return got
     lt = torch.log(_T)
@@ -139,7 +117,7 @@ def bregman_estimator(fn: Callable[[Callable, Callable, torch.Tensor], Any]) -> 
     one = torch.ones((), dtype=torch.float64)
     results = []
     for f, df in _generators():
-        got = _call(fn, (f, df, lr.clone()), lr.shape, "the estimate")
+        got = learner_tensor(fn, (f, df, lr.clone()), lr.shape, "the estimate")
         if isinstance(got, CheckResult):
             return got
         results.append((got, f, df))

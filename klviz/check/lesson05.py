@@ -11,49 +11,20 @@ from typing import Any, Callable
 import torch
 
 from ..bandit import reverse_kl_optimum
-from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+from . import CheckResult, failed, learner_tensor, passed
 
 __all__ = ["k3_loss_coefficient", "bandit_optimum", "reward_to_go"]
-
-
-class _Wrong(Exception):
-    pass
-
-
-def _tensor(out: Any, shape: torch.Size, what: str) -> torch.Tensor:
-    if not isinstance(out, torch.Tensor):
-        try:
-            out = torch.as_tensor(out, dtype=torch.float64)
-        except (TypeError, ValueError, RuntimeError):
-            raise _Wrong(f"{what} should return a tensor, got {type(out).__name__}") from None
-    if out.shape != shape:
-        raise _Wrong(f"{what} should return shape {tuple(shape)}, got {tuple(out.shape)}")
-    out = out.detach().to(torch.float64)
-    if not bool(torch.isfinite(out).all()):
-        raise _Wrong(f"{what} returned NaN or inf values")
-    return out
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-8) -> bool:
     return bool(torch.allclose(a, b.to(a.dtype), rtol=1e-6, atol=tol))
 
 
-def _run(fn: Callable[..., Any], shape: torch.Size, what: str, *args: Any) -> torch.Tensor | CheckResult:
-    try:
-        return _tensor(call_learner(fn, *args), shape, what)
-    except _NotAttempted:
-        return not_attempted()
-    except _Wrong as err:
-        return failed(str(err))
-    except Exception as err:  # noqa: BLE001 - the learner's exception, as a sentence
-        return failed(f"your function raised {type(err).__name__}: {err}")
-
-
 def k3_loss_coefficient(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Check ``fn(log_r) -> c`` with grad k3(x) = c(x) · grad log pi(x) (token fixed, differentiated
     through log pi; ``log_r = log pi_ref(x) - log pi(x)``)."""
     log_r = torch.tensor([-2.5, -1.0, -0.3, 0.0, 0.2, 0.9, 1.7, 3.0], dtype=torch.float64)
-    out = _run(fn, log_r.shape, "your coefficient", log_r.clone())
+    out = learner_tensor(fn, (log_r.clone(),), log_r.shape, "your coefficient", finite=True)
     if isinstance(out, CheckResult):
         return out
     r = log_r.exp()
@@ -84,7 +55,7 @@ def bandit_optimum(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> Ch
         (torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64), torch.tensor([0.0, 2.0, 3.0], dtype=torch.float64), 2.5),
     ]
     for ref, rw, beta in cases:
-        out = _run(fn, ref.shape, "your optimum", ref.clone(), rw.clone(), beta)
+        out = learner_tensor(fn, (ref.clone(), rw.clone(), beta), ref.shape, "your optimum", finite=True)
         if isinstance(out, CheckResult):
             return out
         right = reverse_kl_optimum(ref, rw, beta)
@@ -107,7 +78,7 @@ def bandit_optimum(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> Ch
 def reward_to_go(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Check ``fn(k1) -> G`` with G[..., t] = sum_{u >= t} k1[..., u] (per sequence, along the last axis)."""
     k1 = torch.tensor([[0.3, -0.2, 0.5, 0.1], [-0.4, 0.0, 0.25, -0.1], [1.0, 2.0, -1.0, 0.5]], dtype=torch.float64)
-    out = _run(fn, k1.shape, "your reward-to-go", k1.clone())
+    out = learner_tensor(fn, (k1.clone(),), k1.shape, "your reward-to-go", finite=True)
     if isinstance(out, CheckResult):
         return out
     right = k1.flip(-1).cumsum(-1).flip(-1)

@@ -24,7 +24,7 @@ from ..devices import make_generator
 from ..diagnose import Rollouts, load_rollouts, sample_rollouts_path
 from ..pitfalls import CLAMP_RULES, apply_clamp
 from ..plotting import COLORS, new_figure, sticky_limits
-from .base import Panel
+from .base import Panel, html_table
 
 __all__ = ["RolloutPanel", "BATCH_SIZES", "STORAGE_DTYPES", "AGGREGATIONS"]
 
@@ -183,18 +183,13 @@ class RolloutPanel(Panel):
         sticky_limits(self.ax_boot, "y", 0, top * 1.15)
         self.ax_boot.set_title(f"{_NUM_BATCHES} batches of B = {data['batch_sequences']}: {data['aggregation']}")
 
-        td = "<td style='padding:1px 10px'>"
-        rows = "".join(
-            f"<tr><td style='color:{COLORS[e]}'><b>{e}</b></td>{td[:-1]} class='klviz-full-{e}'>{s['full']:.4f}</td>"
-            f"{td}{s['unclamped_float32']:.4f}</td>{td[:-1]} class='klviz-spread-{e}'>{s['boot_std']:.4f}</td>"
-            f"{td}{100 * s['frac_negative']:.1f}%</td>{td}{100 * s['hit_fraction']:.2f}%</td></tr>"
-            for e, s in stats.items())
+        rows = [[f"<b style='color:{COLORS[e]}'>{e}</b>", f"<span class='klviz-full-{e}'>{s['full']:.4f}</span>",
+                 f"{s['unclamped_float32']:.4f}", f"<span class='klviz-spread-{e}'>{s['boot_std']:.4f}</span>",
+                 f"{100 * s['frac_negative']:.1f}%", f"{100 * s['hit_fraction']:.2f}%"] for e, s in stats.items()]
         self.readout.value = (
-            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
-            "<tr><th></th><th style='padding:1px 10px'>whole dump</th><th style='padding:1px 10px'>no clamp, float32</th>"
-            "<th style='padding:1px 10px'>spread of one batch (std)</th><th style='padding:1px 10px'>batches &lt; 0</th>"
-            "<th style='padding:1px 10px'>tokens clamped</th></tr>"
-            f"{rows}</table><div style='font-size:90%'>Source: {html.escape(Path(str(self.source)).name)} · "
+            html_table(["", "whole dump", "no clamp, float32", "spread of one batch (std)", "batches &lt; 0",
+                        "tokens clamped"], rows)
+            + f"<div style='font-size:90%'>Source: {html.escape(Path(str(self.source)).name)} · "
             f"{int(self.mask.sum()):,} counted tokens in {self.mask.shape[0]} sequences. "
             "The estimate is of KL(π ‖ π_ref) per token (per sequence for seq-mean-token-sum).</div>"
         )
