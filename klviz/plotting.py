@@ -8,7 +8,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-__all__ = ["COLORS", "LABELS", "apply_style", "new_figure", "sticky_limits"]
+__all__ = ["COLORS", "LABELS", "apply_style", "new_figure", "snapped_limits", "sticky_limits"]
 
 #: The same colour means the same quantity in every lesson.
 COLORS: dict[str, str] = {
@@ -42,34 +42,49 @@ def new_figure(width: float = 9.0, height: float = 3.6, **subplot_kw: Any) -> tu
 
 
 def sticky_limits(ax: Any, axis: str, lo: float, hi: float, *, keep_fraction: float = 0.35,
-                  headroom: float = 0.2) -> None:
+                  headroom: float = 0.15) -> None:
     """Set ``ax``'s x or y limits to show [lo, hi], changing them only when they must.
 
     The current limits are kept while they contain [lo, hi] and [lo, hi] fills at least
-    ``keep_fraction`` of them; otherwise they become [lo, hi] widened by ``headroom`` of its span on
-    each side (a side at exactly 0 stays at 0). Limits that rarely move keep a panel readable (the
-    axis does not jump on every slider step) and let it redraw only the data (see the blitting in
-    :mod:`klviz.widgets.base`).
+    ``keep_fraction`` of them. Otherwise they become :func:`snapped_limits` of [lo, hi]: widened by
+    ``headroom`` of its span on each side (a side at exactly 0 stays at 0), then rounded outward to a
+    round grid. Limits that rarely move keep a panel readable (the axis does not jump on every slider
+    step); limits that are a function of the data alone come back exactly when a control does, so
+    the panel finds the background it rendered for them (see the frame cache in
+    :mod:`klviz.widgets.base`) instead of rendering all the axes again.
     """
     lo, hi = float(lo), float(hi)
-    if not (lo == lo and hi == hi) or lo in (float("inf"), float("-inf")) or hi in (float("inf"), float("-inf")):
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"limits must be finite numbers, got [{lo}, {hi}]")
     if hi <= lo:
         hi = lo + (abs(lo) * 0.1 or 1.0)
     get, set_ = (ax.get_xlim, ax.set_xlim) if axis == "x" else (ax.get_ylim, ax.set_ylim)
-    scale = (ax.get_xscale if axis == "x" else ax.get_yscale)()
+    log = (ax.get_xscale if axis == "x" else ax.get_yscale)() == "log"
     cur_lo, cur_hi = get()
-    if scale == "log":                      # decide in decades: a log axis needs positive limits
-        if lo <= 0 or cur_lo <= 0:
-            set_(lo, hi)
-            return
-        fwd, back = math.log10, (lambda v: 10.0 ** v)
-    else:
-        fwd = back = (lambda v: v)
-    lo_t, hi_t, cur_lo_t, cur_hi_t = fwd(lo), fwd(hi), fwd(cur_lo), fwd(cur_hi)
-    span = hi_t - lo_t
-    if cur_lo_t <= lo_t and hi_t <= cur_hi_t and span >= keep_fraction * (cur_hi_t - cur_lo_t):
+    if log and (lo <= 0 or cur_lo <= 0):    # a log axis needs positive limits: show what was asked
+        set_(lo, hi)
         return
-    new_lo = lo if (lo == 0 and scale != "log") else back(lo_t - headroom * span)
-    new_hi = hi if (hi == 0 and scale != "log") else back(hi_t + headroom * span)
-    set_(new_lo, new_hi)
+    fwd, back = (math.log10, lambda v: 10.0 ** v) if log else (lambda v: v, lambda v: v)
+    lo_t, hi_t, cur_lo_t, cur_hi_t = fwd(lo), fwd(hi), fwd(cur_lo), fwd(cur_hi)
+    if cur_lo_t <= lo_t and hi_t <= cur_hi_t and hi_t - lo_t >= keep_fraction * (cur_hi_t - cur_lo_t):
+        return
+    new_lo, new_hi = snapped_limits(lo_t, hi_t, headroom=headroom, keep_zero=not log)
+    set_(back(new_lo), back(new_hi))
+
+
+def snapped_limits(lo: float, hi: float, *, headroom: float = 0.15, keep_zero: bool = True) -> tuple[float, float]:
+    """[lo, hi] widened by ``headroom`` of its span on each side and rounded outward to a round grid.
+
+    The grid step is a twentieth of the span rounded up to 1, 2 or 5 times a power of ten (at most an
+    eighth of the span), so the result depends on the data alone and takes few distinct values as the
+    data moves. With ``keep_zero`` a
+    side at exactly 0 stays at 0 (a bar chart keeps its baseline).
+    """
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        raise ValueError(f"need finite lo < hi, got [{lo}, {hi}]")
+    span = hi - lo
+    exponent = math.floor(math.log10(span / 20))
+    step = next(m * 10.0 ** exponent for m in (1, 2, 5, 10) if m * 10.0 ** exponent >= span / 20)
+    new_lo = 0.0 if (keep_zero and lo == 0) else math.floor((lo - headroom * span) / step) * step
+    new_hi = 0.0 if (keep_zero and hi == 0) else math.ceil((hi + headroom * span) / step) * step
+    return new_lo, new_hi

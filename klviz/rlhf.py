@@ -36,7 +36,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -49,7 +49,7 @@ from .divergences import exact_kl
 from .estimators import k3, kl_penalty
 from .simplex import single_thread
 
-__all__ = ["PLACEMENTS", "LabConfig", "TrainingHistory", "train_policy", "run_placements", "METRICS"]
+__all__ = ["PLACEMENTS", "LabConfig", "TrainingHistory", "TrainingRun", "train_policy", "run_placements", "METRICS"]
 
 PLACEMENTS: tuple[str, ...] = ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss", "k3·ρ in loss",
                                "k3+ in loss", "none")
@@ -137,98 +137,141 @@ def train_policy(config: LabConfig, *, policy: nn.Module | None = None, referenc
     weights, so the same config gives the same run (on the same device). ``callback(step, history)``
     is called after every step (the lesson's panel uses it to redraw live).
     """
-    cfg = config if isinstance(config, LabConfig) else LabConfig(**config)
-    dev = resolve_device(device)
-    if dev.type == "cpu":        # a 45k-parameter model: one thread beats two threads handing work back and forth
-        with single_thread():
-            return _train(cfg, dev, policy, reference, reward_fn, callback)
-    return _train(cfg, dev, policy, reference, reward_fn, callback)
+    run = TrainingRun(config, policy=policy, reference=reference, reward_fn=reward_fn, device=device)
+    run.advance(run.config.steps, callback=callback)
+    run.history.policy = run.policy
+    return run.history
 
 
-def _train(cfg: LabConfig, dev: torch.device, policy: nn.Module | None, reference: nn.Module | None,
-           reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None,
-           callback: Callable[[int, TrainingHistory], None] | None) -> TrainingHistory:
-    ref = lm.load_tiny_lm("ref", dev) if reference is None else reference.to(dev).eval().requires_grad_(False)
-    pol = copy.deepcopy(ref if policy is None else policy).to(dev)
-    pol.train().requires_grad_(True)
-    reward_fn = lm.reward if reward_fn is None else reward_fn
-    opt = torch.optim.Adam(pol.parameters(), lr=cfg.lr)
-    gen = make_generator(cfg.seed, dev)
-    prompts = _batch_prompts(cfg)
-    hist = TrainingHistory(cfg)
-    kind = _LOSS_KIND.get(cfg.placement)
-    t0 = time.perf_counter()
-    for step in range(cfg.steps):
-        with torch.no_grad():
-            ro = lm.sample_rollouts(pol, prompts, gen, max_new_tokens=cfg.max_new_tokens)
-            mask = ro.response_mask
-            rewards = reward_fn(ro.responses, ro.finished).to(dev).float()
-            ref_logp_all = lm.next_token_logprobs(ref, ro)
-            old_logp_all = lm.next_token_logprobs(pol, ro)
-            ids = ro.input_ids.unsqueeze(-1)
-            ref_logp = ref_logp_all.gather(-1, ids).squeeze(-1)
-            old_logp = old_logp_all.gather(-1, ids).squeeze(-1)
-            k1_tok = (old_logp - ref_logp) * mask
-            true_kl = _masked_row_sum(exact_kl(old_logp_all, ref_logp_all), mask).mean()
-            entropy = (-(old_logp_all.exp() * old_logp_all).sum(-1) * mask).sum() / mask.sum().clamp_min(1)
-            if kind is None:
-                reported = _masked_row_sum(k1_tok, mask).mean()
-            else:
-                reported = _masked_row_sum(kl_penalty(old_logp, ref_logp, kind), mask).mean()
-            # returns per token: R for every token; k1 in the reward adds -beta · (k1 of this and later tokens)
-            returns = rewards[:, None].expand_as(mask).clone()
-            if cfg.placement == "k1 in reward":
-                to_go = k1_tok.flip(-1).cumsum(-1).flip(-1)
-                returns = returns - cfg.beta * to_go
-            # group baseline: mean over the group of the return at each row's first response token
-            first = torch.stack([returns[b, ro.response_slice(b).start] for b in range(ro.batch_size)])
-            base = first.view(cfg.prompts, cfg.group_size).mean(-1).repeat_interleave(cfg.group_size)
-            adv = (returns - base[:, None]) * mask
-        approx = 0.0
-        epochs_run = 0
-        for _epoch in range(cfg.epochs):
-            logp_all = lm.next_token_logprobs(pol, ro)
-            logp = logp_all.gather(-1, ids).squeeze(-1)
-            ratio = torch.exp(logp - old_logp)
-            if cfg.clip is None:
-                pg = -(ratio * adv)
-            else:
-                pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
-            loss_tok = pg
-            if kind is not None and cfg.beta > 0:
-                if cfg.placement == "k3·ρ in loss":             # TRL / DeepSeek-V3.2: unclamped k3 times rho
-                    pen = ratio * k3(ref_logp - logp)           # rho = pi / sg(pi_old), differentiated
-                else:
-                    pen = kl_penalty(logp, ref_logp, kind)      # verl's kinds, with verl's clamps for k3
-                loss_tok = loss_tok + cfg.beta * pen
-            loss = _masked_row_sum(loss_tok, mask).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            epochs_run += 1
-            with torch.no_grad():
-                new_logp = lm.logprobs_of(pol, ro)
-                approx = float((0.5 * (new_logp - old_logp).square() * mask).sum() / mask.sum().clamp_min(1))
-            if cfg.early_stop_kl is not None and approx > cfg.early_stop_kl:
-                break
-        m = hist.metrics
-        m["reward"].append(float(rewards.mean()))
-        m["true_kl"].append(float(true_kl))
-        m["reported_kl"].append(float(reported))
-        m["entropy"].append(float(entropy))
-        m["approx_kl"].append(approx)
-        m["epochs_run"].append(float(epochs_run))
-        m["response_length"].append(float(ro.response_lengths.float().mean()))
-        m["finished"].append(float(ro.finished.float().mean()))
-        hist.samples.append(ro.responses[:: cfg.group_size][:3])
-        if not all(math.isfinite(m[k][-1]) for k in METRICS):
-            raise ValueError(f"training diverged at step {step} (non-finite metric); lower lr or beta")
-        hist.seconds = time.perf_counter() - t0
-        if callback is not None:
-            callback(step, hist)
-    pol.eval().requires_grad_(False)
-    hist.policy = pol
-    return hist
+class TrainingRun:
+    """A training run that can be continued: :meth:`advance` trains more steps where it stopped.
+
+    The number of steps enters nothing but the loop (no schedule depends on it), so a run advanced
+    to N steps in pieces records exactly the history of :func:`train_policy` with ``steps = N``, and
+    :meth:`prefix` gives the history of any shorter run without training again. The lesson's panel
+    uses this: moving its ``steps`` slider down shows a prefix, moving it up trains only the new steps.
+    ``config.steps`` is ignored here.
+    """
+
+    def __init__(self, config: LabConfig, *, policy: nn.Module | None = None, reference: nn.Module | None = None,
+                 reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None = None,
+                 device: str | torch.device | None = "cpu") -> None:
+        self.config = config if isinstance(config, LabConfig) else LabConfig(**config)
+        self.device = resolve_device(device)
+        dev = self.device
+        self.reference = (lm.load_tiny_lm("ref", dev) if reference is None
+                          else reference.to(dev).eval().requires_grad_(False))
+        self.policy = copy.deepcopy(self.reference if policy is None else policy).to(dev)
+        self.reward_fn = lm.reward if reward_fn is None else reward_fn
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.lr)
+        self.generator = make_generator(self.config.seed, dev)
+        self.history = TrainingHistory(self.config)
+        #: wall-clock seconds from the start of the run to the end of each step
+        self.seconds: list[float] = []
+        self._elapsed = 0.0
+
+    @property
+    def steps_done(self) -> int:
+        return len(self.history.metrics["reward"])
+
+    def prefix(self, steps: int) -> TrainingHistory:
+        """The history of the first ``steps`` steps (without a policy: only the run's last one is kept)."""
+        check_positive_int(steps, "steps")
+        if steps > self.steps_done:
+            raise ValueError(f"steps={steps} but this run has trained {self.steps_done}; advance it first")
+        cfg = replace(self.config, steps=steps)
+        return TrainingHistory(cfg, {k: v[:steps] for k, v in self.history.metrics.items()},
+                               self.history.samples[:steps], self.seconds[steps - 1])
+
+    def advance(self, steps: int, callback: Callable[[int, TrainingHistory], None] | None = None) -> None:
+        """Train ``steps`` more steps; ``callback(step, history)`` after each (``step`` counts from the run's start)."""
+        check_positive_int(steps, "steps")
+        if self.device.type == "cpu":   # a 45k-parameter model: one thread beats two threads handing work back and forth
+            with single_thread():
+                self._advance(steps, callback)
+        else:
+            self._advance(steps, callback)
+
+    def _advance(self, steps: int, callback: Callable[[int, TrainingHistory], None] | None) -> None:
+        cfg, dev, pol, ref = self.config, self.device, self.policy, self.reference
+        reward_fn, opt, gen, hist = self.reward_fn, self.optimizer, self.generator, self.history
+        prompts = _batch_prompts(cfg)
+        kind = _LOSS_KIND.get(cfg.placement)
+        pol.train().requires_grad_(True)
+        try:
+            for step in range(self.steps_done, self.steps_done + steps):
+                t_step = time.perf_counter()
+                with torch.no_grad():
+                    ro = lm.sample_rollouts(pol, prompts, gen, max_new_tokens=cfg.max_new_tokens)
+                    mask = ro.response_mask
+                    rewards = reward_fn(ro.responses, ro.finished).to(dev).float()
+                    ref_logp_all = lm.next_token_logprobs(ref, ro)
+                    old_logp_all = lm.next_token_logprobs(pol, ro)
+                    ids = ro.input_ids.unsqueeze(-1)
+                    ref_logp = ref_logp_all.gather(-1, ids).squeeze(-1)
+                    old_logp = old_logp_all.gather(-1, ids).squeeze(-1)
+                    k1_tok = (old_logp - ref_logp) * mask
+                    true_kl = _masked_row_sum(exact_kl(old_logp_all, ref_logp_all), mask).mean()
+                    entropy = (-(old_logp_all.exp() * old_logp_all).sum(-1) * mask).sum() / mask.sum().clamp_min(1)
+                    if kind is None:
+                        reported = _masked_row_sum(k1_tok, mask).mean()
+                    else:
+                        reported = _masked_row_sum(kl_penalty(old_logp, ref_logp, kind), mask).mean()
+                    # returns per token: R for every token; k1 in the reward adds -beta · (k1 of this and later tokens)
+                    returns = rewards[:, None].expand_as(mask).clone()
+                    if cfg.placement == "k1 in reward":
+                        to_go = k1_tok.flip(-1).cumsum(-1).flip(-1)
+                        returns = returns - cfg.beta * to_go
+                    # group baseline: mean over the group of the return at each row's first response token
+                    first = torch.stack([returns[b, ro.response_slice(b).start] for b in range(ro.batch_size)])
+                    base = first.view(cfg.prompts, cfg.group_size).mean(-1).repeat_interleave(cfg.group_size)
+                    adv = (returns - base[:, None]) * mask
+                approx = 0.0
+                epochs_run = 0
+                for _epoch in range(cfg.epochs):
+                    logp_all = lm.next_token_logprobs(pol, ro)
+                    logp = logp_all.gather(-1, ids).squeeze(-1)
+                    ratio = torch.exp(logp - old_logp)
+                    if cfg.clip is None:
+                        pg = -(ratio * adv)
+                    else:
+                        pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
+                    loss_tok = pg
+                    if kind is not None and cfg.beta > 0:
+                        if cfg.placement == "k3·ρ in loss":             # TRL / DeepSeek-V3.2: unclamped k3 times rho
+                            pen = ratio * k3(ref_logp - logp)           # rho = pi / sg(pi_old), differentiated
+                        else:
+                            pen = kl_penalty(logp, ref_logp, kind)      # verl's kinds, with verl's clamps for k3
+                        loss_tok = loss_tok + cfg.beta * pen
+                    loss = _masked_row_sum(loss_tok, mask).mean()
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    epochs_run += 1
+                    with torch.no_grad():
+                        new_logp = lm.logprobs_of(pol, ro)
+                        approx = float((0.5 * (new_logp - old_logp).square() * mask).sum() / mask.sum().clamp_min(1))
+                    if cfg.early_stop_kl is not None and approx > cfg.early_stop_kl:
+                        break
+                m = hist.metrics
+                m["reward"].append(float(rewards.mean()))
+                m["true_kl"].append(float(true_kl))
+                m["reported_kl"].append(float(reported))
+                m["entropy"].append(float(entropy))
+                m["approx_kl"].append(approx)
+                m["epochs_run"].append(float(epochs_run))
+                m["response_length"].append(float(ro.response_lengths.float().mean()))
+                m["finished"].append(float(ro.finished.float().mean()))
+                hist.samples.append(ro.responses[:: cfg.group_size][:3])
+                if not all(math.isfinite(m[k][-1]) for k in METRICS):
+                    raise ValueError(f"training diverged at step {step} (non-finite metric); lower lr or beta")
+                self._elapsed += time.perf_counter() - t_step
+                self.seconds.append(self._elapsed)
+                hist.seconds = self._elapsed
+                if callback is not None:
+                    callback(step, hist)
+        finally:
+            pol.eval().requires_grad_(False)
 
 
 def run_placements(placements: Sequence[str] = PLACEMENTS, *, device: str | torch.device | None = "cpu",

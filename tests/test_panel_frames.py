@@ -57,3 +57,130 @@ def test_blitting_can_be_turned_off(monkeypatch):
     panel.set(seed=1)
     panel.set(seed=2)
     assert not panel._frames.last_was_blit
+
+
+# -- the pieces of the frame pipeline -------------------------------------------------------------
+
+def test_encode_png_round_trips_exactly():
+    import io
+
+    from PIL import Image
+
+    from klviz.widgets.base import encode_png
+
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, size=(37, 53, 4), dtype=np.uint8)
+    decoded = np.asarray(Image.open(io.BytesIO(encode_png(rgba))))
+    assert decoded.shape == rgba.shape and np.array_equal(decoded, rgba)
+    with pytest.raises(ValueError, match="rgba"):
+        encode_png(rgba[..., :3])
+    with pytest.raises(ValueError, match="rgba"):
+        encode_png(rgba.astype(np.float32))
+
+
+def _legend_bbox_pixels(panel):
+    """Rows and columns of the panel's legends (their window extents, rounded outward)."""
+    renderer = panel.fig.canvas.get_renderer()
+    height = int(renderer.height)
+    boxes = []
+    for ax in panel.fig.axes:
+        lg = ax.get_legend()
+        if lg is not None:
+            x0, y0, x1, y1 = lg.get_window_extent(renderer).extents
+            boxes.append((slice(max(height - int(np.ceil(y1)), 0), height - int(np.floor(y0))),
+                          slice(max(int(np.floor(x0)), 0), int(np.ceil(x1)))))
+    return boxes
+
+
+@pytest.mark.parametrize("name", ["SamplingPanel", "BregmanPanel", "WorkedTokensPanel"])
+def test_composited_legends_match_agg_to_rounding(name):
+    """Legends are drawn once on a transparent layer and laid over each frame: inside each legend's
+    box the result must equal Agg drawing the legend itself, up to 8-bit rounding."""
+    panel = getattr(W, name)()
+    for control, value in change_plan(panel, 4):
+        panel.set(**{control: value})
+        composed = np.asarray(panel.fig.canvas.buffer_rgba()).astype(np.int16).copy()
+        FigureCanvasAgg.draw(panel.fig.canvas)
+        full = np.asarray(panel.fig.canvas.buffer_rgba()).astype(np.int16)
+        boxes = _legend_bbox_pixels(panel)
+        assert boxes, f"{name} has no legend to check"
+        for rows, cols in boxes:
+            diff = np.abs(composed[rows, cols] - full[rows, cols])
+            # the same pixels, except where a changed line runs under the legend (stacking order)
+            assert np.mean(diff.max(-1) <= 2) > 0.995, (name, control, int(diff.max()))
+
+
+def test_backgrounds_come_back_for_views_seen_before():
+    panel = W.BregmanPanel()
+    first = panel.values()["f"]
+    other = next(o[1] if isinstance(o, tuple) else o for o in panel.controls["f"].options
+                 if (o[1] if isinstance(o, tuple) else o) != first)
+    panel.set(f=other)
+    assert not panel._frames.last_was_blit            # a new view: full render
+    panel.set(f=first)
+    assert not panel._frames.last_was_blit            # the first frame keeps no background (nothing
+    # is known to change yet), so the default view is rendered once more
+    for _ in range(2):
+        panel.set(f=other)
+        assert panel._frames.last_was_blit             # both views now come from their backgrounds
+        panel.set(f=first)
+        assert panel._frames.last_was_blit
+
+
+def test_a_cached_background_is_dropped_when_an_artist_baked_into_it_changes():
+    """Two views A and B; while B is shown, an artist that is part of A's background (not dynamic
+    there) changes. Coming back to A must not reuse the old background."""
+    from matplotlib.figure import Figure
+
+    from klviz.widgets.base import _FrameComposer
+
+    fig = Figure(figsize=(3, 2), dpi=50)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    moving, = ax.plot([0, 1], [0, 1])
+    label = ax.text(0.1, 0.8, "static")
+    frames = _FrameComposer(fig)
+    frames.render()                                    # first frame
+    moving.set_ydata([1, 0])
+    frames.render()                                    # view A: 'moving' is dynamic, 'label' baked in
+    view_a = ax.get_ylim()
+    ax.set_ylim(-1, 2)
+    frames.render()                                    # view B
+    label.set_text("changed")                          # changes while B is shown ...
+    frames.render()
+    ax.set_ylim(view_a)
+    frames.render()                                    # ... so A's background cannot come back
+    composed = np.asarray(fig.canvas.buffer_rgba()).copy()
+    FigureCanvasAgg.draw(fig.canvas)
+    assert np.array_equal(composed, np.asarray(fig.canvas.buffer_rgba()))
+
+
+def test_show_legend_reuses_the_legend_of_a_setting():
+    panel = W.SamplingPanel()
+    legend = panel.ax_pol.get_legend()
+    modes = [m[1] if isinstance(m, tuple) else m for m in panel.controls["mode"].options]
+    start = panel.values()["mode"]
+    other = next(m for m in modes if m != start)
+    panel.set(mode=other)
+    assert panel.ax_pol.get_legend() is not legend
+    panel.set(mode=start)
+    assert panel.ax_pol.get_legend() is legend
+
+
+def test_snapped_limits_depend_on_the_data_alone():
+    import math
+
+    from klviz.plotting import snapped_limits
+
+    lo, hi = snapped_limits(-3.41, 10.99)
+    assert lo <= -3.41 - 0.15 * 14.4 and hi >= 10.99 + 0.15 * 14.4
+    assert hi - lo <= 14.4 * (1 + 2 * 0.15 + 2 / 8)                   # a grid step is at most span / 8
+    step = 1.0                                                       # span / 20 = 0.72 -> 1
+    assert math.isclose(lo / step, round(lo / step)) and math.isclose(hi / step, round(hi / step))
+    assert snapped_limits(0.0, 0.013)[0] == 0.0                       # a baseline at 0 stays
+    assert snapped_limits(-3.41, 10.99) == (lo, hi)
+    assert snapped_limits(-3.40, 11.0) == (lo, hi)                    # nearby data, same limits
+    with pytest.raises(ValueError):
+        snapped_limits(1.0, 1.0)
+    with pytest.raises(ValueError):
+        snapped_limits(float("nan"), 1.0)

@@ -96,6 +96,47 @@ def test_runs_on_the_default_device():
     assert all(math.isfinite(v) for v in h.metrics["true_kl"])
 
 
+def test_a_run_continued_in_pieces_is_the_run_trained_at_once():
+    from klviz.rlhf import TrainingRun
+
+    cfg = LabConfig(placement="k3 in loss", epochs=2, early_stop_kl=0.01, **SMALL)
+    whole = train_policy(cfg)
+    run = TrainingRun(cfg)
+    run.advance(1)
+    run.advance(SMALL["steps"] - 1)
+    assert run.history.metrics == whole.metrics and run.history.samples == whole.samples
+    short = train_policy(LabConfig(placement="k3 in loss", epochs=2, early_stop_kl=0.01, **{**SMALL, "steps": 2}))
+    prefix = run.prefix(2)
+    assert prefix.metrics == short.metrics and prefix.config == short.config
+    assert len(run.seconds) == SMALL["steps"] and prefix.seconds == run.seconds[1]
+    with pytest.raises(ValueError, match="steps"):
+        run.prefix(SMALL["steps"] + 1)
+    with pytest.raises(ValueError, match="steps"):
+        run.advance(0)
+
+
+def test_lab_history_trains_only_new_steps(monkeypatch):
+    from klviz.rlhf import TrainingRun
+    from klviz.widgets.lesson07 import lab_history
+
+    trained = []
+    advance = TrainingRun._advance
+
+    def counting(self, steps, callback):
+        trained.append(steps)
+        return advance(self, steps, callback)
+
+    monkeypatch.setattr(TrainingRun, "_advance", counting)
+    base = {**SMALL, "steps": 2}
+    cfg = LabConfig(placement="k2 in loss", seed=11, **base)
+    h2 = lab_history(cfg)
+    h3 = lab_history(LabConfig(placement="k2 in loss", seed=11, **{**base, "steps": 3}))
+    h1 = lab_history(LabConfig(placement="k2 in loss", seed=11, **{**base, "steps": 1}))
+    assert trained == [2, 1]                    # 2 steps, then 1 more; the 1-step run is a prefix
+    assert h3.metrics["reward"][:2] == h2.metrics["reward"] and h1.metrics["reward"] == h2.metrics["reward"][:1]
+    assert h1.metrics == train_policy(LabConfig(placement="k2 in loss", seed=11, **{**base, "steps": 1})).metrics
+
+
 # ---------------------------------------------------------------- panel
 def test_lab_panel_defaults_and_extremes():
     from klviz.widgets.lesson07 import RLHFLabPanel

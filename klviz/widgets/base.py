@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
 
-__all__ = ["Panel", "static_mode"]
+__all__ = ["Panel", "encode_png", "html_table", "static_mode"]
 
 
 class Panel:
@@ -86,6 +86,23 @@ class Panel:
         return widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
 
     # -- machinery ----------------------------------------------------------------------------
+    def show_legend(self, ax: Any, key: Any, **kwargs: Any) -> Any:
+        """Give ``ax`` the legend made for ``key`` (made once with ``ax.legend(**kwargs)``, then reused).
+
+        For a legend whose entries depend on a setting (a mode, a function): switching back to a
+        setting shown before brings back the same legend object, so the frame cache finds the
+        background it rendered for that setting instead of rendering the whole figure again.
+        Set the artists' labels for ``key`` before the first call with that key.
+        """
+        cache: dict[Any, Any] = self.__dict__.setdefault("_legends_by_key", {}).setdefault(id(ax), {})
+        legend = cache.get(key)
+        if legend is None:
+            legend = cache[key] = ax.legend(**kwargs)
+        elif ax.get_legend() is not legend:
+            ax.legend_ = legend
+            ax.stale = True
+        return legend
+
     def values(self) -> dict[str, Any]:
         """Current control values by name."""
         return {name: w.value for name, w in self.controls.items()}
@@ -223,13 +240,24 @@ class _FrameComposer:
 
     A panel's ``draw`` changes a few artists (bars, lines, a title) and leaves axes, ticks and
     legends alone, yet a full Agg render spends most of its time on that unchanged text. So the
-    composer keeps a background: the figure rendered *without* the artists known to change
+    composer keeps backgrounds: the figure rendered *without* the artists known to change
     ("dynamic") and without the legends. A frame is then: restore the background, draw the dynamic
-    artists, draw the legends on top. It falls back to a full render, and takes a new background,
-    whenever anything else may have changed: axis limits, ticks or scales, the figure size, the set
-    of artists, a figure-level text, or an artist that had not changed before (which from then on
-    counts as dynamic). Artists are found to have changed by matplotlib's own ``stale`` flag.
+    artists, lay the legends on top.
+
+    - **Backgrounds** are kept for the last few *views* (axis limits, ticks, scales, figure size,
+      set of artists): a control that toggles between two views (a dropdown, a slider that moves an
+      axis and back) finds its background again. A new view, a figure-level text that changed, or a
+      changed artist that is baked into the background forces a full render and a new background;
+      an artist found changed is dropped from every background it is baked into, and counts as
+      dynamic from then on. Changes are found by matplotlib's own ``stale`` flag.
+    - **Legends** are drawn once onto a transparent layer and composited over each frame ("over",
+      the same blending Agg does); a legend is drawn again when its place, texts or colours change.
     """
+
+    #: backgrounds kept per panel (one full-size RGBA buffer each, about 1.3 MB for a 840x390 figure)
+    max_backgrounds: int = 6
+    #: legend layers kept per panel (small: a legend's bounding box)
+    max_legend_layers: int = 16
 
     def __init__(self, fig: Figure) -> None:
         self.fig = fig
@@ -237,6 +265,9 @@ class _FrameComposer:
         self.background: Any = None
         self.state: Any = None
         self.last_was_blit = False
+        # view state -> (background region, ids of the artists left out of it); most recent last
+        self._backgrounds: dict[Any, tuple[Any, frozenset[int]]] = {}
+        self._legend_layers: dict[int, _LegendLayer] = {}
 
     def _axes_state(self) -> tuple:
         from matplotlib.ticker import FixedFormatter, FixedLocator
@@ -270,56 +301,158 @@ class _FrameComposer:
 
         canvas = self.fig.canvas
         state = self._axes_state()
-        if self.state is None:                 # first frame: render everything, learn what changes later
+        if self.state is None or not blit:     # first frame: render everything, learn what changes later
             FigureCanvasAgg.draw(canvas)
             self.state, self.last_was_blit = state, False
+            self._backgrounds.clear()
             return
         artists = self._artists()
         changed = [a for a in artists if a.stale]
-        figure_level_changed = any(t.stale for t in self.fig.texts) or any(lg.stale for lg in self.fig.legends)
-        can_blit = (blit and self.background is not None and state == self.state and not figure_level_changed
-                    and all(id(a) in self.dynamic for a in changed))
-        dynamic = [a for a in artists if id(a) in self.dynamic or a.stale]
-        overlays = self._legends()
-        if can_blit:
+        if any(t.stale for t in self.fig.texts) or any(lg.stale for lg in self.fig.legends):
+            self._backgrounds.clear()          # figure-level text is in every background
+        for a in changed:                      # a background with a changed artist baked in is stale
+            for key in [k for k, (_, left_out) in self._backgrounds.items() if id(a) not in left_out]:
+                del self._backgrounds[key]
+        cached = self._backgrounds.pop(state, None)
+        if cached is not None:
+            self._backgrounds[state] = cached  # most recently used goes last
+            self.background, left_out = cached
+            self.dynamic = set(left_out)
             canvas.restore_region(self.background)
         else:
-            self.dynamic = {id(a) for a in dynamic}
-            hidden = [a for a in dynamic + overlays if a.get_visible()]
-            titles = {id(t): t.get_text() for ax in self.fig.axes for t in _titles(ax)}
-            for a in hidden:
-                if id(a) in titles:
-                    a.set_text("")   # an invisible title would make the axes misplace it
-                else:
-                    a.set_visible(False)
-            try:
-                FigureCanvasAgg.draw(canvas)       # the background; no frame is sent yet
-                self.background = canvas.copy_from_bbox(self.fig.bbox)
-            finally:
-                for a in hidden:
-                    if id(a) in titles:
-                        a.set_text(titles[id(a)])
-                    else:
-                        a.set_visible(True)
-            self.state = state
+            self._render_background(canvas, [a for a in artists if id(a) in self.dynamic or a.stale], state)
+        dynamic = [a for a in artists if id(a) in self.dynamic]
         renderer = canvas.get_renderer()
         for a in sorted(dynamic, key=lambda a: a.get_zorder()):
             a.draw(renderer)
-        for lg in overlays:
-            lg.draw(renderer)
+        self._draw_legends(renderer)
         self.fig.stale = False
         for ax in self.fig.axes:
             ax.stale = False
-        self.last_was_blit = can_blit
+        self.state, self.last_was_blit = state, cached is not None
+
+    def _render_background(self, canvas: Any, dynamic: list[Any], state: Any) -> None:
+        """Full Agg render without the dynamic artists and legends; keep it as this view's background."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        self.dynamic = {id(a) for a in dynamic}
+        hidden = [a for a in dynamic + self._legends() if a.get_visible()]
+        titles = {id(t): t.get_text() for ax in self.fig.axes for t in _titles(ax)}
+        for a in hidden:
+            if id(a) in titles:
+                a.set_text("")   # an invisible title would make the axes misplace it
+            else:
+                a.set_visible(False)
+        try:
+            FigureCanvasAgg.draw(canvas)       # the background; no frame is sent yet
+            self.background = canvas.copy_from_bbox(self.fig.bbox)
+        finally:
+            for a in hidden:
+                if id(a) in titles:
+                    a.set_text(titles[id(a)])
+                else:
+                    a.set_visible(True)
+        self._backgrounds[state] = (self.background, frozenset(self.dynamic))
+        while len(self._backgrounds) > self.max_backgrounds:
+            del self._backgrounds[next(iter(self._backgrounds))]
+
+    def _draw_legends(self, renderer: Any) -> None:
+        legends = self._legends()
+        buf = np.asarray(renderer.buffer_rgba())
+        for lg in legends:
+            if not lg.get_visible():
+                continue
+            layer = self._legend_layers.get(id(lg))
+            signature = _legend_signature(lg, renderer)
+            if layer is None or layer.signature != signature:
+                layer = _LegendLayer.render(lg, renderer, signature)
+            self._legend_layers.pop(id(lg), None)
+            self._legend_layers[id(lg)] = layer     # most recently used goes last
+            if not layer.composite(buf):
+                lg.draw(renderer)              # a see-through figure: let Agg blend it
+            lg.stale = False
+        while len(self._legend_layers) > self.max_legend_layers:   # keep those of recent settings
+            del self._legend_layers[next(iter(self._legend_layers))]
 
     def png(self) -> bytes:
         """The current Agg buffer as PNG bytes (fast compression: it is sent on every update)."""
-        from PIL import Image
+        return encode_png(np.asarray(self.fig.canvas.buffer_rgba()))
 
-        buf = np.asarray(self.fig.canvas.buffer_rgba())
-        out = io.BytesIO()
-        Image.fromarray(buf, mode="RGBA").save(out, format="png", compress_level=1)
-        return out.getvalue()
+
+class _LegendLayer:
+    """One legend rendered on a transparent layer, cut to its bounding box, ready to composite."""
+
+    def __init__(self, signature: tuple, rows: slice, cols: slice, premultiplied: np.ndarray,
+                 transparency: np.ndarray) -> None:
+        self.signature, self.rows, self.cols = signature, rows, cols
+        self.premultiplied, self.transparency = premultiplied, transparency
+
+    @classmethod
+    def render(cls, legend: Any, renderer: Any, signature: tuple) -> _LegendLayer:
+        from matplotlib.backends.backend_agg import RendererAgg
+
+        width, height = int(renderer.width), int(renderer.height)
+        layer = RendererAgg(width, height, renderer.dpi)
+        layer.clear()                          # transparent black
+        legend.draw(layer)
+        x0, y0, x1, y1 = legend.get_window_extent(layer).extents
+        pad = 3                                # antialiased edges and the frame's line width
+        c0, c1 = max(int(np.floor(x0)) - pad, 0), min(int(np.ceil(x1)) + pad, width)
+        r0, r1 = max(height - int(np.ceil(y1)) - pad, 0), min(height - int(np.floor(y0)) + pad, height)
+        rgba = np.asarray(layer.buffer_rgba())[r0:r1, c0:c1].astype(np.float32)
+        alpha = rgba[..., 3:] / 255.0
+        return cls(signature, slice(r0, r1), slice(c0, c1), rgba[..., :3] * alpha, 1.0 - alpha)
+
+    def composite(self, buf: np.ndarray) -> bool:
+        """Lay the legend over ``buf`` (an opaque RGBA frame, changed in place); False if not opaque."""
+        region = buf[self.rows, self.cols]
+        if region.size and region[..., 3].min() != 255:
+            return False
+        region[..., :3] = np.rint(self.premultiplied + region[..., :3] * self.transparency).astype(np.uint8)
+        return True
+
+
+def _legend_signature(legend: Any, renderer: Any) -> tuple:
+    """What a legend's pixels depend on: its place and size, its texts and the look of its handles."""
+    from matplotlib.colors import to_rgba
+
+    def look(artist: Any) -> tuple:
+        props = []
+        for getter in ("get_color", "get_facecolor", "get_edgecolor", "get_alpha", "get_linestyle",
+                       "get_linewidth", "get_marker", "get_visible"):
+            value = getattr(artist, getter, None)
+            if value is not None:
+                v = value()
+                props.append(repr(to_rgba(v) if isinstance(v, str) and getter.endswith("color") else v))
+        return tuple(props)
+
+    return (tuple(legend.get_window_extent(renderer).bounds),
+            tuple((t.get_text(), look(t)) for t in legend.get_texts()),
+            tuple(look(h) for h in legend.legend_handles), look(legend.get_frame()), legend.get_title().get_text())
+
+
+def encode_png(rgba: np.ndarray) -> bytes:
+    """An ``[H, W, 4]`` uint8 RGBA image as PNG bytes, written for speed rather than size.
+
+    Panels send a frame on every update. Pillow's encoder spends most of its time choosing a
+    filter per row; plot frames are mostly flat colour and compress about as well unfiltered with
+    zlib's fastest level, in about a third of the time.
+    """
+    import struct
+    import zlib
+
+    if rgba.ndim != 3 or rgba.shape[2] != 4 or rgba.dtype != np.uint8:
+        raise ValueError(f"rgba must be a uint8 array of shape [H, W, 4]; got {rgba.dtype} {tuple(rgba.shape)}")
+    height, width = rgba.shape[:2]
+    rows = np.zeros((height, 1 + 4 * width), dtype=np.uint8)   # filter byte 0 ("none") per row
+    rows[:, 1:] = rgba.reshape(height, 4 * width)
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)   # 8-bit RGBA, no interlace
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 1))
+            + chunk(b"IEND", b""))
 
 
 def _titles(ax: Any) -> tuple[Any, ...]:
@@ -341,19 +474,26 @@ def _prefix_data_url(change: dict[str, Any]) -> None:
 
 
 def _send_full_frames(canvas: Any) -> None:
-    """Make an ipympl canvas send whole frames instead of the pixels that changed since the last one.
+    """Make an ipympl canvas send whole frames, encoded fast, instead of the pixels that changed.
 
     ipympl sends diff frames; when the browser drops a frame (a second one arrives before the first
     has loaded, common on a busy machine), the next diff lands on an older picture and changed text
-    (a legend entry, a title) stays stale. A full frame cannot go stale.
+    (a legend entry, a title) stays stale. A full frame cannot go stale. It is encoded with
+    :func:`encode_png` (Pillow's default settings take about four times as long for the same frame).
     """
-    if not hasattr(canvas, "get_diff_image") or not hasattr(canvas, "_force_full"):
+    needed = ("get_renderer", "set_image_mode", "_force_full", "_png_is_old", "_last_buff")
+    if not hasattr(canvas, "get_diff_image") or not all(hasattr(canvas, name) for name in needed):
         return
-    diff_image = canvas.get_diff_image
 
     def full_image() -> bytes | None:
-        canvas._force_full = True
-        return diff_image()
+        if not canvas._png_is_old:
+            return None
+        pixels = np.asarray(canvas.get_renderer().buffer_rgba())
+        canvas.set_image_mode("full")
+        canvas._last_buff = pixels.view(np.uint32).squeeze(2).copy()   # ipympl's copy of the frame
+        canvas._force_full = False
+        canvas._png_is_old = False
+        return encode_png(pixels)
 
     canvas.get_diff_image = full_image
 

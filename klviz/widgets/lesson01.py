@@ -159,11 +159,11 @@ class SamplingPanel(Panel):
         # raw counts sit on the bars of the distribution that drew them; weighted counts come back to q
         offset = 0.2 if mode == "mu" else -0.2
         self.freq_line.set_data(np.arange(len(TOY_VOCAB)) + offset, freq)
-        if mode != self._legend_mode:           # legends list only what is shown; rebuilt when the mode changes
+        if mode != self._legend_mode:           # legends list only what is shown: one pair per mode
             self.freq_line.set_label("counts·(q/μ) / N" if mode == "weighted" else "counts / N")
-            self.ax_pol.legend(loc="upper right")
+            self.show_legend(self.ax_pol, mode, loc="upper right")
             self.biased_line.set_label("E_μ[log q/p] (plain mean over μ's tokens)" if mode == "mu" else "_hidden")
-            self.ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+            self.show_legend(self.ax_run, mode, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
             self._legend_mode = mode
         top = max(float(data["q"].max()), float(data["mu"].max()), float(freq.max()), 0.3)
         sticky_limits(self.ax_pol, "y", 0, 1.12 * top)

@@ -134,12 +134,12 @@ class BregmanPanel(Panel):
         self.naive_curve.set_visible(gen.df1 != 0)
         self.est_point.set_data([r], [gap])
         self.shade.set_visible(not gen.convex)
-        if gen.name != self._legend_f:          # legends list only what is shown; rebuilt when f changes
+        if gen.name != self._legend_f:          # legends list only what is shown: one pair per f
             self.curve.set_label(f"f(t) = {gen.formula}")
-            self.ax_f.legend(loc="upper center", fontsize=8)
+            self.show_legend(self.ax_f, gen.name, loc="upper center", fontsize=8)
             self.shade.set_label("_f'' < 0" if gen.convex else "f'' < 0: not convex")
             self.naive_curve.set_label("_f(r) alone" if gen.df1 == 0 else "f(r) alone (same mean, can be < 0)")
-            self.ax_g.legend(loc="upper center", fontsize=8)
+            self.show_legend(self.ax_g, gen.name, loc="upper center", fontsize=8)
             self._legend_f = gen.name
         # y range: the curves up to a little beyond the current r (the far right may run off the top)
         near = np.exp(_GRID_LOG) <= max(4.0, 2.0 * r)

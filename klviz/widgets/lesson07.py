@@ -2,12 +2,14 @@
 
 :class:`RLHFLabPanel` runs :func:`klviz.rlhf.train_policy` for the chosen settings and draws reward,
 the true KL(pi || pi_ref), the KL the estimator reports, and the entropy, step by step. With
-interactive figures (ipympl) the curves grow while the run trains. Runs are cached by their
-settings, so going back to a setting already trained is instant.
+interactive figures (ipympl) the curves grow while the run trains. Runs are kept by their settings
+(:class:`klviz.rlhf.TrainingRun`, resumable): going back to a setting already trained is instant,
+fewer ``steps`` shows the start of the longer run, and more ``steps`` trains only the new steps.
 """
 from __future__ import annotations
 
 import html
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as widgets
@@ -16,10 +18,10 @@ import torch
 from matplotlib.figure import Figure
 
 from ..plotting import new_figure, sticky_limits
-from ..rlhf import PLACEMENTS, LabConfig, TrainingHistory, train_policy
+from ..rlhf import PLACEMENTS, LabConfig, TrainingHistory, TrainingRun, train_policy
 from .base import Panel
 
-__all__ = ["RLHFLabPanel", "cached_run", "PLACEMENT_COLORS"]
+__all__ = ["RLHFLabPanel", "cached_run", "lab_history", "PLACEMENT_COLORS"]
 
 PLACEMENT_COLORS: dict[str, str] = {
     "k1 in reward": "#1f77b4", "k1 in loss": "#17becf", "k2 in loss": "#ff7f0e", "k3 in loss": "#2ca02c",
@@ -44,6 +46,33 @@ def cached_run(config: LabConfig, device: str | torch.device = "cpu", callback: 
     return _RUNS[key]
 
 
+_RESUMABLE: dict[tuple[LabConfig, str], TrainingRun] = {}
+_MAX_RESUMABLE = 16
+
+
+def lab_history(config: LabConfig, device: str | torch.device = "cpu", callback: Any = None) -> TrainingHistory:
+    """The history of a run with ``config``, training only what no earlier call has trained.
+
+    A run already made by :func:`cached_run` is returned as is. Otherwise the settings other than
+    ``steps`` name one resumable :class:`klviz.rlhf.TrainingRun`: a request for fewer steps than it
+    has trained is its prefix (the same numbers a run of that length records), a request for more
+    advances it. The history comes without a policy; use :func:`cached_run` when you need it.
+    """
+    dev = str(torch.device(device))
+    if (config, dev) in _RUNS:
+        return _RUNS[(config, dev)]
+    key = (replace(config, steps=1), dev)
+    run = _RESUMABLE.pop(key, None)
+    if run is None:
+        run = TrainingRun(config, device=device)
+    _RESUMABLE[key] = run                      # most recently used goes last
+    while len(_RESUMABLE) > _MAX_RESUMABLE:
+        del _RESUMABLE[next(iter(_RESUMABLE))]
+    if run.steps_done < config.steps:
+        run.advance(config.steps - run.steps_done, callback=callback)
+    return run.prefix(config.steps)
+
+
 class RLHFLabPanel(Panel):
     """One training run of the mini RLHF lab, with its settings as controls."""
 
@@ -54,7 +83,7 @@ class RLHFLabPanel(Panel):
                  prompts: int = 4, group_size: int = 8, max_new_tokens: int = 24) -> None:
         self.fixed = {"lr": lr, "prompts": prompts, "group_size": group_size, "max_new_tokens": max_new_tokens}
         self.default_steps = steps
-        self._live_hist: TrainingHistory | None = None
+        self._target_steps = steps
         super().__init__(device)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
@@ -101,7 +130,8 @@ class RLHFLabPanel(Panel):
     def compute(self, placement: str, beta: float, steps: int, epochs: int, early_stop_kl: float,
                 seed: int) -> dict[str, Any]:
         cfg = self._config(placement, beta, steps, epochs, early_stop_kl, seed)
-        hist = cached_run(cfg, self.device, callback=self._live if self._live_ok() else None)
+        self._target_steps = cfg.steps
+        hist = lab_history(cfg, self.device, callback=self._live if self._live_ok() else None)
         return {"config": cfg, "history": hist, "metrics": {k: np.asarray(v) for k, v in hist.metrics.items()}}
 
     # live redraw while training (interactive canvases only)
@@ -110,7 +140,7 @@ class RLHFLabPanel(Panel):
 
     def _live(self, step: int, hist: TrainingHistory) -> None:
         if step % 5 == 4:
-            self._draw_curves({k: np.asarray(v) for k, v in hist.metrics.items()}, hist.config.steps)
+            self._draw_curves({k: np.asarray(v) for k, v in hist.metrics.items()}, self._target_steps)
             self.fig.canvas.draw_idle()
             self.fig.canvas.flush_events()
 
