@@ -44,6 +44,20 @@ def check_generator(generator: torch.Generator | None, device: torch.device) -> 
                          "make it with klviz.make_generator(seed, device)")
 
 
+def panel_sample_count(device: str | torch.device | None, *, cpu: int, cuda: int) -> int:
+    """A panel's default number of samples on ``device``: ``cuda`` on a GPU, ``cpu`` elsewhere.
+
+    Panels whose sample count sets only the precision of a Monte Carlo figure (not the noise a
+    lesson is about) start larger on a GPU, where the sampling and the reductions cost about a
+    millisecond even at 10^6-10^7 samples; ``benchmarks/panels.py --device cuda`` measures them.
+    """
+    for name, value in (("cpu", cpu), ("cuda", cuda)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    return cuda if dev.type == "cuda" else cpu
+
+
 def describe_device(device: torch.device | None = None) -> str:
     """A short human description, e.g. ``"cpu (2 threads)"`` or ``"cuda:0 (NVIDIA H200)"``."""
     dev = resolve_device(device)

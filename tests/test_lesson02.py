@@ -385,3 +385,21 @@ def test_crossing_check():
     assert "k3 still has the smaller variance" in chk.variance_crossing(1.0).message
     assert "k1 already wins" in chk.variance_crossing(1.5).message
     assert "should be a number" in chk.variance_crossing("one").message
+
+
+def test_gaussian_panels_sample_more_on_a_gpu():
+    from klviz.devices import panel_sample_count
+    from klviz.widgets.lesson02 import _gaussian_controls
+
+    assert panel_sample_count("cpu", cpu=100, cuda=10_000) == 100
+    assert panel_sample_count(torch.device("cuda"), cpu=100, cuda=10_000) == 10_000
+    with pytest.raises(ValueError, match="cuda"):
+        panel_sample_count("cpu", cpu=100, cuda=0)
+    cpu = _gaussian_controls(0, torch.device("cpu"))["num_samples"]
+    gpu = _gaussian_controls(0, torch.device("cuda"))["num_samples"]
+    assert cpu.value == 100_000 and max(cpu.options) == 1_000_000
+    assert gpu.value == 1_000_000 and max(gpu.options) == 10_000_000
+    for cls in (GaussianEstimatorsPanel, ControlVariatePanel):
+        panel = cls(device="cpu")
+        assert panel.device.type == "cpu" and panel.values()["num_samples"] == 100_000
+        assert panel.last_error is None

@@ -6,9 +6,12 @@
 - :class:`ControlVariatePanel`: the spread of k1 + lambda (r - 1) as a function of lambda, the best
   lambda*, and how often each member of the family comes out negative.
 
-All three sample on the CPU with a seeded generator (the same seed draws the same x whatever p is,
-so moving a slider shows the effect of p alone): at the panel sizes (at most 10^6 samples) copying
-results back from a GPU would cost more than the sampling saves.
+Each samples with a seeded generator (the same seed draws the same x whatever p is, so moving a
+slider shows the effect of p alone). The Gaussian panels (a) and (c) sample on the panel's device:
+on a GPU they start at 10^6 samples instead of 10^5 and offer up to 10^7
+(:func:`klviz.devices.panel_sample_count`), since only the precision of their Monte Carlo figures
+depends on N. The token panel (b) counts draws over twelve tokens on the CPU: a GPU has nothing
+to add there.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import torch
 from matplotlib.figure import Figure
 from torch.distributions import Normal
 
-from ..devices import make_generator
+from ..devices import make_generator, panel_sample_count, resolve_device
 from ..divergences import categorical_kl
 from ..estimators import k1, k2, k3
 from ..montecarlo import ESTIMATORS, categorical_counts
@@ -75,7 +78,7 @@ def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
     includes 0 (to show the negative samples); k2 and k3 start at 0.
     """
     sub = log_r[:20_000]
-    lo_hi = torch.quantile(sub, torch.tensor([0.001, 0.999], dtype=sub.dtype))
+    lo_hi = torch.quantile(sub, torch.tensor([0.001, 0.999], dtype=sub.dtype, device=sub.device))
     lo, hi = min(float(lo_hi[0]), 0.0), max(float(lo_hi[1]), 0.0)
     ends = torch.tensor([lo, hi], dtype=torch.float64)
     ranges = {"k1": (-hi, -lo)}
@@ -89,14 +92,19 @@ def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
     return out
 
 
-def _gaussian_controls(seed: int) -> dict[str, widgets.ValueWidget]:
+_CUDA_SAMPLE_COUNTS = _SAMPLE_COUNTS + (3_000_000, 10_000_000)
+
+
+def _gaussian_controls(seed: int, device: torch.device) -> dict[str, widgets.ValueWidget]:
     """p's mean and scale, the sample count and the seed: the controls of panels (a) and (c)."""
+    counts = _CUDA_SAMPLE_COUNTS if device.type == "cuda" else _SAMPLE_COUNTS
     return {
         "mu": widgets.FloatSlider(value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ",
                                   style=_STYLE, continuous_update=True),
         "sigma": widgets.FloatSlider(value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ",
                                      style=_STYLE, continuous_update=True),
-        "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=100_000,
+        "num_samples": widgets.SelectionSlider(options=list(counts),
+                                               value=panel_sample_count(device, cpu=100_000, cuda=1_000_000),
                                                description="samples N", style=_STYLE, continuous_update=False),
         "seed": widgets.BoundedIntText(value=seed, min=0, max=2**31 - 1, description="seed",
                                        layout=widgets.Layout(width="140px")),
@@ -109,12 +117,12 @@ class GaussianEstimatorsPanel(Panel):
     title = "Lesson 02 (a): k1, k2, k3 on Gaussians: q = N(0, 1) samples, p = N(μ, σ²) is the target"
     css_class = "klviz-lesson02-gaussian"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, device: str | torch.device | None = None) -> None:
         self.seed = seed
-        super().__init__("cpu")   # see the module docstring: these panels sample on the CPU
+        super().__init__(resolve_device(device))   # the GPU when there is one (see the module docstring)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
-        return _gaussian_controls(self.seed)
+        return _gaussian_controls(self.seed, self.device)
 
     def make_figure(self) -> Figure:
         fig, axes = new_figure(8.4, 3.0, ncols=4, gridspec_kw={"width_ratios": [1.15, 1, 1, 1]})
@@ -149,14 +157,14 @@ class GaussianEstimatorsPanel(Panel):
         q = Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
         p = Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
         # the same seed gives the same x ~ q whatever p is: only the effect of moving p shows
-        log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), "cpu"))
+        log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), self.device))
         mc, hists = {}, {}
         all_edges = _all_edges(log_r)
         for name, fn in _FNS.items():
             v = fn(log_r)
             mc[name] = mean_std_with_se(v)
             edges = all_edges[name]
-            counts = torch.histc(v, bins=_BINS, min=float(edges[0]), max=float(edges[-1])).numpy()
+            counts = torch.histc(v, bins=_BINS, min=float(edges[0]), max=float(edges[-1])).cpu().numpy()
             hists[name] = (counts / (n * (edges[1] - edges[0])), edges)
         density_p = np.exp(-0.5 * ((self.xs - mu) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
         return {"mu": float(mu), "sigma": float(sigma), "n": n, "exact": exact, "mc": mc, "hists": hists,
@@ -219,7 +227,7 @@ class TokenEstimatorsPanel(Panel):
     def __init__(self, seed: int = 0) -> None:
         self.q_logp = torch.log_softmax(toy_sampler_logits().double(), -1)   # renormalised in float64
         self.seed = seed
-        super().__init__("cpu")   # see the module docstring: these panels sample on the CPU
+        super().__init__("cpu")   # twelve tokens: see the module docstring
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         names = [t.strip() for t in TOY_VOCAB]
@@ -313,12 +321,12 @@ class ControlVariatePanel(Panel):
     title = "Lesson 02 (c): the control-variate family k1 + λ (r − 1), q = N(0, 1), p = N(μ, σ²)"
     css_class = "klviz-lesson02-lambda"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, device: str | torch.device | None = None) -> None:
         self.seed = seed
-        super().__init__("cpu")   # see the module docstring: these panels sample on the CPU
+        super().__init__(resolve_device(device))   # the GPU when there is one (see the module docstring)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
-        return _gaussian_controls(self.seed)
+        return _gaussian_controls(self.seed, self.device)
 
     def make_figure(self) -> Figure:
         fig, (ax_v, ax_n) = new_figure(8.4, 3.5, ncols=2)
@@ -357,7 +365,7 @@ class ControlVariatePanel(Panel):
         exact = gaussian_moments(0.0, 1.0, float(mu), float(sigma))
         q = Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
         p = Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
-        log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), "cpu"))
+        log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), self.device))
         a, c = k1(log_r), torch.expm1(log_r)           # k1 and r - 1
         da, dc = a - a.mean(), c - c.mean()
         var_a, var_c = float(da.square().mean()), float(dc.square().mean())
@@ -366,8 +374,8 @@ class ControlVariatePanel(Panel):
         lam_mc = -cov / var_c if var_c > 0 else 0.0
         # how often each member is negative: from the first 20,000 samples (SE of a fraction ≤ 0.0036)
         sub_a, sub_c = a[:_N_FRAC], c[:_N_FRAC]          # float64: at lambda = 1 the sum must not round below 0
-        lam_t = torch.from_numpy(_LAMBDAS_NEG)[:, None]
-        frac_neg = (torch.addcmul(sub_a, lam_t, sub_c) < 0).sum(1).numpy() / sub_a.numel()
+        lam_t = torch.from_numpy(_LAMBDAS_NEG).to(log_r.device)[:, None]
+        frac_neg = (torch.addcmul(sub_a, lam_t, sub_c) < 0).sum(1).cpu().numpy() / sub_a.numel()
         return {"exact": exact, "exact_var": exact.cv_variance(_LAMBDAS), "mc_var": mc_var, "lambda_mc": lam_mc,
                 "frac_neg": frac_neg, "frac_neg_k1": k1_negative_probability(0.0, 1.0, float(mu), float(sigma)),
                 "n": n, "n_frac": int(sub_a.numel())}
