@@ -8,10 +8,9 @@ and back. For each change two parts are timed:
 - **compute**: what the panel reports as ``last_compute_ms`` (its pure ``compute`` plus updating
   the artists and the readout);
 - **draw**: the panel's own redraw, as it reports it in ``last_draw_ms``: composing the frame in
-  the Agg buffer (only the changed artists over a cached background when axes, ticks and the set of
-  artists are unchanged, else a full render) and handing it to the widget as a PNG. With
-  ``--backend agg`` (default) the PNG goes to an ``ipywidgets.Image``; with ``--backend ipympl`` the
-  ipympl canvas encodes and sends it, as in a notebook.
+  the Agg buffer (only the changed artists over a kept background when the axes, ticks and the set
+  of artists look as in a view seen before, else a render of the axes) and encoding the PNG that the
+  panel's ``ipywidgets.Image`` sends to the page, as in a notebook.
 
 torch runs on as many threads as in a lesson's kernel (``klviz.setup_notebook`` uses one thread on
 machines with two cores or fewer); the header shows the count.
@@ -23,7 +22,7 @@ the panel's status line shows the latest update time. Target on the 2-core
 CPU: median <= 50 ms and p95 <= 100 ms.
 
     python benchmarks/panels.py                      # every panel, 30 changes each
-    python benchmarks/panels.py --only StartHerePanel --changes 10 --backend ipympl
+    python benchmarks/panels.py --only StartHerePanel --changes 10
 """
 from __future__ import annotations
 
@@ -152,11 +151,6 @@ def benchmark_panel(cls: type, device: Any, changes: int) -> PanelResult:
         t0 = time.perf_counter()
         panel = cls(device=device) if "device" in inspect.signature(cls).parameters else cls()
         result.build_ms = (time.perf_counter() - t0) * 1e3
-        canvas = panel.fig.canvas
-        if getattr(canvas, "syncing_data_url", False):
-            # an ipympl canvas waits for its front end before it encodes and sends frames; say it is
-            # there (as the browser's "initialized" message does) so each redraw is timed in full
-            canvas.syncing_data_url = False
         if panel.last_error is not None:
             result.errors.append(f"at defaults: {type(panel.last_error).__name__}: {panel.last_error}")
         for name, value in change_plan(panel, changes):
@@ -191,19 +185,17 @@ def _threads_as_in_the_notebooks() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__.splitlines()[0], repeat=1)
     parser.add_argument("--changes", type=positive_int, default=30, help="control changes per panel")
-    parser.add_argument("--backend", choices=("agg", "ipympl"), default="agg",
-                        help="agg: frames go to an ipywidgets.Image; ipympl: to ipympl's canvas, as in a notebook")
     parser.add_argument("--only", nargs="*", default=None, metavar="CLASS", help="only these panel classes")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parse_args(parser, argv)
-    matplotlib.use("agg" if args.backend == "agg" else "module://ipympl.backend_nbagg")
+    matplotlib.use("agg")
     _threads_as_in_the_notebooks()
 
     panels, problems = discover_panels()
     if args.only:
         panels = [cls for cls in panels if cls.__name__ in args.only]
     print_header("panels: control change -> finished redraw (compute + draw)", args,
-                 changes=args.changes, backend=args.backend, panels=len(panels))
+                 changes=args.changes, panels=len(panels))
     for line in problems:
         print(f"   ! {line}")
 

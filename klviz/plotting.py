@@ -8,7 +8,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-__all__ = ["COLORS", "LABELS", "apply_style", "new_figure", "snapped_limits", "sticky_limits"]
+__all__ = ["COLORS", "LABELS", "apply_style", "new_figure", "panel_figure", "snapped_limits", "sticky_limits"]
 
 #: The same colour means the same quantity in every lesson.
 COLORS: dict[str, str] = {
@@ -38,6 +38,21 @@ def new_figure(width: float = 9.0, height: float = 3.6, **subplot_kw: Any) -> tu
     apply_style()
     with plt.ioff():
         fig, axes = plt.subplots(figsize=(width, height), **subplot_kw)
+    return fig, axes
+
+
+def panel_figure(width: float = 9.0, height: float = 3.6, **subplot_kw: Any) -> tuple[Figure, Any]:
+    """A figure with subplots for a panel: drawn by Agg, outside pyplot, whatever the notebook's backend.
+
+    A panel sends its frames itself (``klviz.widgets.base``), so its figure needs no interactive
+    canvas and no place in pyplot's list of open figures (which would keep every panel alive).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    apply_style()
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(**subplot_kw)
     return fig, axes
 
 

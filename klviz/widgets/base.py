@@ -2,7 +2,8 @@
 
 A panel owns its controls, a figure built **once**, and a pure ``compute(**values) -> dict``.
 On every control change it recomputes, updates the existing artists in ``draw`` (``set_data``,
-``set_height``, ...) and asks the canvas to redraw; it never rebuilds the figure. Errors raised
+``set_height``, ...) and redraws what changed (see :class:`_FrameComposer`); it never rebuilds the
+figure. Frames go to the page as PNG images. Errors raised
 while updating are shown inside the panel instead of vanishing into a log. The status line shows
 the device and how long the last update took (compute, then the redraw when the canvas reports it).
 
@@ -25,7 +26,7 @@ from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
 
-__all__ = ["Panel", "encode_png", "html_table", "static_mode"]
+__all__ = ["Panel", "encode_png", "html_table", "pixel_ratio", "static_mode"]
 
 
 class Panel:
@@ -147,31 +148,27 @@ class Panel:
         self._redraw()
         self._show_status()
 
-    # A canvas that is itself a widget (ipympl) redraws on request; any other backend renders a PNG.
     def _make_canvas(self) -> widgets.Widget:
-        canvas = self.fig.canvas
-        if isinstance(canvas, widgets.DOMWidget):
-            canvas.header_visible = False
-            canvas.footer_visible = False
-            canvas.toolbar_visible = False
-            canvas.resizable = False
-            canvas.capture_scroll = False
-            # ipympl 0.10 stores the first frames (drawn before a front end is attached) in
-            # ``_data_url`` as bare base64, without the ``data:image/png;base64,`` prefix; a front
-            # end that builds the figure from that state (Voila, presenter mode) gets a broken image
-            # and never shows the canvas. Keep the URL well formed.
-            canvas.observe(_prefix_data_url, names="_data_url")
-            _prefix_data_url({"owner": canvas, "new": getattr(canvas, "_data_url", None)})
-            _send_full_frames(canvas)
-            return canvas
-        self._image = widgets.Image(format="png")
+        """The widget that shows the frames: an ``ipywidgets.Image`` fed with PNG bytes.
+
+        Not ipympl's canvas, measured in JupyterLab with headless Chromium: ipympl's front end
+        re-encodes the previous frame as a PNG in the browser for every frame it receives
+        (``toDataURL``), which made each slider step about 10 ms slower than an image, and its diff
+        frames could leave a stale picture when the browser dropped one. The panels use none of
+        ipympl's zoom or pan tools.
+        """
+        ratio = pixel_ratio()
+        width_px = int(round(self.fig.get_figwidth() * self.fig.dpi))
+        if ratio != 1.0:
+            self.fig.set_dpi(self.fig.dpi * ratio)   # sharper on high-density screens, same size
+        self._image = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px", height="auto"))
+        self._image.add_class("klviz-figure")
         return self._image
 
     def _freeze_layout(self) -> None:
         """Lay the figure out once, then keep the layout: constrained layout on every redraw is slow."""
         if not self._layout_frozen:
-            self.fig.draw_without_rendering()   # runs the layout engine; a canvas draw here would
-            # reach an ipympl canvas before its view exists and leave it at zero size
+            self.fig.draw_without_rendering()   # runs the layout engine
             self.fig.set_layout_engine("none")
             self._layout_frozen = True
 
@@ -180,16 +177,7 @@ class Panel:
         self._freeze_layout()
         t0 = time.perf_counter()
         self._frames.render(blit=self.blit and os.environ.get("KLVIZ_NO_BLIT", "") in ("", "0"))
-        canvas = self.fig.canvas
-        if isinstance(canvas, widgets.DOMWidget):
-            if getattr(canvas, "syncing_data_url", False):
-                # no view of the canvas exists yet (the cell is still running): a frame sent now
-                # leaves the view that appears later at zero size; ask for a draw once it is there
-                canvas.draw_idle()
-            else:
-                canvas.blit(self.fig.bbox)          # ipympl encodes the buffer and sends it
-        else:
-            self._image.value = self._frames.png()
+        self._image.value = self._frames.png()
         self.last_draw_ms = (time.perf_counter() - t0) * 1e3
 
     def _show_status(self) -> None:
@@ -467,35 +455,22 @@ def _empty_text(artist: Any) -> bool:
     return isinstance(artist, Text) and not artist.get_text()
 
 
-def _prefix_data_url(change: dict[str, Any]) -> None:
-    value = change["new"]
-    if isinstance(value, str) and value and not value.startswith("data:"):
-        change["owner"]._data_url = "data:image/png;base64," + value
+def pixel_ratio() -> float:
+    """Frames are rendered at this many pixels per CSS pixel: ``KLVIZ_PIXEL_RATIO`` (default 1).
 
-
-def _send_full_frames(canvas: Any) -> None:
-    """Make an ipympl canvas send whole frames, encoded fast, instead of the pixels that changed.
-
-    ipympl sends diff frames; when the browser drops a frame (a second one arrives before the first
-    has loaded, common on a busy machine), the next diff lands on an older picture and changed text
-    (a legend entry, a title) stays stale. A full frame cannot go stale. It is encoded with
-    :func:`encode_png` (Pillow's default settings take about four times as long for the same frame).
+    2 gives sharp figures on a high-density screen or a 4K projector at four times the pixels to
+    draw and send, so each update takes longer; 1 keeps the panels within their latency target.
     """
-    needed = ("get_renderer", "set_image_mode", "_force_full", "_png_is_old", "_last_buff")
-    if not hasattr(canvas, "get_diff_image") or not all(hasattr(canvas, name) for name in needed):
-        return
-
-    def full_image() -> bytes | None:
-        if not canvas._png_is_old:
-            return None
-        pixels = np.asarray(canvas.get_renderer().buffer_rgba())
-        canvas.set_image_mode("full")
-        canvas._last_buff = pixels.view(np.uint32).squeeze(2).copy()   # ipympl's copy of the frame
-        canvas._force_full = False
-        canvas._png_is_old = False
-        return encode_png(pixels)
-
-    canvas.get_diff_image = full_image
+    raw = os.environ.get("KLVIZ_PIXEL_RATIO", "").strip()
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"KLVIZ_PIXEL_RATIO must be a number between 1 and 3, got {raw!r}") from None
+    if not 1.0 <= value <= 3.0:
+        raise ValueError(f"KLVIZ_PIXEL_RATIO must be a number between 1 and 3, got {raw!r}")
+    return value
 
 
 def static_mode() -> bool:

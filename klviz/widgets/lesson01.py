@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from ..devices import make_generator
 from ..divergences import categorical_kl
-from ..plotting import COLORS, new_figure, sticky_limits
+from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..sampling import draw_tokens, effective_sample_size, importance_weights, running_mean
 from .base import Panel
@@ -83,7 +83,7 @@ class SamplingPanel(Panel):
         ])
 
     def make_figure(self) -> Figure:
-        fig, (ax_pol, ax_run) = new_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.35, 1]})
+        fig, (ax_pol, ax_run) = panel_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.35, 1]})
         x = np.arange(len(TOY_VOCAB))
         zeros = np.zeros(len(TOY_VOCAB))
         self.bars_q = ax_pol.bar(x - 0.2, zeros, width=0.4, color=COLORS["q"], label="q(x): the expectation's weights")

@@ -29,7 +29,7 @@ from ..devices import make_generator, panel_sample_count, resolve_device
 from ..divergences import categorical_kl
 from ..estimators import k1, k2, k3
 from ..montecarlo import ESTIMATORS, categorical_counts
-from ..plotting import COLORS, new_figure, sticky_limits
+from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..tables import (
     EstimatorMoments,
@@ -125,7 +125,7 @@ class GaussianEstimatorsPanel(Panel):
         return _gaussian_controls(self.seed, self.device)
 
     def make_figure(self) -> Figure:
-        fig, axes = new_figure(8.4, 3.0, ncols=4, gridspec_kw={"width_ratios": [1.15, 1, 1, 1]})
+        fig, axes = panel_figure(8.4, 3.0, ncols=4, gridspec_kw={"width_ratios": [1.15, 1, 1, 1]})
         ax_d = axes[0]
         self.xs = np.linspace(-7.0, 7.0, 400)
         q = np.exp(-0.5 * self.xs ** 2) / math.sqrt(2 * math.pi)
@@ -245,7 +245,7 @@ class TokenEstimatorsPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax_pol, ax_est) = new_figure(8.4, 3.2, ncols=2)
+        fig, (ax_pol, ax_est) = panel_figure(8.4, 3.2, ncols=2)
         x = np.arange(len(TOY_VOCAB))
         q = self.q_logp.exp().numpy()
         labels = [t.strip() for t in TOY_VOCAB]
@@ -329,7 +329,7 @@ class ControlVariatePanel(Panel):
         return _gaussian_controls(self.seed, self.device)
 
     def make_figure(self) -> Figure:
-        fig, (ax_v, ax_n) = new_figure(8.4, 3.5, ncols=2)
+        fig, (ax_v, ax_n) = panel_figure(8.4, 3.5, ncols=2)
         self.exact_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["exact"], lw=2,
                                       label="exact")
         self.mc_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["mu"], lw=1.2, ls="--",

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from ..estimators import k3
 from ..fdiv import GENERATORS, bregman_gap, f_second, f_value, generator, tangent_at_one
-from ..plotting import COLORS, new_figure, sticky_limits
+from ..plotting import COLORS, panel_figure, sticky_limits
 from .base import Panel
 
 __all__ = ["BregmanPanel", "F_CHOICES"]
@@ -55,7 +55,7 @@ class BregmanPanel(Panel):
         return widgets.VBox([self.controls["f"], self.controls["r"]])
 
     def make_figure(self) -> Figure:
-        fig, (ax_f, ax_g) = new_figure(8.4, 3.6, ncols=2)
+        fig, (ax_f, ax_g) = panel_figure(8.4, 3.6, ncols=2)
         self.curve, = ax_f.plot([], [], color=COLORS["k3"], lw=2.0, label="f(t)")
         self.tangent, = ax_f.plot([], [], color=COLORS["exact"], ls="--", lw=1.2, label="tangent at t = 1")
         self.gap_line, = ax_f.plot([], [], color=COLORS["mu"], lw=3.0, solid_capstyle="butt",

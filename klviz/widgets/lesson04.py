@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 from .. import lm
 from ..divergences import exact_kl
 from ..estimators import k1, k2, k3, masked_mean
-from ..plotting import COLORS, new_figure, sticky_limits
+from ..plotting import COLORS, panel_figure, sticky_limits
 from .base import Panel
 
 __all__ = ["WorkedTokensPanel"]
@@ -109,7 +109,7 @@ class WorkedTokensPanel(Panel):
         return widgets.VBox([widgets.HBox([c["step"], c["threshold"]]), widgets.HBox([c["row"], c["color_by"]])])
 
     def make_figure(self) -> Figure:
-        fig, (ax_c, ax_t) = new_figure(8.4, 3.3, ncols=2, gridspec_kw={"width_ratios": [1, 1.35]})
+        fig, (ax_c, ax_t) = panel_figure(8.4, 3.3, ncols=2, gridspec_kw={"width_ratios": [1, 1.35]})
         steps = np.arange(self.num_steps + 1)
         names = {"k2": "approx_kl: ½Δ² (MiniMind, TRL)", "k1": "ppo_kl: k1 (verl)", "k3": "k3 (CleanRL, SB3)",
                  "exact": "exact KL(π_old‖π_θ)"}

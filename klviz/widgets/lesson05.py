@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from ..bandit import bandit_fixed_points, forward_kl_optimum, reverse_kl_optimum, tv_distance
 from ..divergences import categorical_kl
-from ..plotting import new_figure, sticky_limits
+from ..plotting import panel_figure, sticky_limits
 from ..simplex import (
     ALL_FLOWS,
     CHOICE_COLORS,
@@ -94,7 +94,7 @@ class SimplexFlowPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax, ax_kl) = new_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.2, 1]})
+        fig, (ax, ax_kl) = panel_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.2, 1]})
         _draw_triangle(ax)
         xy = self.grid_xy
         self.quiver = ax.quiver(xy[:, 0], xy[:, 1], np.zeros(len(xy)), np.zeros(len(xy)), angles="xy",
@@ -236,7 +236,7 @@ class BanditPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax, ax_tv) = new_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.1, 1]})
+        fig, (ax, ax_tv) = panel_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.1, 1]})
         _draw_triangle(ax)
         rev_xy = to_xy(self.data["reverse"]).numpy()
         fwd_xy = to_xy(self.data["forward"]).numpy()

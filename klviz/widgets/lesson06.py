@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from ..devices import make_generator
 from ..diagnose import Rollouts, load_rollouts, sample_rollouts_path
 from ..pitfalls import CLAMP_RULES, apply_clamp
-from ..plotting import COLORS, new_figure, sticky_limits
+from ..plotting import COLORS, panel_figure, sticky_limits
 from .base import Panel, html_table
 
 __all__ = ["RolloutPanel", "BATCH_SIZES", "STORAGE_DTYPES", "AGGREGATIONS"]
@@ -93,7 +93,7 @@ class RolloutPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax_tok, ax_boot) = new_figure(8.4, 3.5, ncols=2)
+        fig, (ax_tok, ax_boot) = panel_figure(8.4, 3.5, ncols=2)
         self.tok_hist = ax_tok.stairs(np.ones(40), np.linspace(0, 1, 41), color=COLORS["k3"], fill=True, alpha=0.6)
         self.tok_mean = ax_tok.axvline(0.0, color="black", ls="--", lw=1.2, label="batch token-mean")
         ax_tok.set_yscale("log")

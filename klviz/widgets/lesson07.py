@@ -1,8 +1,8 @@
 """Lesson 07's panel: train the tiny language model with one KL placement and watch it learn.
 
 :class:`RLHFLabPanel` runs :func:`klviz.rlhf.train_policy` for the chosen settings and draws reward,
-the true KL(pi || pi_ref), the KL the estimator reports, and the entropy, step by step. With
-interactive figures (ipympl) the curves grow while the run trains. Runs are kept by their settings
+the true KL(pi || pi_ref), the KL the estimator reports, and the entropy, step by step; the
+curves grow while the run trains. Runs are kept by their settings
 (:class:`klviz.rlhf.TrainingRun`, resumable): going back to a setting already trained is instant,
 fewer ``steps`` shows the start of the longer run, and more ``steps`` trains only the new steps.
 """
@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..plotting import new_figure, sticky_limits
+from ..plotting import panel_figure, sticky_limits
 from ..rlhf import PLACEMENTS, LabConfig, TrainingHistory, TrainingRun, train_policy
-from .base import Panel
+from .base import Panel, static_mode
 
 __all__ = ["RLHFLabPanel", "cached_run", "lab_history", "PLACEMENT_COLORS"]
 
@@ -105,7 +105,7 @@ class RLHFLabPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, axes = new_figure(8.4, 3.2, ncols=3)
+        fig, axes = panel_figure(8.4, 3.2, ncols=3)
         ax_r, ax_kl, ax_h = axes
         self.line_r, = ax_r.plot([], [], color="#222222", lw=1.8)
         ax_r.set_title("reward R (batch mean)")
@@ -134,15 +134,16 @@ class RLHFLabPanel(Panel):
         hist = lab_history(cfg, self.device, callback=self._live if self._live_ok() else None)
         return {"config": cfg, "history": hist, "metrics": {k: np.asarray(v) for k, v in hist.metrics.items()}}
 
-    # live redraw while training (interactive canvases only)
+    # live redraw while training (once the panel has shown its first frame)
     def _live_ok(self) -> bool:
-        return isinstance(self.fig.canvas, widgets.DOMWidget) and self._layout_frozen
+        return self._layout_frozen and not static_mode()
 
     def _live(self, step: int, hist: TrainingHistory) -> None:
         if step % 5 == 4:
             self._draw_curves({k: np.asarray(v) for k, v in hist.metrics.items()}, self._target_steps)
-            self.fig.canvas.draw_idle()
-            self.fig.canvas.flush_events()
+            self._redraw()
+            self.status.value = (f"<span style='color:#666;font-size:85%'>training: step {step + 1} of "
+                                 f"{self._target_steps} …</span>")
 
     def _draw_curves(self, m: dict[str, np.ndarray], total_steps: int) -> None:
         t = np.arange(len(m["reward"]))

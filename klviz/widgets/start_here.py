@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from ..devices import make_generator
 from ..divergences import categorical_kl
 from ..montecarlo import categorical_counts, moments_from_counts, summarize
-from ..plotting import COLORS, new_figure, sticky_limits
+from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from .base import Panel, html_table
 
@@ -54,7 +54,7 @@ class StartHerePanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax_pol, ax_est) = new_figure(8.2, 3.4, ncols=2, gridspec_kw={"width_ratios": [2.2, 1]})
+        fig, (ax_pol, ax_est) = panel_figure(8.2, 3.4, ncols=2, gridspec_kw={"width_ratios": [2.2, 1]})
         x = np.arange(len(TOY_VOCAB))
         q = self.q_logp.exp().numpy()
         self.bars_q = ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label="sampler q (fixed)")

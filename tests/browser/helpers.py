@@ -1,11 +1,13 @@
 """Helpers for driving JupyterLab notebooks and ipywidgets from Playwright."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
+import sys
+from pathlib import Path
 
 from playwright.sync_api import Locator, Page
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from labserver import stop_process_group  # noqa: E402,F401  (re-exported for the tests)
 
 KERNEL_IDLE = """() => {
   const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
@@ -60,7 +62,7 @@ def type_into_readout(page: Page, panel: Locator, control: str, text: str) -> No
 
 
 def figure_of(panel: Locator) -> Locator:
-    """The rendered figure of a panel (the ipympl canvas element)."""
+    """The rendered figure of a panel (its image)."""
     return panel.locator(".jupyter-matplotlib-figure, img.widget-image").first
 
 
@@ -117,15 +119,3 @@ def settled_text(page: Page, locator: Locator, timeout_ms: int = 20_000) -> str:
             return again
         text = again
     return text
-
-
-def stop_process_group(proc: subprocess.Popen) -> None:
-    """Stop a server started with ``start_new_session=True`` and everything it started (kernels)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
