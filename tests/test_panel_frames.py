@@ -41,6 +41,20 @@ def test_blitted_frames_match_full_renders(name):
     assert blitted > 0, f"{name}: no update was blitted"
 
 
+@pytest.mark.parametrize("name", list(W.PANELS))
+def test_views_seen_before_come_back_blitted(name):
+    """Two controls, each one step away and back, twice: the second time every view has been seen,
+    so every frame must come from a kept background (nothing the panel does by itself, such as
+    hiding and showing artists to render a layer, may look like a change)."""
+    panel = getattr(W, name)()
+    plan = [(c, v) for c, v in change_plan(panel, 4) if c not in SKIP_SLOW_CONTROLS.get(name, ())]
+    for control, value in plan:
+        panel.set(**{control: value})
+    for control, value in plan:
+        panel.set(**{control: value})
+        assert panel._frames.last_was_blit, f"{name}: {control}={value!r} was rendered again"
+
+
 def test_changed_axis_limits_force_a_full_render():
     panel = W.StartHerePanel()
     panel.set(seed=1)
