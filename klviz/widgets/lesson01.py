@@ -12,6 +12,7 @@ from mu (plain mean: biased, it converges to E_mu[log q/p]), or from mu with imp
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ipywidgets as widgets
@@ -138,13 +139,18 @@ class SamplingPanel(Panel):
         # the same seed gives the same uniforms: switching the sampler changes the tokens, nothing else
         tokens = draw_tokens(sampler, n, generator=make_generator(seed, "cpu"))
         run = running_mean((w * g)[tokens])
+        # the exact spread of one draw's value w·g under the sampler: sets the y range of the plot
+        # (from the policies alone, so a new seed or N moves the curve, not the axis)
+        one_draw_mean = float((sampler.double() * w * g).sum())
+        one_draw_sd = float((sampler.double() * (w * g - one_draw_mean).square()).sum().sqrt())
         counts = torch.bincount(tokens, minlength=len(TOY_VOCAB)).double()
         ess = effective_sample_size(w, counts)
         return {
             "mode": mode, "q": q.numpy(), "mu": mu.numpy(), "freq": (counts / n).numpy(),
             "weighted_freq": (counts * w / n).numpy(), "run": run, "estimate": float(run["mean"][-1]),
             "se": float(run["se"][-1]), "exact": exact, "biased_limit": biased_limit, "ess": ess,
-            "num_samples": n, "max_weight": float(w.max()),
+            "num_samples": n, "max_weight": float(w.max()), "one_draw_mean": one_draw_mean,
+            "one_draw_sd": one_draw_sd,
         }
 
     def draw(self, data: dict[str, Any]) -> None:
@@ -177,10 +183,11 @@ class SamplingPanel(Panel):
         self.biased_line.set_ydata([data["biased_limit"]] * 2)
         self.biased_line.set_visible(mode == "mu")
         self.ax_run.set_xlim(1, max(10.0, float(n[-1])))
-        # the y range follows the converging part (from N = 30 on), not the wild first few draws
-        tail = n >= min(30.0, float(n[-1]))
+        # the y range: where the running mean goes from N = 30 on (its mean ± 2.5 SE at N = 30, from
+        # the exact spread of one draw), not the wild first few draws; the same for every seed and N
+        reach = 2.5 * data["one_draw_sd"] / math.sqrt(30.0)
         ys = [data["exact"], data["biased_limit"] if mode == "mu" else data["exact"],
-              float(lo[tail].min()), float(hi[tail].max())]
+              data["one_draw_mean"] - reach, data["one_draw_mean"] + reach]
         ymin, ymax = min(ys), max(ys)
         pad = 0.15 * (ymax - ymin) if ymax > ymin else 0.05
         sticky_limits(self.ax_run, "y", ymin - pad, ymax + pad)
