@@ -16,7 +16,7 @@ ratio to the baseline's median. Target (2-core CPU): median <= 50 ms, p95 <= 100
 
     python benchmarks/browser_panels.py                         # every panel, 30 presses each
     python benchmarks/browser_panels.py --only BregmanPanel --changes 10
-    python benchmarks/browser_panels.py --control RLHFLabPanel=steps
+    python benchmarks/browser_panels.py --only RLHFLabPanel --control RLHFLabPanel=steps
 
 Needs Chromium (``apt-get install -y chromium``) and the test extra (Playwright). Screenshots of
 each panel after its last press go to ``build/browser-bench/`` with ``--screenshots``.
@@ -38,8 +38,9 @@ from labserver import CHROMIUM_FLAGS, find_chromium, running_lab  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MEDIAN_MS = 50.0
 TARGET_P95_MS = 100.0
-#: the slider moved in each panel, when it is not the panel's first one
-DEFAULT_CONTROLS = {"RLHFLabPanel": "steps"}   # its other sliders start a new training run (seconds)
+#: the slider moved in each panel, when it is not the panel's first one (none: every panel's first
+#: slider; the RLHF lab's first, beta, starts a training run in the background and answers at once)
+DEFAULT_CONTROLS: dict[str, str] = {}
 
 RECORD_FRAMES = """
 (() => {
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", type=positive_int, default=30, help="key presses per panel")
     parser.add_argument("--only", nargs="*", default=None, metavar="CLASS", help="only these panels")
     parser.add_argument("--control", nargs="*", default=[], metavar="PANEL=CONTROL",
-                        help="the slider to move in a panel (default: its first, RLHFLabPanel: steps)")
+                        help="the slider to move in a panel (default: its first)")
     parser.add_argument("--timeout", type=positive_int, default=30_000, help="ms to wait for one frame")
     parser.add_argument("--screenshots", action="store_true", help="save each panel to build/browser-bench/")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")

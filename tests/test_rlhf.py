@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import matplotlib
 
@@ -156,6 +157,33 @@ def test_lab_panel_defaults_and_extremes():
     # a setting already trained comes back from the cache
     panel.set(placement="k1 in reward")
     assert panel.last_compute_ms < 500
+
+
+def test_lab_panel_trains_in_the_background_when_a_control_moves():
+    import threading
+
+    from klviz.widgets.lesson07 import RLHFLabPanel
+
+    panel = RLHFLabPanel(steps=5, prompts=2, group_size=6, max_new_tokens=20)
+    threads = threading.active_count()
+    panel.controls["beta"].value = 0.35            # what the reader's slider does
+    assert panel.training is not None and panel.training.beta == 0.35
+    assert "klviz-training" in panel.readout.value and "β = 0.35" in panel.readout.value
+    assert "training step" in panel.status.value
+    panel.controls["beta"].value = 0.4             # a newer setting replaces the run still training
+    panel.wait(timeout=60)
+    assert panel.training is None and panel.last_error is None
+    assert panel.last["config"].beta == 0.4 and "klviz-final-kl" in panel.readout.value
+    deadline = time.time() + 10
+    while threading.active_count() > threads and time.time() < deadline:
+        time.sleep(0.05)                           # the replaced run stops after its current step
+    assert threading.active_count() == threads
+    # code asks for a result: set() trains in the foreground and returns with it
+    panel.controls["beta"].value = 0.45
+    last = panel.set(beta=0.5)
+    assert panel.training is None and last["config"].beta == 0.5 and "klviz-final-kl" in panel.readout.value
+    panel.wait(timeout=60)
+    assert panel.last["config"].beta == 0.5        # the stopped background run did not overwrite it
 
 
 # ---------------------------------------------------------------- exercise checks

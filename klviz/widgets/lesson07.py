@@ -5,10 +5,17 @@ the true KL(pi || pi_ref), the KL the estimator reports, and the entropy, step b
 curves grow while the run trains. Runs are kept by their settings
 (:class:`klviz.rlhf.TrainingRun`, resumable): going back to a setting already trained is instant,
 fewer ``steps`` shows the start of the longer run, and more ``steps`` trains only the new steps.
+
+A control moved by the reader starts a new run in a background thread: the panel answers at once
+(the run so far, marked as training), the kernel stays free, the curves grow every few steps, and a
+newer setting stops an older run that is still training. ``panel.set(...)`` in code trains in the
+foreground and returns when the run is there; ``panel.wait()`` waits for a background run.
 """
 from __future__ import annotations
 
 import html
+import threading
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +28,7 @@ from ..plotting import panel_figure, sticky_limits
 from ..rlhf import PLACEMENTS, LabConfig, TrainingHistory, TrainingRun, train_policy
 from .base import Panel, static_mode
 
-__all__ = ["RLHFLabPanel", "cached_run", "lab_history", "PLACEMENT_COLORS"]
+__all__ = ["RLHFLabPanel", "cached_run", "lab_history", "trained_history", "PLACEMENT_COLORS"]
 
 PLACEMENT_COLORS: dict[str, str] = {
     "k1 in reward": "#1f77b4", "k1 in loss": "#17becf", "k2 in loss": "#ff7f0e", "k3 in loss": "#2ca02c",
@@ -48,6 +55,7 @@ def cached_run(config: LabConfig, device: str | torch.device = "cpu", callback: 
 
 _RESUMABLE: dict[tuple[LabConfig, str], TrainingRun] = {}
 _MAX_RESUMABLE = 16
+_TRAINING = threading.RLock()
 
 
 def lab_history(config: LabConfig, device: str | torch.device = "cpu", callback: Any = None) -> TrainingHistory:
@@ -59,18 +67,34 @@ def lab_history(config: LabConfig, device: str | torch.device = "cpu", callback:
     advances it. The history comes without a policy; use :func:`cached_run` when you need it.
     """
     dev = str(torch.device(device))
+    with _TRAINING:                            # one run trains at a time (runs are shared)
+        if (config, dev) in _RUNS:
+            return _RUNS[(config, dev)]
+        key = (replace(config, steps=1), dev)
+        run = _RESUMABLE.pop(key, None)
+        if run is None:
+            run = TrainingRun(config, device=device)
+        _RESUMABLE[key] = run                  # most recently used goes last
+        while len(_RESUMABLE) > _MAX_RESUMABLE:
+            del _RESUMABLE[next(iter(_RESUMABLE))]
+        if run.steps_done < config.steps:
+            run.advance(config.steps - run.steps_done, callback=callback)
+        return run.prefix(config.steps)
+
+
+def trained_history(config: LabConfig, device: str | torch.device = "cpu") -> TrainingHistory | None:
+    """The history of ``config`` if it is there without training (a kept run or the start of a longer
+    one), else None."""
+    dev = str(torch.device(device))
+    # no lock: a background run may hold it for seconds; a run's history only ever grows
     if (config, dev) in _RUNS:
         return _RUNS[(config, dev)]
-    key = (replace(config, steps=1), dev)
-    run = _RESUMABLE.pop(key, None)
-    if run is None:
-        run = TrainingRun(config, device=device)
-    _RESUMABLE[key] = run                      # most recently used goes last
-    while len(_RESUMABLE) > _MAX_RESUMABLE:
-        del _RESUMABLE[next(iter(_RESUMABLE))]
-    if run.steps_done < config.steps:
-        run.advance(config.steps - run.steps_done, callback=callback)
-    return run.prefix(config.steps)
+    run = _RESUMABLE.get((replace(config, steps=1), dev))
+    return run.prefix(config.steps) if run is not None and run.steps_done >= config.steps else None
+
+
+class _Cancelled(Exception):
+    """Raised from a training callback to stop a background run that a newer setting replaced."""
 
 
 class RLHFLabPanel(Panel):
@@ -84,7 +108,96 @@ class RLHFLabPanel(Panel):
         self.fixed = {"lr": lr, "prompts": prompts, "group_size": group_size, "max_new_tokens": max_new_tokens}
         self.default_steps = steps
         self._target_steps = steps
+        self._lock = threading.RLock()          # one update or live redraw of this panel at a time
+        self._generation = 0                    # bumped by every new setting; older runs stop
+        self._worker: threading.Thread | None = None
+        #: the settings a background run is training now (None when none is)
+        self.training: LabConfig | None = None
         super().__init__(device)
+
+    #: train in a background thread when the reader moves a control (see the module docstring)
+    background_training: bool = True
+
+    # -- foreground and background updates ----------------------------------------------------
+    def update(self) -> None:
+        with self._lock:
+            super().update()
+
+    def set(self, **values: Any) -> dict[str, Any]:
+        self._generation += 1                   # code asks for a result: stop any background run
+        self.training = None
+        return super().set(**values)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until a background run has finished and the panel shows it."""
+        worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
+
+    def _on_change(self, _change: dict[str, Any]) -> None:
+        if self._holding:
+            return
+        self._generation += 1                   # a run still training in the background is out of date
+        self.training = None
+        try:
+            cfg = self._config(**self.values())
+        except Exception:  # noqa: BLE001 - an invalid setting: the ordinary update shows the error
+            cfg = None
+        if (cfg is None or not self.background_training or static_mode()
+                or trained_history(cfg, self.device) is not None):
+            self.update()                       # nothing to train: answer in the foreground
+            return
+        self._start_background(cfg)
+
+    def _start_background(self, cfg: LabConfig) -> None:
+        t0 = time.perf_counter()
+        with self._lock:
+            self._generation += 1
+            generation = self._generation
+            self.training, self._target_steps = cfg, cfg.steps
+            self._show_training(cfg, None, t0)  # answer at once: an empty run, marked as training
+        self._worker = threading.Thread(target=self._train_in_background, args=(cfg, generation),
+                                        name="klviz-rlhf-lab", daemon=True)
+        self._worker.start()
+
+    def _train_in_background(self, cfg: LabConfig, generation: int) -> None:
+        def progress(step: int, hist: TrainingHistory) -> None:
+            if generation != self._generation:
+                raise _Cancelled
+            if step % 5 == 4 and self._lock.acquire(blocking=False):   # never wait on the reader
+                try:
+                    if generation == self._generation:
+                        self._show_training(cfg, hist, time.perf_counter())
+                finally:
+                    self._lock.release()
+
+        try:
+            lab_history(cfg, self.device, callback=progress)
+        except _Cancelled:
+            return
+        except Exception:  # noqa: BLE001 - shown by the update below, which meets the same error
+            pass
+        with self._lock:
+            if generation == self._generation:
+                self.training = None
+                self.update()                   # the run is there now (or its error is shown)
+
+    def _show_training(self, cfg: LabConfig, hist: TrainingHistory | None, t0: float) -> None:
+        """Draw a run that is still training: its curves so far and where it stands."""
+        m = ({k: np.asarray(v) for k, v in hist.metrics.items()} if hist is not None
+             else {k: np.zeros(0) for k in ("reward", "true_kl", "reported_kl", "entropy")})
+        self._draw_curves(m, cfg.steps)
+        done = len(m["reward"])
+        self.readout.value = (
+            f"<div style='font-size:90%' class='klviz-training'><b style='color:{PLACEMENT_COLORS[cfg.placement]}'>"
+            f"{html.escape(cfg.placement)}</b>, β = {cfg.beta:g}, {cfg.steps} steps: training in the background, "
+            f"step {done} of {cfg.steps} … (move any control to start another run)</div>")
+        self.error.value = ""
+        self.last_compute_ms = (time.perf_counter() - t0) * 1e3
+        self._redraw()
+        self._show_status()
+        self.status.value = self.status.value.replace(
+            "</span>", f" · training step {done} of {cfg.steps}</span>")
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
@@ -153,8 +266,10 @@ class RLHFLabPanel(Panel):
         self.line_h.set_data(t, m["entropy"])
         for ax, series in zip(self.axes, ((m["reward"],), (m["true_kl"], m["reported_kl"]), (m["entropy"],))):
             ax.set_xlim(0, max(total_steps - 1, 1))
-            lo = min(float(np.min(s)) for s in series) if len(t) else 0.0
-            hi = max(float(np.max(s)) for s in series) if len(t) else 1.0
+            if not len(t):
+                continue                        # a run that has just started: keep the y ranges
+            lo = min(float(np.min(s)) for s in series)
+            hi = max(float(np.max(s)) for s in series)
             pad = 0.08 * (hi - lo) if hi > lo else 0.5
             sticky_limits(ax, "y", min(lo - pad, 0.0) if ax is not self.axes[0] else lo - pad, hi + pad)
 
