@@ -198,3 +198,26 @@ def test_snapped_limits_depend_on_the_data_alone():
         snapped_limits(1.0, 1.0)
     with pytest.raises(ValueError):
         snapped_limits(float("nan"), 1.0)
+
+
+def test_frames_are_images_and_can_be_sharper(monkeypatch):
+    import io
+
+    from PIL import Image
+
+    from klviz.widgets.base import pixel_ratio
+
+    panel = W.StartHerePanel()
+    assert panel._image.format == "png" and "klviz-figure" in panel._image._dom_classes
+    width, height = Image.open(io.BytesIO(panel._image.value)).size
+    css_width = int(panel._image.layout.width.removesuffix("px"))
+    assert width == css_width
+    monkeypatch.setenv("KLVIZ_PIXEL_RATIO", "2")
+    sharp = W.StartHerePanel()
+    w2, h2 = Image.open(io.BytesIO(sharp._image.value)).size
+    assert (w2, h2) == (2 * width, 2 * height)
+    assert sharp._image.layout.width == panel._image.layout.width      # same size on the page
+    for bad in ("0.5", "4", "two"):
+        monkeypatch.setenv("KLVIZ_PIXEL_RATIO", bad)
+        with pytest.raises(ValueError, match="KLVIZ_PIXEL_RATIO"):
+            pixel_ratio()
