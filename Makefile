@@ -63,6 +63,7 @@ bench: $(STAMP)            # the figures of the README's Performance section
 	@$(PY) benchmarks/estimator_stats.py --repeat 5
 	@$(PY) benchmarks/exact_kl.py --repeat 3
 	@$(PY) benchmarks/panels.py
+	@$(PY) benchmarks/browser_panels.py
 
 strip:
 	@$(PYTHON) scripts/strip_notebooks.py notebooks/*.ipynb

@@ -159,9 +159,12 @@ class Panel:
         """
         ratio = pixel_ratio()
         width_px = int(round(self.fig.get_figwidth() * self.fig.dpi))
+        height_px = int(round(self.fig.get_figheight() * self.fig.dpi))
         if ratio != 1.0:
             self.fig.set_dpi(self.fig.dpi * ratio)   # sharper on high-density screens, same size
-        self._image = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px", height="auto"))
+        # a fixed size: the page keeps its layout before the first frame has loaded and after
+        self._image = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px", height=f"{height_px}px",
+                                                                         min_height=f"{height_px}px"))
         self._image.add_class("klviz-figure")
         return self._image
 
