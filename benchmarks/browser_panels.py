@@ -104,11 +104,17 @@ def panel_names(only: list[str] | None) -> list[str]:
     return names
 
 
-def write_notebook(folder: Path, names: list[str]) -> Path:
+def write_notebook(folder: Path, names: list[str], device: str | None) -> Path:
     """A notebook with the setup cell, the baseline cell and one cell per panel."""
+    import inspect
+
+    import klviz.widgets as W
+
     cells = ["import klviz\nimport klviz.widgets as W\ndevice = klviz.setup_notebook()", BASELINE_CELL]
     for i, name in enumerate(names):
-        cells.append(f"_p{i} = W.{name}()\n_p{i}.widget.add_class('klviz-bench-{i}')\n_p{i}")
+        takes_device = device is not None and "device" in inspect.signature(getattr(W, name)).parameters
+        args = f"device={device!r}" if takes_device else ""
+        cells.append(f"_p{i} = W.{name}({args})\n_p{i}.widget.add_class('klviz-bench-{i}')\n_p{i}")
     nb = {"nbformat": 4, "nbformat_minor": 5,
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
           "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
@@ -139,6 +145,8 @@ def measure(page, selector: str, handle_selector: str, changes: int, echo: bool,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--device", default=None,
+                        help="build the panels on this device (default: the notebook's, the GPU when there is one)")
     parser.add_argument("--changes", type=positive_int, default=30, help="key presses per panel")
     parser.add_argument("--only", nargs="*", default=None, metavar="CLASS", help="only these panels")
     parser.add_argument("--control", nargs="*", default=[], metavar="PANEL=CONTROL",
@@ -169,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         root, home = Path(tmp) / "root", Path(tmp) / "home"
         root.mkdir()
         home.mkdir()
-        nb = write_notebook(root, names)
+        nb = write_notebook(root, names, args.device)
         with running_lab(root, home) as lab:
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS)
             page = browser.new_context(viewport={"width": 1280, "height": 1100}).new_page()
