@@ -170,15 +170,31 @@ def test_a_cached_background_is_dropped_when_an_artist_baked_into_it_changes():
 
 
 def test_show_legend_reuses_the_legend_of_a_setting():
+    panel = W.BregmanPanel()
+    legend = panel.ax_f.get_legend()
+    start = panel.values()["f"]
+    other = next(o[1] if isinstance(o, tuple) else o for o in panel.controls["f"].options
+                 if (o[1] if isinstance(o, tuple) else o) != start)
+    panel.set(f=other)
+    assert panel.ax_f.get_legend() is not legend
+    panel.set(f=start)
+    assert panel.ax_f.get_legend() is legend
+
+
+def test_a_mode_switch_changes_legend_entries_not_the_axes():
+    """Lesson 01's legends keep one object per axes: a mode renames an entry or hides the last one."""
     panel = W.SamplingPanel()
-    legend = panel.ax_pol.get_legend()
-    modes = [m[1] if isinstance(m, tuple) else m for m in panel.controls["mode"].options]
-    start = panel.values()["mode"]
-    other = next(m for m in modes if m != start)
-    panel.set(mode=other)
-    assert panel.ax_pol.get_legend() is not legend
-    panel.set(mode=start)
-    assert panel.ax_pol.get_legend() is legend
+    legends = (panel.ax_pol.get_legend(), panel.ax_run.get_legend())
+    texts = {}
+    for mode in ("mu", "weighted", "q", "mu", "weighted", "q"):
+        panel.set(mode=mode)
+        assert (panel.ax_pol.get_legend(), panel.ax_run.get_legend()) == legends
+        shown = [t.get_text() for t in panel.legend_run.get_texts() if t.get_visible()]
+        texts[mode] = ([t.get_text() for t in panel.legend_pol.get_texts()], shown)
+    assert any("q/μ" in t for t in texts["weighted"][0]) and not any("q/μ" in t for t in texts["q"][0])
+    assert any("plain mean over μ" in t for t in texts["mu"][1])
+    assert not any("plain mean over μ" in t for t in texts["q"][1] + texts["weighted"][1])
+    assert panel._frames.last_was_blit                  # the third round of modes: all views seen
 
 
 def test_snapped_limits_depend_on_the_data_alone():

@@ -258,7 +258,7 @@ class _FrameComposer:
         self.last_was_blit = False
         # view state -> (background region, ids of the artists left out of it); most recent last
         self._backgrounds: dict[Any, tuple[Any, frozenset[int]]] = {}
-        self._legend_layers: dict[int, _LegendLayer] = {}
+        self._legend_layers: dict[tuple, _LegendLayer] = {}
 
     def _axes_state(self) -> tuple:
         from matplotlib.ticker import FixedFormatter, FixedLocator
@@ -353,12 +353,12 @@ class _FrameComposer:
         for lg in legends:
             if not lg.get_visible():
                 continue
-            layer = self._legend_layers.get(id(lg))
             signature = _legend_signature(lg, renderer)
-            if layer is None or layer.signature != signature:
+            key = (id(lg), signature)               # a legend whose texts come back finds its layer
+            layer = self._legend_layers.pop(key, None)
+            if layer is None:
                 layer = _LegendLayer.render(lg, renderer, signature)
-            self._legend_layers.pop(id(lg), None)
-            self._legend_layers[id(lg)] = layer     # most recently used goes last
+            self._legend_layers[key] = layer        # most recently used goes last
             if not layer.composite(buf):
                 lg.draw(renderer)              # a see-through figure: let Agg blend it
             lg.stale = False

@@ -95,7 +95,7 @@ class SamplingPanel(Panel):
         ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
         ax_pol.set_ylabel("probability")
         ax_pol.set_title("draw frequencies vs q(x)")
-        ax_pol.legend(loc="upper right")
+        self.legend_pol = ax_pol.legend(loc="upper right")
         self.ax_pol = ax_pol
 
         self.band = ax_run.fill_between([1, 2], [0, 0], [0, 0], color=COLORS["k1"], alpha=0.2, lw=0,
@@ -110,7 +110,12 @@ class SamplingPanel(Panel):
         ax_run.set_ylabel("estimate of KL(q‖p)  [nats]")
         ax_run.set_title("running mean of log q(x)/p(x)")
         # below the axes: the curves use the whole plot, and the legend never hides them
-        ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+        self.legend_run = ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+        # one legend per axes for every mode: a mode changes an entry's text or hides the last entry,
+        # so switching modes redraws the legend and the data but not the axes
+        self._freq_entry = [t.get_text() for t in self.legend_pol.get_texts()].index("counts / N")
+        self._biased_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.biased_line.get_label())
+        assert self._biased_entry == len(self.legend_run.get_texts()) - 1   # hidden, it leaves no gap
         self.ax_run = ax_run
         self._legend_mode: str | None = None
         return fig
@@ -165,11 +170,12 @@ class SamplingPanel(Panel):
         # raw counts sit on the bars of the distribution that drew them; weighted counts come back to q
         offset = 0.2 if mode == "mu" else -0.2
         self.freq_line.set_data(np.arange(len(TOY_VOCAB)) + offset, freq)
-        if mode != self._legend_mode:           # legends list only what is shown: one pair per mode
-            self.freq_line.set_label("counts·(q/μ) / N" if mode == "weighted" else "counts / N")
-            self.show_legend(self.ax_pol, mode, loc="upper right")
-            self.biased_line.set_label("E_μ[log q/p] (plain mean over μ's tokens)" if mode == "mu" else "_hidden")
-            self.show_legend(self.ax_run, mode, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+        if mode != self._legend_mode:           # legends list only what is shown
+            self.legend_pol.get_texts()[self._freq_entry].set_text(
+                "counts·(q/μ) / N" if mode == "weighted" else "counts / N")
+            shown = mode == "mu"
+            self.legend_run.get_texts()[self._biased_entry].set_visible(shown)
+            self.legend_run.legend_handles[self._biased_entry].set_visible(shown)
             self._legend_mode = mode
         top = max(float(data["q"].max()), float(data["mu"].max()), float(freq.max()), 0.3)
         sticky_limits(self.ax_pol, "y", 0, 1.12 * top)
