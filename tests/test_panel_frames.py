@@ -131,14 +131,20 @@ def test_backgrounds_come_back_for_views_seen_before():
                  if (o[1] if isinstance(o, tuple) else o) != first)
     panel.set(f=other)
     assert not panel._frames.last_was_blit            # a new view: full render
-    panel.set(f=first)
-    assert not panel._frames.last_was_blit            # the first frame keeps no background (nothing
-    # is known to change yet), so the default view is rendered once more
+    panel.set(f=first)                                # (its limits may still be the other view's)
     for _ in range(2):
         panel.set(f=other)
         assert panel._frames.last_was_blit             # both views now come from their backgrounds
         panel.set(f=first)
         assert panel._frames.last_was_blit
+
+
+def test_the_first_change_after_build_is_blitted():
+    """A panel keeps its default view's background at build, so the reader's first change that
+    leaves the axes alone redraws only what moved."""
+    panel = W.StartHerePanel()
+    panel.set(seed=1)
+    assert panel._frames.last_was_blit and "(blitted)" in panel.status.value
 
 
 def test_a_cached_background_is_dropped_when_an_artist_baked_into_it_changes():

@@ -64,6 +64,7 @@ class Panel:
              self.readout, self.error, self.status],
         ).add_class(self.css_class).add_class("klviz-panel")
         self.update()
+        self._prime_frames()
 
     # -- to implement -------------------------------------------------------------------------
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
@@ -191,6 +192,22 @@ class Panel:
             f"<span style='color:#666;font-size:85%'>device {html.escape(describe_device(self.device))}"
             f" · compute {self.last_compute_ms:.1f} ms{draw}</span>"
         )
+
+    def _prime_frames(self) -> None:
+        """Keep a background of the first view before the reader touches anything.
+
+        The first frame is a full render, and which artists an update changes is learned from the
+        next one. Drawing the first data once more marks the artists that ``draw`` touches, so the
+        default view's background is kept now (one more render while the cell runs) and the
+        reader's first change, and every return to the default view, redraw only what moved.
+        """
+        if self.last_error is not None or not self.blit or os.environ.get("KLVIZ_NO_BLIT", "") not in ("", "0"):
+            return
+        try:
+            self.draw(self.last)
+            self._frames.render()
+        except Exception:  # noqa: BLE001 - an optimisation only: the next update renders in full
+            self._frames.background = None
 
     def png(self) -> bytes:
         """The figure as PNG bytes (for saving a picture of the panel)."""
