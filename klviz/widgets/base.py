@@ -3,9 +3,10 @@
 A panel owns its controls, a figure built **once**, and a pure ``compute(**values) -> dict``.
 On every control change it recomputes, updates the existing artists in ``draw`` (``set_data``,
 ``set_height``, ...) and redraws what changed (see :class:`_FrameComposer`); it never rebuilds the
-figure. Frames go to the page as PNG images. Errors raised
-while updating are shown inside the panel instead of vanishing into a log. The status line shows
-the device and how long the last update took (compute, then the redraw when the canvas reports it).
+figure. Frames go to the page as PNG images (:meth:`Panel._make_canvas` says why not ipympl).
+Errors raised while updating are shown inside the panel instead of vanishing into a log. The status
+line shows the device and how long the last update took: compute, then the redraw, marked
+"(blitted)" when only the changed artists were drawn.
 
 Tests drive a panel without a browser: ``panel.set(name=value, ...)`` then read ``panel.last``
 (the numbers of the last update) or ``panel.readout.value`` (the HTML the reader sees).
