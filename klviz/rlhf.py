@@ -168,7 +168,6 @@ class TrainingRun:
         self.history = TrainingHistory(self.config)
         #: wall-clock seconds from the start of the run to the end of each step
         self.seconds: list[float] = []
-        self._elapsed = 0.0
 
     @property
     def steps_done(self) -> int:
@@ -265,9 +264,8 @@ class TrainingRun:
                 hist.samples.append(ro.responses[:: cfg.group_size][:3])
                 if not all(math.isfinite(m[k][-1]) for k in METRICS):
                     raise ValueError(f"training diverged at step {step} (non-finite metric); lower lr or beta")
-                self._elapsed += time.perf_counter() - t_step
-                self.seconds.append(self._elapsed)
-                hist.seconds = self._elapsed
+                hist.seconds = (self.seconds[-1] if self.seconds else 0.0) + time.perf_counter() - t_step
+                self.seconds.append(hist.seconds)
                 if callback is not None:
                     callback(step, hist)
         finally:

@@ -40,6 +40,7 @@ class Panel:
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         self.device = resolve_device(device)
+        self._legends_by_key: dict[int, dict[Any, Any]] = {}   # see show_legend
         self.controls: dict[str, widgets.ValueWidget] = self.make_controls()
         self.fig: Figure = self.make_figure()
         # Redraws are requested by the panel only: with pyplot's interactive mode on (as in a
@@ -97,7 +98,7 @@ class Panel:
         background it rendered for that setting instead of rendering the whole figure again.
         Set the artists' labels for ``key`` before the first call with that key.
         """
-        cache: dict[Any, Any] = self.__dict__.setdefault("_legends_by_key", {}).setdefault(id(ax), {})
+        cache: dict[Any, Any] = self._legends_by_key.setdefault(id(ax), {})
         legend = cache.get(key)
         if legend is None:
             legend = cache[key] = ax.legend(**kwargs)
@@ -181,17 +182,18 @@ class Panel:
         """Compose the new frame and hand it to the canvas widget; times the whole redraw."""
         self._freeze_layout()
         t0 = time.perf_counter()
-        self._frames.render(blit=self.blit and os.environ.get("KLVIZ_NO_BLIT", "") in ("", "0"))
+        self._frames.render(blit=self._blitting())
         self._image.value = self._frames.png()
         self.last_draw_ms = (time.perf_counter() - t0) * 1e3
 
-    def _show_status(self) -> None:
+    def _show_status(self, note: str = "") -> None:
+        """Device and timing of the last update, then ``note`` (HTML, e.g. the progress of a run)."""
         draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
         if self._frames.last_was_blit:
             draw += " (blitted)"
         self.status.value = (
             f"<span style='color:#666;font-size:85%'>device {html.escape(describe_device(self.device))}"
-            f" · compute {self.last_compute_ms:.1f} ms{draw}</span>"
+            f" · compute {self.last_compute_ms:.1f} ms{draw}{note}</span>"
         )
 
     def _prime_frames(self) -> None:
@@ -202,13 +204,17 @@ class Panel:
         default view's background is kept now (one more render while the cell runs) and the
         reader's first change, and every return to the default view, redraw only what moved.
         """
-        if self.last_error is not None or not self.blit or os.environ.get("KLVIZ_NO_BLIT", "") not in ("", "0"):
+        if self.last_error is not None or not self._blitting():
             return
         try:
             self.draw(self.last)
             self._frames.render()
         except Exception:  # noqa: BLE001 - an optimisation only: the next update renders in full
-            self._frames.background = None
+            self._frames.state = None
+
+    def _blitting(self) -> bool:
+        """Whether frames redraw only what changed (``KLVIZ_NO_BLIT=1`` turns it off, for comparison)."""
+        return self.blit and os.environ.get("KLVIZ_NO_BLIT", "") in ("", "0")
 
     def png(self) -> bytes:
         """The figure as PNG bytes (for saving a picture of the panel)."""
@@ -375,7 +381,7 @@ class _FrameComposer:
             key = (id(lg), signature)               # a legend whose texts come back finds its layer
             layer = self._legend_layers.pop(key, None)
             if layer is None:
-                layer = _LegendLayer.render(lg, renderer, signature)
+                layer = _LegendLayer.render(lg, renderer)
             self._legend_layers[key] = layer        # most recently used goes last
             if not layer.composite(buf):
                 lg.draw(renderer)              # a see-through figure: let Agg blend it
@@ -391,13 +397,12 @@ class _FrameComposer:
 class _LegendLayer:
     """One legend rendered on a transparent layer, cut to its bounding box, ready to composite."""
 
-    def __init__(self, signature: tuple, rows: slice, cols: slice, premultiplied: np.ndarray,
-                 transparency: np.ndarray) -> None:
-        self.signature, self.rows, self.cols = signature, rows, cols
+    def __init__(self, rows: slice, cols: slice, premultiplied: np.ndarray, transparency: np.ndarray) -> None:
+        self.rows, self.cols = rows, cols
         self.premultiplied, self.transparency = premultiplied, transparency
 
     @classmethod
-    def render(cls, legend: Any, renderer: Any, signature: tuple) -> _LegendLayer:
+    def render(cls, legend: Any, renderer: Any) -> _LegendLayer:
         from matplotlib.backends.backend_agg import RendererAgg
 
         width, height = int(renderer.width), int(renderer.height)
@@ -410,7 +415,7 @@ class _LegendLayer:
         r0, r1 = max(height - int(np.ceil(y1)) - pad, 0), min(height - int(np.floor(y0)) + pad, height)
         rgba = np.asarray(layer.buffer_rgba())[r0:r1, c0:c1].astype(np.float32)
         alpha = rgba[..., 3:] / 255.0
-        return cls(signature, slice(r0, r1), slice(c0, c1), rgba[..., :3] * alpha, 1.0 - alpha)
+        return cls(slice(r0, r1), slice(c0, c1), rgba[..., :3] * alpha, 1.0 - alpha)
 
     def composite(self, buf: np.ndarray) -> bool:
         """Lay the legend over ``buf`` (an opaque RGBA frame, changed in place); False if not opaque."""

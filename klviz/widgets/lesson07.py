@@ -70,7 +70,7 @@ def lab_history(config: LabConfig, device: str | torch.device = "cpu", callback:
     with _TRAINING:                            # one run trains at a time (runs are shared)
         if (config, dev) in _RUNS:
             return _RUNS[(config, dev)]
-        key = (replace(config, steps=1), dev)
+        key = _resumable_key(config, dev)
         run = _RESUMABLE.pop(key, None)
         if run is None:
             run = TrainingRun(config, device=device)
@@ -89,8 +89,13 @@ def trained_history(config: LabConfig, device: str | torch.device = "cpu") -> Tr
     # no lock: a background run may hold it for seconds; a run's history only ever grows
     if (config, dev) in _RUNS:
         return _RUNS[(config, dev)]
-    run = _RESUMABLE.get((replace(config, steps=1), dev))
+    run = _RESUMABLE.get(_resumable_key(config, dev))
     return run.prefix(config.steps) if run is not None and run.steps_done >= config.steps else None
+
+
+def _resumable_key(config: LabConfig, device: str) -> tuple[LabConfig, str]:
+    """Runs that differ only in ``steps`` are one resumable run."""
+    return replace(config, steps=1), device
 
 
 class _Cancelled(Exception):
@@ -107,7 +112,6 @@ class RLHFLabPanel(Panel):
                  prompts: int = 4, group_size: int = 8, max_new_tokens: int = 24) -> None:
         self.fixed = {"lr": lr, "prompts": prompts, "group_size": group_size, "max_new_tokens": max_new_tokens}
         self.default_steps = steps
-        self._target_steps = steps
         self._lock = threading.RLock()          # one update or live redraw of this panel at a time
         self._generation = 0                    # bumped by every new setting; older runs stop
         self._worker: threading.Thread | None = None
@@ -152,9 +156,8 @@ class RLHFLabPanel(Panel):
     def _start_background(self, cfg: LabConfig) -> None:
         t0 = time.perf_counter()
         with self._lock:
-            self._generation += 1
-            generation = self._generation
-            self.training, self._target_steps = cfg, cfg.steps
+            generation = self._generation      # bumped by _on_change for this setting
+            self.training = cfg
             self._show_training(cfg, None, t0)  # answer at once: an empty run, marked as training
         self._worker = threading.Thread(target=self._train_in_background, args=(cfg, generation),
                                         name="klviz-rlhf-lab", daemon=True)
@@ -195,9 +198,7 @@ class RLHFLabPanel(Panel):
         self.error.value = ""
         self.last_compute_ms = (time.perf_counter() - t0) * 1e3
         self._redraw()
-        self._show_status()
-        self.status.value = self.status.value.replace(
-            "</span>", f" · training step {done} of {cfg.steps}</span>")
+        self._show_status(f" · training step {done} of {cfg.steps}")
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
@@ -243,20 +244,18 @@ class RLHFLabPanel(Panel):
     def compute(self, placement: str, beta: float, steps: int, epochs: int, early_stop_kl: float,
                 seed: int) -> dict[str, Any]:
         cfg = self._config(placement, beta, steps, epochs, early_stop_kl, seed)
-        self._target_steps = cfg.steps
-        hist = lab_history(cfg, self.device, callback=self._live if self._live_ok() else None)
+        t0 = time.perf_counter()
+
+        def live(step: int, hist: TrainingHistory) -> None:   # the curves grow while this update trains
+            if step % 5 == 4:
+                self._show_training(cfg, hist, t0)
+
+        hist = lab_history(cfg, self.device, callback=live if self._live_ok() else None)
         return {"config": cfg, "history": hist, "metrics": {k: np.asarray(v) for k, v in hist.metrics.items()}}
 
     # live redraw while training (once the panel has shown its first frame)
     def _live_ok(self) -> bool:
         return self._layout_frozen and not static_mode()
-
-    def _live(self, step: int, hist: TrainingHistory) -> None:
-        if step % 5 == 4:
-            self._draw_curves({k: np.asarray(v) for k, v in hist.metrics.items()}, self._target_steps)
-            self._redraw()
-            self.status.value = (f"<span style='color:#666;font-size:85%'>training: step {step + 1} of "
-                                 f"{self._target_steps} …</span>")
 
     def _draw_curves(self, m: dict[str, np.ndarray], total_steps: int) -> None:
         t = np.arange(len(m["reward"]))
