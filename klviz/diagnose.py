@@ -197,9 +197,7 @@ def load_rollouts(path: str | Path, *, logprob_key: str = "logprob", ref_key: st
             available = ", ".join(sorted(raw)[:12]) or "none"
             raise RolloutFileError(f"missing key {_label(key, role)}; the file has: {available}. "
                                    f"Rename with --{_option(role)}")
-    old = None
     if old_key is not None and old_key in raw:
-        old = raw[old_key]
         keys["old_logprob"] = old_key
     elif require_old:
         raise RolloutFileError(f"missing key {_label(old_key, 'old_logprob')}; the file has: {', '.join(sorted(raw)[:12])}")

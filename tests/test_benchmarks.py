@@ -49,14 +49,20 @@ def test_panels_script_tiny():
 
 # -- the harness's own pieces, in process -------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def common():
+def _benchmark_module(name: str):
+    """Import ``benchmarks/<name>.py`` for the duration of a module's tests."""
+    import importlib
+
     sys.path.insert(0, str(BENCH))
     try:
-        import common
-        yield common
+        yield importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def common():
+    yield from _benchmark_module("common")
 
 
 def test_missing_device_is_a_clear_error(common, monkeypatch, capsys):
@@ -83,12 +89,7 @@ def test_peak_memory_probe(common, capsys, tmp_path):
 
 @pytest.fixture(scope="module")
 def panels_module():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import panels
-        yield panels
-    finally:
-        sys.path.remove(str(BENCH))
+    yield from _benchmark_module("panels")
 
 
 def test_discovery_finds_the_start_here_panel(panels_module):

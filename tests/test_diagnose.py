@@ -7,7 +7,6 @@ import pickle
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -10,7 +10,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["CheckResult", "passed", "failed", "not_attempted", "call_learner", "WrongAnswer", "as_answer_tensor", "learner_tensor"]
+__all__ = ["CheckResult", "passed", "failed", "not_attempted", "call_learner", "WrongAnswer", "as_answer_tensor",
+           "as_answer_number", "learner_answer", "learner_tensor"]
 
 
 @dataclass(frozen=True)
@@ -83,19 +84,45 @@ def as_answer_tensor(value: Any, shape: tuple[int, ...], what: str, *, finite: b
     return value
 
 
-def learner_tensor(fn: Callable[..., Any], args: tuple, shape: tuple[int, ...], what: str, *,
-                   finite: bool = False) -> Any:
-    """Call a learner's function and return its answer as a float64 tensor of ``shape``; or, instead,
-    the :class:`CheckResult` to show: "not attempted" for a skeleton, one sentence for a wrong kind
-    of answer or an exception."""
+def as_answer_number(value: Any, what: str, *, finite: bool = False) -> float:
+    """``value`` (a number, NumPy scalar or one-element tensor) as a float, or :class:`WrongAnswer`."""
+    import math
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise WrongAnswer(f"{what} should be one number, got a tensor of shape {tuple(value.shape)}")
+        value = value.detach().double().item()
     try:
-        return as_answer_tensor(call_learner(fn, *args), shape, what, finite=finite)
+        number = float(value)
+    except (TypeError, ValueError):
+        raise WrongAnswer(f"{what} should be a number, got {type(value).__name__}") from None
+    if finite and not math.isfinite(number):
+        raise WrongAnswer(f"{what} is {number}; it should be a finite number")
+    return number
+
+
+def learner_answer(fn: Callable[..., Any], *args: Any, convert: Callable[[Any], Any] | None = None) -> Any:
+    """Call a learner's function and return its answer, through ``convert`` if given (which raises
+    :class:`WrongAnswer` for an answer of the wrong kind); or, instead, the :class:`CheckResult` to
+    show: "not attempted" for a skeleton, one sentence for a wrong kind of answer or an exception.
+    A check returns the result as soon as it gets one: ``if isinstance(out, CheckResult): return out``."""
+    try:
+        out = call_learner(fn, *args)
+        return out if convert is None else convert(out)
     except _NotAttempted:
         return not_attempted()
     except WrongAnswer as err:
         return failed(str(err))
     except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; say what
         return failed(f"your function raised {type(err).__name__}: {err}")
+
+
+def learner_tensor(fn: Callable[..., Any], args: tuple, shape: tuple[int, ...], what: str, *,
+                   finite: bool = False) -> Any:
+    """:func:`learner_answer` for an answer that must be a float64 tensor of ``shape``."""
+    return learner_answer(fn, *args, convert=lambda out: as_answer_tensor(out, shape, what, finite=finite))
 
 
 def __getattr__(name: str) -> Any:  # lazy: klviz.check.lesson02 imports klviz.check.lesson02

@@ -5,7 +5,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+from . import CheckResult, failed, learner_answer, not_attempted, passed
 
 
 def direction(answer: Any) -> CheckResult:
@@ -30,12 +30,9 @@ def k1_from_logprobs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     logp_q = -torch.rand(50, generator=g) * 5
     logp_p = logp_q + torch.randn(50, generator=g)
     expected = logp_q - logp_p
-    try:
-        out = call_learner(fn, logp_q.clone(), logp_p.clone())
-    except _NotAttempted:
-        return not_attempted()
-    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything
-        return failed(f"Your function raised {type(err).__name__}: {err}")
+    out = learner_answer(fn, logp_q.clone(), logp_p.clone())
+    if isinstance(out, CheckResult):
+        return out
     out = torch.as_tensor(out, dtype=torch.float64)
     if out.shape != expected.shape:
         return failed(f"Return one estimate per token: expected shape {tuple(expected.shape)}, got {tuple(out.shape)}.")

@@ -11,21 +11,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+from . import CheckResult, as_answer_number, failed, learner_answer, passed
 
 __all__ = ["estimate_from_draws", "weighted_estimate", "effective_sample_size"]
-
-
-def _as_float(value: Any, what: str) -> float:
-    """The learner's answer as a Python float (a 0-d/1-element tensor, NumPy scalar or number)."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise TypeError(f"{what} should be one number, got a tensor of shape {tuple(value.shape)}")
-        return float(value.detach().double())
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{what} should be a number, got {type(value).__name__}") from None
 
 
 def _close(a: float, b: float, tol: float = 1e-6) -> bool:
@@ -35,15 +23,11 @@ def _close(a: float, b: float, tol: float = 1e-6) -> bool:
 def _run(fn: Callable[..., Any], cases: list[tuple], what: str) -> list[float] | CheckResult:
     """Call ``fn`` on every case; a skeleton becomes "not attempted", an exception a clear failure."""
     out = []
-    try:
-        for args in cases:
-            out.append(_as_float(call_learner(fn, *args), what))
-    except _NotAttempted:
-        return not_attempted()
-    except TypeError as err:
-        return failed(str(err))
-    except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; say what
-        return failed(f"your function raised {type(err).__name__}: {err}")
+    for args in cases:
+        value = learner_answer(fn, *args, convert=lambda v: as_answer_number(v, what))
+        if isinstance(value, CheckResult):
+            return value
+        out.append(value)
     return out
 
 

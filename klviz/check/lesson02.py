@@ -12,7 +12,8 @@ import torch
 
 from ..estimators import k1 as _k1, k2 as _k2, k3 as _k3
 from ..tables import variance_crossing_mu
-from . import CheckResult, WrongAnswer, _NotAttempted, as_answer_tensor, call_learner, failed, not_attempted, passed
+from . import (CheckResult, WrongAnswer, as_answer_number, as_answer_tensor, call_learner, failed, learner_answer,
+               learner_tensor, not_attempted, passed)
 
 __all__ = ["k3_estimator", "k3_direction", "best_lambda", "variance_crossing"]
 
@@ -24,14 +25,9 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-6, atol: float = 1
 def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Check ``fn(log_r) -> k3`` per sample, with ``log_r = log p(x) - log q(x)`` (target minus sampler)."""
     log_r = torch.tensor([-3.0, -1.2, -0.4, -0.05, 0.0, 0.07, 0.3, 1.0, 2.5, 4.0], dtype=torch.float64)
-    try:
-        out = as_answer_tensor(call_learner(fn, log_r.clone()), log_r.shape, "your k3")
-    except _NotAttempted:
-        return not_attempted()
-    except WrongAnswer as err:
-        return failed(str(err))
-    except Exception as err:  # noqa: BLE001 - report the learner's exception as a sentence
-        return failed(f"your function raised {type(err).__name__}: {err}")
+    out = learner_tensor(fn, (log_r.clone(),), log_r.shape, "your k3")
+    if isinstance(out, CheckResult):
+        return out
     right = _k3(log_r)
     if not _close(out, right):
         if _close(out, _k3(-log_r)):
@@ -79,14 +75,9 @@ def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult
     """
     logp = torch.log_softmax(_POLICY, -1)
     ref = torch.log_softmax(_REF, -1)
-    try:
-        out = as_answer_tensor(call_learner(fn, logp.clone(), ref.clone()), logp.shape, "your function")
-    except _NotAttempted:
-        return not_attempted()
-    except WrongAnswer as err:
-        return failed(str(err))
-    except Exception as err:  # noqa: BLE001
-        return failed(f"your function raised {type(err).__name__}: {err}")
+    out = learner_tensor(fn, (logp.clone(), ref.clone()), logp.shape, "your function")
+    if isinstance(out, CheckResult):
+        return out
     pi = logp.exp()
     mean = float((pi * out).sum())
     kl_fwd = float((pi * (logp - ref)).sum())                    # KL(pi || pi_ref): the target
@@ -109,33 +100,15 @@ def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult
                   "Use log r = ref_logprob - logprob and k3 = (r - 1) - log r.")
 
 
-def _number(value: Any, what: str) -> float:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise WrongAnswer(f"{what} should be one number, got a tensor of shape {tuple(value.shape)}")
-        value = value.item()
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise WrongAnswer(f"{what} should be a number, got {type(value).__name__}") from None
-    if not math.isfinite(v):
-        raise WrongAnswer(f"{what} is {v}; it should be a finite number")
-    return v
-
-
 def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
     """Check ``fn(mu)``: the lambda minimising Var(k1 + lambda (r - 1)) for q = N(0,1), p = N(mu,1)."""
     mus = (0.3, 0.7, 1.3, 2.0)
     got = []
-    try:
-        for mu in mus:
-            got.append(_number(call_learner(fn, mu), f"your best_lambda({mu})"))
-    except _NotAttempted:
-        return not_attempted()
-    except WrongAnswer as err:
-        return failed(str(err))
-    except Exception as err:  # noqa: BLE001
-        return failed(f"your function raised {type(err).__name__}: {err}")
+    for mu in mus:
+        value = learner_answer(fn, mu, convert=lambda v, mu=mu: as_answer_number(v, f"your best_lambda({mu})", finite=True))
+        if isinstance(value, CheckResult):
+            return value
+        got.append(value)
 
     def matches(f: Callable[[float], float]) -> bool:
         return all(math.isclose(g, f(m), rel_tol=1e-6, abs_tol=1e-12) for g, m in zip(got, mus))
@@ -163,7 +136,7 @@ def variance_crossing(answer: Any) -> CheckResult:
     if answer is Ellipsis or answer is None:
         return not_attempted()
     try:
-        v = _number(answer, "your answer")
+        v = as_answer_number(answer, "your answer", finite=True)
     except WrongAnswer as err:
         return failed(str(err))
     mu_star = variance_crossing_mu()

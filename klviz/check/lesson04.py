@@ -10,14 +10,14 @@ from typing import Callable
 
 import torch
 
-from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+from . import CheckResult, WrongAnswer, failed, learner_answer, passed
 
 __all__ = ["approx_kl", "response_mask", "low_var_kl"]
 
 
 def _as_tensor(out: object, what: str) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{what} should return a torch tensor, got {type(out).__name__}")
+        raise WrongAnswer(f"{what} should return a torch tensor, got {type(out).__name__}")
     return out
 
 
@@ -32,13 +32,12 @@ def approx_kl(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
     new_padded = new.clone()
     new_padded[mask == 0] = old[mask == 0] + 5.0         # garbage where the mask is 0
     right = (0.5 * (new_padded - old) ** 2 * mask).sum() / mask.sum().clamp(min=1)
-    try:
-        got = _as_tensor(call_learner(fn, new_padded, old, mask), "approx_kl")
-        empty = _as_tensor(call_learner(fn, new_padded, old, torch.zeros_like(mask)), "approx_kl")
-    except _NotAttempted:
-        return not_attempted()
-    except Exception as err:  # noqa: BLE001 - reported to the learner
-        return failed(f"Your function raised {type(err).__name__}: {err}")
+    got = learner_answer(fn, new_padded, old, mask, convert=lambda out: _as_tensor(out, "approx_kl"))
+    if isinstance(got, CheckResult):
+        return got
+    empty = learner_answer(fn, new_padded, old, torch.zeros_like(mask), convert=lambda out: _as_tensor(out, "approx_kl"))
+    if isinstance(empty, CheckResult):
+        return empty
     if got.numel() != 1:
         return failed(f"approx_kl should be one number for the whole batch, got shape {tuple(got.shape)}.")
     g = float(got)
@@ -76,12 +75,9 @@ def response_mask(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor])
     right = torch.tensor([
         [1, 1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0, 0]], dtype=torch.float32)
-    try:
-        got = _as_tensor(call_learner(fn, ids.clone(), cmask.clone(), eos), "response_mask")
-    except _NotAttempted:
-        return not_attempted()
-    except Exception as err:  # noqa: BLE001
-        return failed(f"Your function raised {type(err).__name__}: {err}")
+    got = learner_answer(fn, ids.clone(), cmask.clone(), eos, convert=lambda out: _as_tensor(out, "response_mask"))
+    if isinstance(got, CheckResult):
+        return got
     if got.shape != right.shape:
         return failed(f"The mask should have the shape of completion_ids {tuple(right.shape)}, got {tuple(got.shape)}.")
     g = got.float()
@@ -104,12 +100,9 @@ def low_var_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Chec
     ref = torch.tensor([-1.2, -1.0, -3.0, -0.5, -0.1, -0.01, -3.5])
     d = (ref - logprob.detach()).clamp(-20, 20)
     right = (torch.exp(d) - d - 1).clamp(-10, 10)
-    try:
-        got = _as_tensor(call_learner(fn, logprob, ref), "low_var_kl")
-    except _NotAttempted:
-        return not_attempted()
-    except Exception as err:  # noqa: BLE001
-        return failed(f"Your function raised {type(err).__name__}: {err}")
+    got = learner_answer(fn, logprob, ref, convert=lambda out: _as_tensor(out, "low_var_kl"))
+    if isinstance(got, CheckResult):
+        return got
     if got.shape != right.shape:
         return failed(f"low_var_kl is per token: expected shape {tuple(right.shape)}, got {tuple(got.shape)}.")
     finite = torch.isfinite(got.detach())

@@ -10,22 +10,13 @@ from typing import Any, Callable
 
 import torch
 
-from . import CheckResult, _NotAttempted, call_learner, failed, not_attempted, passed
+from . import CheckResult, failed, learner_answer, passed
 
 __all__ = ["kl_returns", "approx_kl_stop"]
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=1e-6, atol=1e-9))
-
-
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return call_learner(fn, *args)
-    except _NotAttempted:
-        raise
-    except Exception as err:  # noqa: BLE001 - the learner's exception, as a sentence
-        raise RuntimeError(f"your function raised {type(err).__name__}: {err}") from None
 
 
 def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]) -> CheckResult:
@@ -36,12 +27,9 @@ def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], A
                       dtype=torch.float64)
     mask = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 1, 1, 1]], dtype=torch.float64)
     beta = 0.3
-    try:
-        out = _call(fn, rewards.clone(), k1.clone(), mask.clone(), beta)
-    except _NotAttempted:
-        return not_attempted()
-    except RuntimeError as err:
-        return failed(str(err))
+    out = learner_answer(fn, rewards.clone(), k1.clone(), mask.clone(), beta)
+    if isinstance(out, CheckResult):
+        return out
     out = torch.as_tensor(out, dtype=torch.float64)
     if out.shape != k1.shape:
         return failed(f"Return one value per token: shape {tuple(k1.shape)}, got {tuple(out.shape)}.")
@@ -76,12 +64,9 @@ def approx_kl_stop(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float
     d = new - old
     right = float((0.5 * d * d * mask).sum() / mask.sum())
     for threshold, expect in ((right * 0.9, True), (right * 1.1, False)):
-        try:
-            out = _call(fn, new.clone(), old.clone(), mask.clone(), threshold)
-        except _NotAttempted:
-            return not_attempted()
-        except RuntimeError as err:
-            return failed(str(err))
+        out = learner_answer(fn, new.clone(), old.clone(), mask.clone(), threshold)
+        if isinstance(out, CheckResult):
+            return out
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             return failed("Return a pair (approx_kl, stop).")
         value, stop = float(torch.as_tensor(out[0])), bool(out[1])
