@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_choice, check_positive_int
+from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
 from .simplex import CHOICES, check_probs, descent_paths, field_gradient, reward_gradient, single_thread
 
 __all__ = [

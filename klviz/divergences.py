@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_finite_values, check_positive_int, common_dtype
+from .validation import Tensor, as_float_tensor, check_finite_values, check_positive_int, common_dtype
 
 __all__ = ["exact_kl", "gaussian_kl", "categorical_kl"]
 

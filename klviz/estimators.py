@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_choice, check_finite_values, check_same_shape, common_dtype
+from .validation import Tensor, as_float_tensor, check_choice, check_finite_values, check_same_shape, common_dtype
 
 __all__ = ["k1", "k2", "k3", "kl_penalty", "KL_PENALTY_KINDS", "masked_mean", "agg_loss", "AGG_MODES"]
 

@@ -22,7 +22,8 @@ from typing import Callable
 
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
+from . import kernel
+from .validation import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
 
 __all__ = ["FGenerator", "GENERATORS", "generator", "f_value", "f_prime", "f_second", "tangent_at_one",
            "bregman_gap", "f_divergence", "expected_ratio"]
@@ -48,6 +49,9 @@ class FGenerator:
     convex: bool
     estimator_name: str
     slope_at_infinity: float   # lim f(t)/t as t -> inf: the weight of p's mass where q = 0
+    #: the Bregman gap f(e^u) - f'(1)(e^u - 1) computed without cancellation near u = 0, where the
+    #: kernel has it (k3 for -log t, r log r - (r - 1) for t log t); None: computed from f and df1
+    gap: Callable[[Tensor], Tensor] | None = None
 
     def __repr__(self) -> str:
         return f"FGenerator({self.name!r}: f(t) = {self.formula}; E_q[f(r)] = {self.divergence})"
@@ -61,15 +65,16 @@ def _t(u: Tensor) -> Tensor:
 GENERATORS: dict[str, FGenerator] = {
     "-log t": FGenerator(
         "-log t", "-log t", "KL(q‖p)",
-        f=lambda u: -u, df=lambda u: -torch.exp(-u), d2f=lambda u: torch.exp(-2 * u),
-        df1=-1.0, convex=True, estimator_name="k3 = (r - 1) - log r", slope_at_infinity=0.0),
+        f=kernel.k1, df=lambda u: -torch.exp(-u), d2f=lambda u: torch.exp(-2 * u),
+        df1=-1.0, convex=True, estimator_name="k3 = (r - 1) - log r", slope_at_infinity=0.0, gap=kernel.k3),
     "t log t": FGenerator(
         "t log t", "t log t", "KL(p‖q)",
         f=lambda u: _t(u) * u, df=lambda u: u + 1, d2f=lambda u: torch.exp(-u),
-        df1=1.0, convex=True, estimator_name="r log r - (r - 1)", slope_at_infinity=math.inf),
+        df1=1.0, convex=True, estimator_name="r log r - (r - 1)", slope_at_infinity=math.inf,
+        gap=kernel.kl_to_target),
     "k2": FGenerator(
         "k2", "½ (log t)²", "E_q[k2] (not an f-divergence)",
-        f=lambda u: 0.5 * u * u, df=lambda u: u * torch.exp(-u), d2f=lambda u: (1 - u) * torch.exp(-2 * u),
+        f=kernel.k2, df=lambda u: u * torch.exp(-u), d2f=lambda u: (1 - u) * torch.exp(-2 * u),
         df1=0.0, convex=False, estimator_name="k2 = ½ (log r)²", slope_at_infinity=0.0),
     "chi2": FGenerator(
         "chi2", "(t - 1)²", "χ²(p‖q)",
@@ -125,7 +130,7 @@ def bregman_gap(f: str | FGenerator, log_r: Tensor) -> Tensor:
     """
     g = generator(f)
     u = _log_t(log_r, "log_r")
-    return g.f(u) - g.df1 * torch.expm1(u)
+    return g.gap(u) if g.gap is not None else g.f(u) - g.df1 * torch.expm1(u)
 
 
 def f_divergence(f: str | FGenerator, q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:

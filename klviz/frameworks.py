@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
+from .validation import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
 from .estimators import agg_loss, kl_penalty, masked_mean
 
 __all__ = [

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_choice, check_positive_int, check_same_shape, common_dtype
+from .validation import Tensor, as_float_tensor, check_choice, check_positive_int, check_same_shape, common_dtype
 from .devices import check_generator
 
 __all__ = [

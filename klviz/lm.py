@@ -45,7 +45,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
+from .validation import check_positive_int
 from .devices import check_generator, resolve_device
 
 __all__ = [

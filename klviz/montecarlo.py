@@ -8,67 +8,28 @@ array of size n is ever made, and the variance never suffers from catastrophic c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.distributions import Categorical, Distribution, Normal
 
-from ._checks import check_positive_int
+from . import kernel
+from .statistics import RunningMoments
+from .validation import check_positive_int
 from .devices import check_generator, resolve_device
 
-__all__ = ["estimator_stats", "categorical_counts", "moments_from_counts", "summarize", "RunningMoments", "ESTIMATORS"]
+__all__ = ["estimator_stats", "categorical_counts", "moments_from_counts", "summarize", "ESTIMATORS"]
 
-ESTIMATORS = ("k1", "k2", "k3")
+ESTIMATORS = kernel.ESTIMATORS
 _CHUNK = 1 << 18            # categorical draws per chunk (float64 uniforms: 2 MiB)
 _NORMAL_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}   # Gaussian draws per chunk, by device type
-
-
-@dataclass
-class RunningMoments:
-    """Count, mean and centred sum of squares (M2), mergeable chunk by chunk (Chan et al. 1979)."""
-
-    n: int = 0
-    mean: float = 0.0
-    m2: float = 0.0
-
-    def add_chunk(self, values: torch.Tensor) -> None:
-        """Merge a chunk of samples (any shape; float32 or float64)."""
-        nb = values.numel()
-        if nb == 0:
-            return
-        mb = float(values.mean(dtype=torch.float64))
-        m2b = float((values - mb).square().sum(dtype=torch.float64))
-        self.add_moments(nb, mb, m2b)
-
-    def add_moments(self, nb: int, mb: float, m2b: float) -> None:
-        """Merge the moments of another group of ``nb`` samples."""
-        na, n = self.n, self.n + nb
-        delta = mb - self.mean
-        self.mean += delta * nb / n
-        self.m2 += m2b + delta * delta * na * nb / n
-        self.n = n
-
-    @property
-    def variance(self) -> float:
-        """Unbiased sample variance (0 for fewer than two samples)."""
-        return self.m2 / (self.n - 1) if self.n > 1 else 0.0
-
-    @property
-    def std(self) -> float:
-        """Single-sample standard deviation."""
-        return math.sqrt(max(self.variance, 0.0))
 
 
 def _relative(value: float, true_kl: float) -> float:
     if true_kl > 0:
         return value / true_kl
     return 0.0 if value == 0 else math.copysign(math.inf, value)
-
-
-def _estimates(log_r: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {"k1": -log_r, "k2": 0.5 * log_r * log_r, "k3": torch.expm1(log_r) - log_r}
 
 
 class _ShiftedSums:
@@ -189,7 +150,7 @@ def moments_from_counts(counts: torch.Tensor, log_r: torch.Tensor) -> dict[str, 
     used = counts > 0
     w = counts[used].to(torch.float64)
     moments = {}
-    for name, values in _estimates(log_r[used].to(torch.float64)).items():
+    for name, values in kernel.estimates(log_r[used].to(torch.float64)).items():
         mean = float((w * values).sum() / n)
         rm = RunningMoments()
         rm.add_moments(n, mean, float((w * (values - mean).square()).sum()))
@@ -204,7 +165,7 @@ def summarize(moments: dict[str, RunningMoments], true_kl: float) -> dict[str, A
     for name, rm in moments.items():
         bias = rm.mean - true_kl
         out[name] = {
-            "mean": rm.mean, "bias": bias, "std": rm.std, "se": rm.std / math.sqrt(n),
+            "mean": rm.mean, "bias": bias, "std": rm.std, "se": rm.se,
             "bias_rel": _relative(bias, true_kl), "std_rel": _relative(rm.std, true_kl),
         }
     return out

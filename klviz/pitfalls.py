@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_choice, check_positive_int, check_same_shape
+from .validation import Tensor, as_float_tensor, check_choice, check_positive_int, check_same_shape
 from .estimators import k1, k2, k3
+from .statistics import mean_se
 
 __all__ = [
     "inverted_k3_exact", "inverted_k3_mc", "seed_compute_kl", "correct_compute_kl",
@@ -58,9 +59,8 @@ def inverted_k3_mc(mu: float, num_samples: int, *, generator: torch.Generator | 
     x = torch.randn(n, generator=generator, dtype=torch.float64)
     log_r = m * x - 0.5 * m * m                    # log p(x) - log q(x): target over sampler
     right, wrong = k3(log_r), k3(-log_r)           # the seed's r = q/p is exp(-log_r)
-    se = lambda t: float(t.std()) / math.sqrt(n)   # noqa: E731
-    return {"correct": float(right.mean()), "correct_se": se(right),
-            "inverted": float(wrong.mean()), "inverted_se": se(wrong)}
+    (c, c_se), (w, w_se) = mean_se(right), mean_se(wrong)
+    return {"correct": c, "correct_se": c_se, "inverted": w, "inverted_se": w_se}
 
 
 def seed_compute_kl(logp_new: Tensor, logp_old: Tensor) -> Tensor:
@@ -372,9 +372,8 @@ def mixture_k3_mc(mu: float, alpha: float, num_samples: int, *, generator: torch
     log_mix = torch.logaddexp(math.log1p(-alpha) + log_q if alpha < 1 else torch.full_like(x, -math.inf),
                               math.log(alpha) + log_p if alpha > 0 else torch.full_like(x, -math.inf))
     weighted = torch.exp(log_q - log_mix) * naive
-    se = lambda t: float(t.std()) / math.sqrt(n)   # noqa: E731
-    return {"naive": float(naive.mean()), "naive_se": se(naive),
-            "weighted": float(weighted.mean()), "weighted_se": se(weighted)}
+    (a, a_se), (w, w_se) = mean_se(naive), mean_se(weighted)
+    return {"naive": a, "naive_se": a_se, "weighted": w, "weighted_se": w_se}
 
 
 # ---------------------------------------------------------------------------------------------

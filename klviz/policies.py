@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_positive_int
+from .validation import Tensor, as_float_tensor, check_positive_int
 
 __all__ = ["TOY_VOCAB", "toy_sampler_logits", "zipf_logits", "move_policy", "categorical_from_logits"]
 

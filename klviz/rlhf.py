@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from . import lm
-from ._checks import check_choice, check_positive_int
+from .validation import check_choice, check_positive_int
 from .devices import make_generator, resolve_device
 from .divergences import exact_kl
 from .estimators import k3, kl_penalty

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_positive_int, check_same_shape
+from .validation import Tensor, as_float_tensor, check_positive_int, check_same_shape
 from .devices import check_generator
 from .policies import zipf_logits
 

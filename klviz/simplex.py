@@ -33,7 +33,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_choice, check_positive_int
+from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
 from .gradients import gradient_coefficient
 
 __all__ = [

@@ -30,14 +30,15 @@ import numpy as np
 import torch
 from torch.distributions import Categorical, Normal
 
-from ._checks import as_float_tensor, check_positive_int
+from .validation import as_float_tensor, check_positive_int
 from .divergences import categorical_kl, gaussian_kl
 from .estimators import k1, k2, k3
-from .montecarlo import ESTIMATORS, RunningMoments, _relative, estimator_stats
+from .montecarlo import ESTIMATORS, _relative, estimator_stats
+from .statistics import RunningMoments, batch_means_se, control_variate_lambda
 
 __all__ = [
     "EstimatorMoments", "gaussian_moments", "gaussian_closed_forms", "categorical_moments",
-    "monte_carlo_row", "schulman_table", "SCHULMAN_PUBLISHED", "table_html", "mean_std_with_se",
+    "monte_carlo_row", "schulman_table", "SCHULMAN_PUBLISHED", "table_html",
     "k1_negative_probability", "variance_crossing_mu", "control_variate_samples", "sample_log_ratio", "exact_moments",
 ]
 
@@ -105,9 +106,7 @@ class EstimatorMoments:
         """The lambda that minimises Var(k1 + lambda (r - 1)): ``-Cov(k1, r) / Var(r)``.
 
         0 when Var(r) is infinite (any other lambda has infinite variance) or zero (p = q)."""
-        if not math.isfinite(self.var_r) or self.var_r == 0.0:
-            return 0.0
-        return -self.cov_k1_r / self.var_r
+        return control_variate_lambda(self.cov_k1_r, self.var_r)
 
     def cv_variance(self, lam: float | np.ndarray) -> float | np.ndarray:
         """Var(k1 + lambda (r - 1)) = Var k1 + 2 lambda Cov(k1, r) + lambda² Var r (vectorised over lambda)."""
@@ -285,10 +284,10 @@ def monte_carlo_row(q: Normal | Categorical, p: Normal | Categorical, num_sample
             pooled.add_moments(b["num_samples"], s["mean"], s["std"] ** 2 * (b["num_samples"] - 1))
         stds = np.array([b[k]["std"] for b in batches])
         means = np.array([b[k]["mean"] for b in batches])
-        se = pooled.std / math.sqrt(n)
-        se_std = float(stds.std(ddof=1)) / math.sqrt(nb)
+        se = pooled.se
+        se_std = batch_means_se(stds)
         out[k] = {
-            "mean": pooled.mean, "se": se, "se_batches": float(means.std(ddof=1)) / math.sqrt(nb),
+            "mean": pooled.mean, "se": se, "se_batches": batch_means_se(means),
             "bias_rel": _relative(pooled.mean - true_kl, true_kl), "se_bias_rel": _relative(se, true_kl),
             "std": pooled.std, "se_std": se_std,
             "std_rel": _relative(pooled.std, true_kl), "se_std_rel": _relative(se_std, true_kl),
@@ -352,25 +351,6 @@ def table_html(rows: list[dict[str, Any]], label: str = "mu") -> str:
     return ("<table class='klviz-table' style='border-collapse:collapse;font-size:90%'>"
             + (head + "".join(body)).replace("<td>", f"<td{pad}>").replace("<th>", f"<th{pad}>")
             + "</table>")
-
-
-def mean_std_with_se(values: torch.Tensor) -> dict[str, float]:
-    """Sample mean, single-sample std and the standard error of each, from one batch of samples.
-
-    SE(mean) = s / sqrt(n); SE(std) ≈ sqrt(m4 - s⁴) / (2 s sqrt(n)) with m4 the sample fourth
-    central moment (the delta method applied to Var(s²) ≈ (m4 - s⁴) / n). Needs n ≥ 2.
-    """
-    v = as_float_tensor(values, "values").to(torch.float64).reshape(-1)
-    n = v.numel()
-    if n < 2:
-        raise ValueError(f"values must hold at least 2 samples, got {n}")
-    m = float(v.mean())
-    d2 = (v - m).square()
-    var = float(d2.sum()) / (n - 1)
-    s = math.sqrt(var)
-    m4 = float(d2.square().mean())
-    se_std = math.sqrt(max(m4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
-    return {"mean": m, "se": s / math.sqrt(n), "std": s, "se_std": se_std, "n": n}
 
 
 def _normal_cdf(x: float) -> float:
@@ -458,13 +438,12 @@ def control_variate_samples(q: Normal, p: Normal, num_samples: int, *, num_batch
         sums = torch.stack([a.sum(), c.sum(), a.square().sum(), c.square().sum(), (a * c).sum()]).tolist()
         ma, mc = sums[0] / size, sums[1] / size
         vc = sums[3] / size - mc * mc
-        lams.append(-(sums[4] / size - ma * mc) / vc if vc > 0 else 0.0)
+        lams.append(control_variate_lambda(sums[4] / size - ma * mc, vc))
         pooled += np.array(sums)
     total = size * nb
     ma, mc = pooled[0] / total, pooled[1] / total
     var_k1 = pooled[2] / total - ma * ma
     var_r = pooled[3] / total - mc * mc
     cov = pooled[4] / total - ma * mc
-    lam = -cov / var_r if var_r > 0 else 0.0
-    return {"lambda_star": lam, "se": float(np.std(lams, ddof=1)) / math.sqrt(nb), "var_k1": var_k1,
+    return {"lambda_star": control_variate_lambda(cov, var_r), "se": batch_means_se(lams), "var_k1": var_k1,
             "var_r": var_r, "cov_k1_r": cov, "num_samples": total}

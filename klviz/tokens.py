@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 import torch
 
-from ._checks import Tensor, as_float_tensor, check_same_shape
+from .validation import Tensor, as_float_tensor, check_same_shape
 from .estimators import agg_loss, k1, k2, k3, kl_penalty, masked_mean
 
 __all__ = [

@@ -349,7 +349,7 @@ def test_estimator_stats_reproducible_and_seed_dependent():
 
 def test_estimator_stats_streaming_variance_is_sound():
     # huge mean, tiny spread: the textbook E[x²] - E[x]² formula loses every digit here
-    from klviz.montecarlo import RunningMoments
+    from klviz.statistics import RunningMoments
 
     rm = RunningMoments()
     x = 1e8 + torch.randn(100_000, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

@@ -18,13 +18,13 @@ from klviz.tables import (
     gaussian_closed_forms,
     gaussian_moments,
     k1_negative_probability,
-    mean_std_with_se,
     monte_carlo_row,
     sample_log_ratio,
     schulman_table,
     table_html,
     variance_crossing_mu,
 )
+from klviz.statistics import mean_std_with_se
 from klviz.widgets.lesson02 import ControlVariatePanel, GaussianEstimatorsPanel, TokenEstimatorsPanel
 
 

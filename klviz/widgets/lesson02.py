@@ -31,12 +31,12 @@ from ..estimators import k1, k2, k3
 from ..montecarlo import ESTIMATORS, categorical_counts
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
+from ..statistics import control_variate_lambda, mean_std_with_se, sample_moments
 from ..tables import (
     EstimatorMoments,
     categorical_moments,
     gaussian_moments,
     k1_negative_probability,
-    mean_std_with_se,
     sample_log_ratio,
 )
 from .base import Panel
@@ -367,11 +367,10 @@ class ControlVariatePanel(Panel):
         p = Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
         log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), self.device))
         a, c = k1(log_r), torch.expm1(log_r)           # k1 and r - 1
-        da, dc = a - a.mean(), c - c.mean()
-        var_a, var_c = float(da.square().mean()), float(dc.square().mean())
-        cov = float((da * dc).mean())
+        mom = sample_moments(a, c)
+        var_a, var_c, cov = mom["var_a"], mom["var_c"], mom["cov"]
         mc_var = np.maximum(var_a + 2 * _LAMBDAS * cov + _LAMBDAS ** 2 * var_c, 0.0)
-        lam_mc = -cov / var_c if var_c > 0 else 0.0
+        lam_mc = control_variate_lambda(cov, var_c)
         # how often each member is negative: from the first 20,000 samples (SE of a fraction ≤ 0.0036)
         sub_a, sub_c = a[:_N_FRAC], c[:_N_FRAC]          # float64: at lambda = 1 the sum must not round below 0
         lam_t = torch.from_numpy(_LAMBDAS_NEG).to(log_r.device)[:, None]

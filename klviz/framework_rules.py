@@ -1,0 +1,94 @@
+"""Which framework clamps which KL estimate, and how: one table, used everywhere.
+
+Each :class:`ClampRule` says, as data, what a framework does to a per-token estimate of KL(q || p)
+(``log_r = log p(x) - log q(x)``, tokens from the sampler q):
+
+- ``estimators``: the estimators the rule acts on (the others pass through unchanged);
+- ``input_clamp``: ``log r`` is clamped to ``[-c, c]`` *before* the estimator. It changes the value
+  and the gradient of every token beyond ``c`` (the gradient there is 0);
+- ``output_clamp``: the estimator's *value* is clamped to ``[lo, hi]``; where it binds the value is
+  the bound and the gradient is 0 (for k3 and k2, which are never negative, only ``hi`` can bind).
+
+:func:`klviz.kl_penalty`, :mod:`klviz.frameworks`, :mod:`klviz.pitfalls`, :mod:`klviz.tokens`
+and ``klviz diagnose`` all read their clamps from :data:`CLAMP_RULES`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import kernel
+
+Tensor = torch.Tensor
+
+__all__ = ["ClampRule", "CLAMP_RULES", "VERL_LOW_VAR_KL", "NEMO_RL", "OPENRLHF", "OPEN_INSTRUCT", "NO_CLAMP"]
+
+
+@dataclass(frozen=True)
+class ClampRule:
+    """How one framework limits a per-token KL estimate (see the module docstring)."""
+
+    name: str
+    estimators: tuple[str, ...]
+    input_clamp: float | None
+    output_clamp: tuple[float, float] | None
+    source: str
+    note: str = ""
+
+    def acts_on(self, estimator: str) -> bool:
+        """Whether this rule changes ``estimator`` at all."""
+        return estimator in self.estimators and (self.input_clamp is not None or self.output_clamp is not None)
+
+    def clamp_input(self, log_r: Tensor, estimator: str) -> Tensor:
+        """``log_r`` after the input clamp (unchanged when the rule has none or skips ``estimator``)."""
+        if self.input_clamp is None or estimator not in self.estimators:
+            return log_r
+        return log_r.clamp(-self.input_clamp, self.input_clamp)
+
+    def clamp_output(self, values: Tensor, estimator: str) -> Tensor:
+        """``values`` after the output clamp (unchanged when the rule has none or skips ``estimator``)."""
+        if self.output_clamp is None or estimator not in self.estimators:
+            return values
+        return values.clamp(*self.output_clamp)
+
+    def apply(self, log_r: Tensor, estimator: str) -> Tensor:
+        """Per-token ``estimator`` of ``log_r`` with this rule's clamps (no input checks)."""
+        return self.clamp_output(kernel.estimate(estimator, self.clamp_input(log_r, estimator)), estimator)
+
+    def input_binds(self, log_r: Tensor, estimator: str) -> Tensor:
+        """Boolean mask of the tokens whose ``log r`` the input clamp changes."""
+        if self.input_clamp is None or estimator not in self.estimators:
+            return torch.zeros_like(log_r, dtype=torch.bool)
+        return log_r.abs() > self.input_clamp
+
+    def output_binds(self, log_r: Tensor, estimator: str) -> Tensor:
+        """Boolean mask of the tokens whose value the output clamp replaces by a bound."""
+        if self.output_clamp is None or estimator not in self.estimators:
+            return torch.zeros_like(log_r, dtype=torch.bool)
+        v = kernel.estimate(estimator, self.clamp_input(log_r, estimator))
+        lo, hi = self.output_clamp
+        return (v < lo) | (v > hi)
+
+
+NO_CLAMP = ClampRule("none", (), None, None, source="", note="the estimator as written, nothing clamped")
+VERL_LOW_VAR_KL = ClampRule(
+    "verl low_var_kl", ("k3",), 20.0, (-10.0, 10.0),
+    source="verl-project/verl: verl/trainer/ppo/core_algos.py (kl_penalty_forward)",
+    note="only low_var_kl / k3 is clamped; kl (k1), abs and mse (k2) are left alone; "
+         "k3 >= 0, so the lower bound -10 can never bind")
+NEMO_RL = ClampRule(
+    "NeMo-RL", ("k1", "k2", "k3"), 20.0, (-10.0, 10.0),
+    source="NVIDIA-NeMo/RL: nemo_rl/algorithms/utils.py (calculate_kl)",
+    note="both clamps are configurable (input_clamp_value, output_clamp_value; None switches one off)")
+OPENRLHF = ClampRule(
+    "OpenRLHF ±10", ("k1", "k2", "k3"), None, (-10.0, 10.0),
+    source="OpenRLHF/OpenRLHF: openrlhf/models/utils.py (compute_approx_kl)",
+    note="every estimator's output is clamped, so k1 can be clipped on both sides")
+OPEN_INSTRUCT = ClampRule(
+    "open-instruct ±40", ("k1", "k2", "k3"), 40.0, None,
+    source="allenai/open-instruct: open_instruct/grpo_fast.py",
+    note="the log-ratio is clamped to ±40 before the estimator; no output clamp")
+
+#: Every clamp rule by name (the names lessons and reports show).
+CLAMP_RULES: dict[str, ClampRule] = {r.name: r for r in (NO_CLAMP, VERL_LOW_VAR_KL, NEMO_RL, OPENRLHF, OPEN_INSTRUCT)}

@@ -1,0 +1,153 @@
+"""Means and their standard errors, and the best control-variate coefficient: one home for each.
+
+Every "value ± standard error" the suite prints comes from here:
+
+- :func:`mean_se`: independent samples, SE = s / sqrt(n);
+- :func:`mean_std_with_se`: also the single-sample std and its SE (delta method);
+- :func:`clustered_mean_se`: a token mean over a ``[batch, tokens]`` mask with *sequences* as the
+  independent units (tokens of one response are correlated);
+- :func:`batch_means_se`: the SE of a statistic from its values on independent batches;
+- :class:`RunningMoments`: count, mean and centred sum of squares merged chunk by chunk;
+- :func:`control_variate_lambda`: λ* = −Cov(k1, r) / Var(r), the coefficient that minimises
+  Var(k1 + λ (r − 1)), from exact or sampled moments alike.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .validation import Tensor, as_float_tensor
+
+__all__ = [
+    "mean_se", "mean_std_with_se", "clustered_mean_se", "batch_means_se", "RunningMoments",
+    "control_variate_lambda", "sample_moments",
+]
+
+
+def mean_se(values: Tensor) -> tuple[float, float]:
+    """Mean of independent samples and its standard error ``s / sqrt(n)``.
+
+    An empty input gives ``(nan, nan)``; a single sample gives its value and ``nan`` (one draw says
+    nothing about the spread).
+    """
+    x = torch.as_tensor(values).double().reshape(-1)
+    n = x.numel()
+    if n == 0:
+        return math.nan, math.nan
+    mean = float(x.mean())
+    return mean, (float(x.std()) / math.sqrt(n) if n > 1 else math.nan)
+
+
+def mean_std_with_se(values: Tensor) -> dict[str, float]:
+    """Sample mean, single-sample std and the standard error of each, from one batch of samples.
+
+    SE(mean) = s / sqrt(n); SE(std) ≈ sqrt(m4 - s⁴) / (2 s sqrt(n)) with m4 the sample fourth
+    central moment (the delta method applied to Var(s²) ≈ (m4 - s⁴) / n). Needs n ≥ 2.
+    """
+    v = as_float_tensor(values, "values").to(torch.float64).reshape(-1)
+    n = v.numel()
+    if n < 2:
+        raise ValueError(f"values must hold at least 2 samples, got {n}")
+    m = float(v.mean())
+    d2 = (v - m).square()
+    var = float(d2.sum()) / (n - 1)
+    s = math.sqrt(var)
+    m4 = float(d2.square().mean())
+    se_std = math.sqrt(max(m4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
+    return {"mean": m, "se": s / math.sqrt(n), "std": s, "se_std": se_std, "n": n}
+
+
+def clustered_mean_se(values: Tensor, mask: Tensor) -> tuple[float, float]:
+    """Token mean of ``values`` over the boolean ``mask`` and its SE with sequences (rows) as clusters.
+
+    The mean is the ratio estimator Σ_i s_i / Σ_i n_i (s_i, n_i: the sum and count of row i); its SE
+    is the cluster-robust sqrt(b / (b − 1) Σ_i (s_i − mean · n_i)²) / Σ_i n_i over the b rows that
+    count a token. Positions outside the mask are ignored, whatever they hold. Fewer than two such
+    rows give an SE of ``nan``; no counted token at all gives ``(nan, nan)``.
+    """
+    m = torch.as_tensor(mask).bool()
+    v = torch.where(m, torch.as_tensor(values).double(), torch.zeros((), dtype=torch.float64))
+    n_i = m.double().sum(-1).reshape(-1)
+    s_i = v.sum(-1).reshape(-1)
+    keep = n_i > 0
+    n_i, s_i = n_i[keep], s_i[keep]
+    total = float(n_i.sum())
+    if total == 0:
+        return math.nan, math.nan
+    mean = float(s_i.sum()) / total
+    b = int(keep.sum())
+    if b < 2:
+        return mean, math.nan
+    resid = s_i - mean * n_i
+    return mean, math.sqrt(float(resid.square().sum()) * b / (b - 1)) / total
+
+
+def batch_means_se(batch_values: Sequence[float]) -> float:
+    """SE of a statistic from its values on ``b`` independent equal batches: std(ddof=1) / sqrt(b)."""
+    vals = [float(v) for v in batch_values]
+    b = len(vals)
+    if b < 2:
+        raise ValueError(f"batch_values needs at least 2 batches, got {b}")
+    mean = sum(vals) / b
+    return math.sqrt(sum((v - mean) ** 2 for v in vals) / (b - 1)) / math.sqrt(b)
+
+
+@dataclass
+class RunningMoments:
+    """Count, mean and centred sum of squares (M2), mergeable chunk by chunk (Chan et al. 1979)."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add_chunk(self, values: Tensor) -> None:
+        """Merge a chunk of samples (any shape; float32 or float64)."""
+        nb = values.numel()
+        if nb == 0:
+            return
+        mb = float(values.mean(dtype=torch.float64))
+        m2b = float((values - mb).square().sum(dtype=torch.float64))
+        self.add_moments(nb, mb, m2b)
+
+    def add_moments(self, nb: int, mb: float, m2b: float) -> None:
+        """Merge the moments of another group of ``nb`` samples."""
+        na, n = self.n, self.n + nb
+        delta = mb - self.mean
+        self.mean += delta * nb / n
+        self.m2 += m2b + delta * delta * na * nb / n
+        self.n = n
+
+    @property
+    def variance(self) -> float:
+        """Unbiased sample variance (0 for fewer than two samples)."""
+        return self.m2 / (self.n - 1) if self.n > 1 else 0.0
+
+    @property
+    def std(self) -> float:
+        """Single-sample standard deviation."""
+        return math.sqrt(max(self.variance, 0.0))
+
+    @property
+    def se(self) -> float:
+        """Standard error of the mean, std / sqrt(n) (``nan`` before any sample)."""
+        return self.std / math.sqrt(self.n) if self.n > 0 else math.nan
+
+
+def sample_moments(a: Tensor, c: Tensor) -> dict[str, float]:
+    """Population moments of two paired samples: ``var_a``, ``var_c`` and ``cov`` (divisor n)."""
+    da, dc = a - a.mean(), c - c.mean()
+    return {"var_a": float(da.square().mean()), "var_c": float(dc.square().mean()), "cov": float((da * dc).mean())}
+
+
+def control_variate_lambda(cov_k1_r: float, var_r: float) -> float:
+    """λ* = −Cov(k1, r) / Var(r): the λ that minimises Var(k1 + λ (r − 1)) = Var k1 + 2λ Cov + λ² Var r.
+
+    Works from exact moments and from sampled ones alike. 0 when Var(r) is 0 (p = q: every λ gives
+    the same variance) or infinite (any λ ≠ 0 has infinite variance).
+    """
+    if not math.isfinite(var_r) or var_r <= 0.0:
+        return 0.0
+    return -cov_k1_r / var_r
