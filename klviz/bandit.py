@@ -18,12 +18,15 @@ from typing import Sequence
 import torch
 
 from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
-from .simplex import CHOICES, check_probs, descent_paths, field_gradient, reward_gradient, single_thread
+from . import kernel
+from .devices import single_thread
+from .simplex import CHOICES, check_probs, descent_paths, field_gradient, reward_gradient
+from .usage import EstimatorUse, parse_use, per_token_surrogate
 
 __all__ = [
     "reverse_kl_optimum", "forward_kl_optimum", "bandit_fixed_points", "tv_distance",
     "SequenceToy", "SEQUENCE_METHODS",
-    "OFFPOLICY_WEIGHTS", "offpolicy_expected_gradient", "reward_updates",
+    "IMPORTANCE_WEIGHTS", "REWARD_CREDIT", "offpolicy_expected_gradient", "reward_updates",
 ]
 
 
@@ -114,16 +117,18 @@ def bandit_fixed_points(ref_probs: Tensor, rewards: Tensor, betas: Sequence[floa
 # an enumerable sequence toy
 # --------------------------------------------------------------------------------------------------
 
-#: Per-sequence surrogates compared in the lesson. "loss" ones differentiate a per-token estimator
-#: through log pi; "reward" ones multiply detached per-token k1 values by the score.
+#: How the per-token values of a use in the reward are credited to the tokens of a sequence.
+REWARD_CREDIT: dict[str, str] = {
+    "same token": "sum_t sg(k1_t) · log pi_t",
+    "reward-to-go": "sum_t sg(sum_{u>=t} k1_u) · log pi_t",
+    "whole sequence": "sum_t sg(sum_u k1_u) · log pi_t",
+}
+#: Per-sequence surrogates compared in the lesson, by label: uses of an estimator in the loss
+#: (differentiated through log pi), and k1 in the reward with each way of crediting it.
 SEQUENCE_METHODS: dict[str, str] = {
-    "k1 in loss": "sum_t k1_t, differentiated",
-    "k2 in loss": "sum_t k2_t, differentiated",
-    "k3 in loss": "sum_t k3_t, differentiated",
-    "k3+ in loss": "sum_t (value of k3, gradient of k2)",
-    "k1 in reward, same token": "sum_t sg(k1_t) · log pi_t",
-    "k1 in reward, reward-to-go": "sum_t sg(sum_{u>=t} k1_u) · log pi_t",
-    "k1 in reward, whole sequence": "sum_t sg(sum_u k1_u) · log pi_t",
+    **{use.label: f"sum_t {use.label.split(' in ')[0]}_t, differentiated" for use in (
+        EstimatorUse("k1"), EstimatorUse("k2"), EstimatorUse("k3"), EstimatorUse("k3", weighting="straight-through"))},
+    **{f"k1 in reward, {credit}": formula for credit, formula in REWARD_CREDIT.items()},
 }
 
 
@@ -195,26 +200,16 @@ class SequenceToy:
         """
         method = check_choice(method, "method", tuple(SEQUENCE_METHODS))
         logp = self.token_logprobs(logits)                        # [S, T], carries the gradient
-        log_r = self.token_logprobs(ref_logits).detach() - logp   # log pi_ref - log pi per token
-        k1 = -log_r
-        k2 = 0.5 * log_r * log_r
-        k3 = torch.expm1(log_r) - log_r
-        if method == "k1 in loss":
-            per_token = k1
-        elif method == "k2 in loss":
-            per_token = k2
-        elif method == "k3 in loss":
-            per_token = k3
-        elif method == "k3+ in loss":
-            per_token = k3.detach() + k2 - k2.detach()
-        else:
-            v = k1.detach()
-            if method.endswith("reward-to-go"):
-                v = v.flip(-1).cumsum(-1).flip(-1)
-            elif method.endswith("whole sequence"):
-                v = v.sum(-1, keepdim=True).expand_as(v)
-            per_token = v * logp
-        return per_token.sum(-1)
+        ref_logp = self.token_logprobs(ref_logits).detach()
+        if ", " not in method:                                    # a use in the loss
+            return per_token_surrogate(parse_use(method), logp, ref_logp).sum(-1)
+        credit = method.split(", ", 1)[1]
+        v = kernel.k1(ref_logp - logp).detach()
+        if credit == "reward-to-go":
+            v = v.flip(-1).cumsum(-1).flip(-1)
+        elif credit == "whole sequence":
+            v = v.sum(-1, keepdim=True).expand_as(v)
+        return (v * logp).sum(-1)
 
     def expected_gradient(self, logits: Tensor, ref_logits: Tensor, method: str) -> Tensor:
         """Exact E_{y~pi}[grad L(y)]: autograd of sum_y sg(pi(y)) · L(y), the sampling left undifferentiated."""
@@ -287,25 +282,25 @@ class SequenceToy:
 # off-policy tokens
 # --------------------------------------------------------------------------------------------------
 
-#: How a per-token KL term is weighted when the tokens come from pi_old:
-#: ``none``: as written on-policy; ``detached``: times sg(pi_theta/pi_old); ``ratio``: times
-#: pi_theta/sg(pi_old) with the gradient flowing through the ratio (DeepSeek-V3.2's correction).
-OFFPOLICY_WEIGHTS: tuple[str, ...] = ("none", "detached", "ratio")
+#: The importance weight a per-token KL term gets for the tokens coming from pi_old: ``none`` (as
+#: on-policy code writes it) or ``detached`` (times sg(pi_theta / pi_old), which restores the
+#: on-policy expectation of the same surrogate). The ratio that carries a gradient, rho =
+#: pi_theta / sg(pi_old), is part of the term itself: ``EstimatorUse(..., weighting="rho")``.
+IMPORTANCE_WEIGHTS: tuple[str, ...] = ("none", "detached")
 
 
-def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: Tensor, estimator: str,
-                                placement: str, weight: str = "none") -> Tensor:
+def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: Tensor,
+                                use: EstimatorUse | str, importance: str = "none") -> Tensor:
     """Exact expected gradient w.r.t. ``logits`` when tokens come from pi_old = softmax(old_logits).
 
-    Brute force: for every token x the surrogate L_x(theta) is built with torch ops (an estimator
-    ``"k1"``, ``"k2"``, ``"k3"``, ``"k3+"`` of log r = log pi_ref(x) - log pi_theta(x), as a
-    ``"loss"`` or as a detached ``"reward"`` times log pi_theta(x)), weighted as ``weight`` says
-    (:data:`OFFPOLICY_WEIGHTS`), and the gradient of sum_x pi_old(x) L_x is taken by autograd.
-    With ``old_logits == logits`` it is the on-policy expected gradient.
+    Brute force: for every token x the per-token term of ``use`` (an :class:`~klviz.usage.EstimatorUse`
+    or its label, e.g. ``"k3·ρ in loss"``: rho is pi_theta / sg(pi_old)) is built with torch ops by
+    :func:`klviz.usage.per_token_surrogate`, times sg(pi_theta / pi_old) when ``importance`` is
+    ``"detached"``, and the gradient of sum_x pi_old(x) L_x is taken by autograd. With
+    ``old_logits == logits`` it is the on-policy expected gradient.
     """
-    estimator = check_choice(estimator, "estimator", ("k1", "k2", "k3", "k3+"))
-    placement = check_choice(placement, "placement", ("loss", "reward"))
-    weight = check_choice(weight, "weight", OFFPOLICY_WEIGHTS)
+    use = parse_use(use)
+    importance = check_choice(importance, "importance", IMPORTANCE_WEIGHTS)
     th = as_float_tensor(logits, "logits").to(torch.float64)
     old = as_float_tensor(old_logits, "old_logits").to(torch.float64)
     ref = as_float_tensor(ref_logits, "ref_logits").to(torch.float64)
@@ -313,21 +308,13 @@ def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: 
         if t.dim() != 1 or t.shape != th.shape:
             raise ValueError(f"{name} must be 1-D with {th.shape[0] if th.dim() == 1 else '?'} entries, "
                              f"got shape {tuple(t.shape)}")
-    if placement == "reward" and estimator == "k3+":
-        raise ValueError("estimator 'k3+' is a loss-side fix; in the reward use 'k1', 'k2' or 'k3'")
     th = th.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         log_pi = torch.log_softmax(th, -1)
         log_old = torch.log_softmax(old, -1)
-        log_r = torch.log_softmax(ref, -1) - log_pi
-        k1, k2, k3 = -log_r, 0.5 * log_r * log_r, torch.expm1(log_r) - log_r
-        value = {"k1": k1, "k2": k2, "k3": k3, "k3+": k3.detach() + k2 - k2.detach()}[estimator]
-        per_token = value if placement == "loss" else value.detach() * log_pi
-        rho = torch.exp(log_pi - log_old)
-        if weight == "detached":
-            per_token = rho.detach() * per_token
-        elif weight == "ratio":
-            per_token = rho * value if placement == "loss" else value.detach() * rho
+        per_token = per_token_surrogate(use, log_pi, torch.log_softmax(ref, -1), log_old)
+        if importance == "detached":
+            per_token = torch.exp(log_pi - log_old).detach() * per_token
         (g,) = torch.autograd.grad((log_old.exp() * per_token).sum(), th)
     return g
 
@@ -342,3 +329,51 @@ def reward_updates(start_logits: Tensor, rewards: Tensor, *, steps: int, lr: flo
     for _ in range(steps):
         lg = lg + lr * reward_gradient(lg, rw)
     return lg
+
+
+# --------------------------------------------------------------------------------------------------
+# lesson 05's bandit: its three tokens, reference policy, rewards and beta grid, and the solutions
+# its figures and panels show (computed once per kernel)
+# --------------------------------------------------------------------------------------------------
+import functools  # noqa: E402 - this section's imports; it is kept apart from the functions above
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from .divergences import categorical_kl  # noqa: E402
+from .simplex import ALL_FLOWS  # noqa: E402
+
+__all__ += ["THREE_TOKENS", "REF_PROBS", "REWARDS", "BETA_GRID", "bandit_solutions", "bandit_table"]
+
+#: The three tokens of the lesson's triangle, the reference policy and the bandit's rewards.
+THREE_TOKENS: tuple[str, str, str] = (" mat", " sofa", " moon")
+REF_PROBS: tuple[float, float, float] = (0.5, 0.3, 0.2)
+REWARDS: tuple[float, float, float] = (0.0, 0.5, 1.0)
+#: The beta values of the bandit panel (log-spaced): fixed points are computed once for all of them.
+BETA_GRID: tuple[float, ...] = tuple(float(f"{b:.3g}") for b in np.geomspace(0.05, 10.0, 24))
+
+
+@functools.lru_cache(maxsize=2)
+def bandit_solutions(ref: tuple[float, ...], rewards: tuple[float, ...], betas: tuple[float, ...]) -> dict[str, Any]:
+    """Fixed points for every flow and beta (computed once), and both closed-form solution paths:
+    ``{"fixed": bandit_fixed_points(...), "reverse": [len(betas), K], "forward": [len(betas), K]}``."""
+    ref_t = torch.tensor(ref, dtype=torch.float64)
+    rw_t = torch.tensor(rewards, dtype=torch.float64)
+    fixed = bandit_fixed_points(ref_t, rw_t, betas, steps=1500)
+    rev = torch.stack([reverse_kl_optimum(ref_t, rw_t, b) for b in betas])
+    fwd = torch.stack([forward_kl_optimum(ref_t, rw_t, b) for b in betas])
+    return {"fixed": fixed, "reverse": rev, "forward": fwd}
+
+
+def bandit_table(beta_index: int) -> list[dict[str, Any]]:
+    """Rows (one per choice) of the bandit panel's readout at ``BETA_GRID[beta_index]``."""
+    data = bandit_solutions(REF_PROBS, REWARDS, BETA_GRID)
+    star = data["reverse"][beta_index]
+    ref = torch.tensor(REF_PROBS, dtype=torch.float64)
+    rw = torch.tensor(REWARDS, dtype=torch.float64)
+    rows = []
+    for flow in ALL_FLOWS:
+        p = data["fixed"][flow]["policy"][beta_index]
+        rows.append({"choice": flow, "policy": p.numpy(), "tv_to_optimum": float(tv_distance(p, star)),
+                     "reward": float(p @ rw), "kl": float(categorical_kl(p, ref))})
+    return rows

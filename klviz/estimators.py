@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from . import kernel
+from .framework_rules import VERL_LOW_VAR_KL
 from .validation import Tensor, as_float_tensor, check_choice, check_finite_values, check_same_shape, common_dtype
 
 __all__ = ["k1", "k2", "k3", "kl_penalty", "KL_PENALTY_KINDS", "masked_mean", "agg_loss", "AGG_MODES"]
@@ -18,7 +20,7 @@ def k1(log_r: Tensor) -> Tensor:
 
     ``log_r = log p(x) - log q(x)`` with x drawn from q (target minus sampler).
     """
-    return -as_float_tensor(log_r, "log_r")
+    return kernel.k1(as_float_tensor(log_r, "log_r"))
 
 
 def k2(log_r: Tensor) -> Tensor:
@@ -27,8 +29,7 @@ def k2(log_r: Tensor) -> Tensor:
     Its expectation is an f-divergence-like quantity that matches KL(q||p) to second order in
     ``log r``, so the bias is tiny for close policies and grows as they separate.
     """
-    t = as_float_tensor(log_r, "log_r")
-    return 0.5 * t * t
+    return kernel.k2(as_float_tensor(log_r, "log_r"))
 
 
 def k3(log_r: Tensor) -> Tensor:
@@ -37,16 +38,10 @@ def k3(log_r: Tensor) -> Tensor:
     Computed as ``expm1(log_r) - log_r``, and by its Taylor series (to x⁶) for ``|log_r| < 0.1`` (float32; 1e-3 in float64)
     where that subtraction would cancel, so it keeps full relative precision near
     ``r = 1``; finite for ``|log_r|`` up to 88 in float32 (beyond that the true value exceeds what
-    float32 can hold and the result is ``+inf``; pass float64 to go further).
+    float32 can hold and the result is ``+inf``; pass float64 to go further). The formula lives in
+    :func:`klviz.kernel.k3`.
     """
-    return _k3_stable(as_float_tensor(log_r, "log_r"))
-
-
-def _k3_stable(t: Tensor) -> Tensor:
-    """k3 = expm1(t) - t with full relative precision near t = 0 (Taylor series up to t⁶ there)."""
-    series = t * t * (1 / 2 + t * (1 / 6 + t * (1 / 24 + t * (1 / 120 + t / 720))))
-    small = 0.1 if t.dtype == torch.float32 else 1e-3   # where the series beats the subtraction
-    return torch.where(t.abs() < small, series, torch.expm1(t) - t)
+    return kernel.k3(as_float_tensor(log_r, "log_r"))
 
 
 KL_PENALTY_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
@@ -54,15 +49,16 @@ _ALL_KINDS = KL_PENALTY_KINDS + tuple(k + "+" for k in KL_PENALTY_KINDS)
 
 
 def _penalty_value(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
+    log_r = ref_logprob - logprob          # target pi_ref over the sampler, the policy
     if kind in ("kl", "k1"):
-        return logprob - ref_logprob
+        return kernel.k1(log_r)
     if kind == "abs":
-        return (logprob - ref_logprob).abs()
+        return log_r.abs()
     if kind in ("mse", "k2"):
-        return 0.5 * (logprob - ref_logprob).square()
-    # low_var_kl / k3, with verl's two clamps
-    d = (ref_logprob - logprob).clamp(-20.0, 20.0)  # log r, clamped so exp() and its gradient stay finite
-    return _k3_stable(d).clamp(-10.0, 10.0)  # k3 >= 0, so only the upper bound can ever act
+        return kernel.k2(log_r)
+    # low_var_kl / k3, with verl's two clamps (klviz.framework_rules.VERL_LOW_VAR_KL): log r to ±20 so
+    # exp() and its gradient stay finite, the value to ±10 (k3 >= 0: only the upper bound can act)
+    return VERL_LOW_VAR_KL.apply(log_r, "k3")
 
 
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
@@ -91,7 +87,7 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
     if not kind.endswith("+"):
         return _penalty_value(lp, ref, kind)
     forward = _penalty_value(lp, ref, kind[:-1]).detach()
-    backward = 0.5 * (lp - ref).square()
+    backward = kernel.k2(ref - lp)
     return backward - backward.detach() + forward
 
 

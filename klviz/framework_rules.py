@@ -36,6 +36,11 @@ class ClampRule:
     source: str
     note: str = ""
 
+    @property
+    def upper_bound(self) -> float:
+        """The output clamp's upper bound (``inf`` without an output clamp)."""
+        return float("inf") if self.output_clamp is None else self.output_clamp[1]
+
     def acts_on(self, estimator: str) -> bool:
         """Whether this rule changes ``estimator`` at all."""
         return estimator in self.estimators and (self.input_clamp is not None or self.output_clamp is not None)

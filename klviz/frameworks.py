@@ -11,7 +11,11 @@ estimated (see :mod:`klviz.estimators`): rollouts come from pi_old, so
 * PPO's **approx_kl / ppo_kl** (old vs current, on old's tokens) estimates KL(pi_old || pi_theta).
 
 The functions re-derive each formula (they are not copies of the frameworks' code) and reuse
-:func:`klviz.kl_penalty`, :func:`klviz.agg_loss` and :func:`klviz.masked_mean`. Source files are
+:func:`klviz.kl_penalty`, :func:`klviz.agg_loss`, :func:`klviz.masked_mean`, the estimator kernel
+(:mod:`klviz.kernel`) where a framework's formula is ours, and the clamp table
+(:mod:`klviz.framework_rules`). A formula is written out here only where the framework's own
+differs from the kernel's (most write k3 as ``exp(d) - d - 1``, which loses its digits to
+rounding near d = 0 in float32: the value a framework logs is that one); each such place says so. Source files are
 named in each docstring; behaviour is that of the frameworks' main branches in 2025-2026, with
 older variants behind flags where they differ.
 """
@@ -21,8 +25,10 @@ from typing import Any
 
 import torch
 
-from .validation import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
+from . import kernel
 from .estimators import agg_loss, kl_penalty, masked_mean
+from .framework_rules import NEMO_RL, OPENRLHF
+from .validation import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
 
 __all__ = [
     "verl_kl_loss", "verl_kl_in_reward", "verl_ppo_kl",
@@ -127,9 +133,6 @@ def verl_ppo_kl(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor) -
 # ---------------------------------------------------------------------------------------------
 # OpenRLHF
 # ---------------------------------------------------------------------------------------------
-_OPENRLHF_ESTIMATORS = ("k1", "k2", "k3")
-
-
 def openrlhf_compute_approx_kl(log_probs: Tensor, log_probs_base: Tensor, kl_estimator: str = "k1",
                                clamp: bool = True) -> Tensor:
     """OpenRLHF's ``compute_approx_kl``: per-token k1, k2 or k3 with ``log_ratio = log_probs - log_probs_base``.
@@ -140,16 +143,14 @@ def openrlhf_compute_approx_kl(log_probs: Tensor, log_probs_base: Tensor, kl_est
     [-10, 10] (``clamp=True``, current releases; older releases returned it unclamped). For k1 both
     bounds can act, since k1 can be negative.
     """
-    kind = check_choice(kl_estimator, "kl_estimator", _OPENRLHF_ESTIMATORS)
+    kind = check_choice(kl_estimator, "kl_estimator", kernel.ESTIMATORS)
     lp, base = _pair(log_probs, log_probs_base, "log_probs", "log_probs_base")
-    log_ratio = lp - base
-    if kind == "k1":
-        out = log_ratio
-    elif kind == "k2":
-        out = log_ratio.square() / 2.0
+    log_ratio = lp - base                  # = -log r, r = pi_base / pi
+    if kind == "k3":
+        out = torch.exp(-log_ratio) - 1.0 + log_ratio      # OpenRLHF's own k3 (no expm1, no input clamp)
     else:
-        out = torch.exp(-log_ratio) - 1.0 + log_ratio
-    return out.clamp(-10.0, 10.0) if clamp else out
+        out = kernel.estimate(kind, -log_ratio)
+    return OPENRLHF.clamp_output(out, kind) if clamp else out
 
 
 def openrlhf_kl(action_log_probs: Tensor, base_action_log_probs: Tensor, action_mask: Tensor,
@@ -202,7 +203,7 @@ def trl_grpo_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor, completion
     m = _mask(completion_mask, lp, "completion_mask")
     loss_type = check_choice(loss_type, "loss_type", _TRL_LOSS_TYPES)
     d = ref - lp
-    per_token_kl = torch.exp(d) - d - 1.0
+    per_token_kl = torch.exp(d) - d - 1.0          # TRL's own k3 (exp, not expm1; no clamp)
     if use_bias_correction_kl:
         if old_per_token_logps is None:
             raise ValueError("old_per_token_logps is needed when use_bias_correction_kl=True (the ratio is logp - old)")
@@ -239,13 +240,13 @@ def trl_ppo_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_estimato
     m = _mask(mask, lp, "mask")
     kind = check_choice(kl_estimator, "kl_estimator", ("k1", "k3"))
     logr = (ref - lp) * m                                  # filler positions: equal values -> 0
-    kl = -logr if kind == "k1" else torch.expm1(logr) - logr
+    kl = kernel.k1(logr) if kind == "k1" else (torch.exp(logr) - 1) - logr     # TRL's own k3, as written there
     out: dict[str, Any] = {"per_token": kl, "reward_delta": -kl_coef * kl, "per_sequence": kl.sum(1),
                            "logged": kl.sum(1).mean(), "logged_name": "objective/kl"}
     if new_logprobs is not None:
         new, _ = _pair(new_logprobs, lp, "new_logprobs", "logprobs")
         diff = (new - lp) * m
-        out["approxkl"] = 0.5 * diff.square().mean()
+        out["approxkl"] = kernel.k2(diff).mean()
     return out
 
 
@@ -253,24 +254,23 @@ def trl_ppo_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_estimato
 # NeMo-RL
 # ---------------------------------------------------------------------------------------------
 def nemo_rl_calculate_kl(logprobs: Tensor, logprobs_reference: Tensor, kl_type: str = "k3",
-                         input_clamp_value: float | None = 20.0, output_clamp_value: float | None = 10.0) -> Tensor:
+                         input_clamp_value: float | None = NEMO_RL.input_clamp,
+                         output_clamp_value: float | None = NEMO_RL.upper_bound) -> Tensor:
     """NeMo-RL's ``calculate_kl``: ``logr = ref - logprobs`` clamped to ±20, then k1 (``-logr``),
     k2 (``logr²/2``) or k3 (``exp(logr) - 1 - logr``), the result clamped to ±10.
 
     Source: NVIDIA-NeMo/RL, ``nemo_rl/algorithms/utils.py``. Either clamp is skipped when its
     value is ``None``.
     """
-    kind = check_choice(kl_type, "kl_type", ("k1", "k2", "k3"))
+    kind = check_choice(kl_type, "kl_type", kernel.ESTIMATORS)
     lp, ref = _pair(logprobs, logprobs_reference, "logprobs", "logprobs_reference")
     logr = ref - lp
     if input_clamp_value is not None:
         logr = logr.clamp(-float(input_clamp_value), float(input_clamp_value))
-    if kind == "k1":
-        kl = -logr
-    elif kind == "k2":
-        kl = logr.square() / 2
+    if kind == "k3":
+        kl = torch.exp(logr) - 1 - logr            # NeMo-RL's own k3 (exp, not expm1)
     else:
-        kl = torch.exp(logr) - 1 - logr
+        kl = kernel.estimate(kind, logr)
     if output_clamp_value is not None:
         kl = kl.clamp(-float(output_clamp_value), float(output_clamp_value))
     return kl
@@ -326,8 +326,7 @@ def minimind_approx_kl(mb_resp_logp: Tensor, old_resp_logp: Tensor, resp_policy_
     m = _mask(resp_policy_mask, new, "resp_policy_mask")
     if not float(early_stop_kl) > 0:
         raise ValueError(f"early_stop_kl must be positive, got {early_stop_kl!r}")
-    log_ratio = new - old
-    per_token = 0.5 * log_ratio.square() * m
+    per_token = kernel.k2(new - old) * m
     approx_kl = per_token.sum() / m.sum().clamp(min=1.0)
     return {"per_token": per_token, "approx_kl": approx_kl, "stop": approx_kl > early_stop_kl,
             "logged": approx_kl, "logged_name": "approx_kl"}
@@ -344,7 +343,7 @@ def minimind_kl_ref_penalty(mb_resp_logp: Tensor, ref_resp_logp: Tensor, resp_po
     lp, ref = _pair(mb_resp_logp, ref_resp_logp, "mb_resp_logp", "ref_resp_logp")
     m = _mask(resp_policy_mask, lp, "resp_policy_mask")
     d = ref - lp
-    per_token = (torch.exp(d) - d - 1.0) * m
+    per_token = (torch.exp(d) - d - 1.0) * m       # MiniMind's own k3 (exp, not expm1; no clamp)
     pen = per_token.sum() / m.sum().clamp(min=1.0)
     return {"per_token": per_token, "kl_ref_penalty": pen, "loss_term": kl_coef * pen, "logged": pen,
             "logged_name": "kl_ref"}

@@ -10,9 +10,12 @@ estimator      as a loss (token fixed)  in the reward (value detached, times the
 k1 = -log r    c = 1       (mean 0)     c = k1  -> grad KL(pi || pi_ref)  (unbiased)
 k2 = ½ log² r  c = k1      (= k1 rew.)  c = k2  -> biased
 k3             c = 1 - r   -> grad KL(pi_ref || pi) (forward KL)   c = k3 -> biased
-k3 · rho       c = k1      (rho = pi / sg(pi), the ratio-corrected k3)
-k3+            c = k1      (straight-through: value of k3, gradient of k2)
 =============  ======================  =================================================
+
+and two loss-side weightings (:mod:`klviz.usage`): ``"rho"`` multiplies the value by rho = pi / sg(pi)
+(value 1, gradient s), so c = k + c_loss(k): for k3 that is k1, the ratio-corrected k3 of
+DeepSeek-V3.2 and TRL; ``"straight-through"`` keeps the value and takes the gradient of k2, c = k1
+(verl's ``"k3+"``).
 
 :func:`expected_kl_gradient` sums ``pi(x) c(x) s(x)`` over the vocabulary (exact, no sampling);
 :func:`sampled_kl_gradients` draws tokens and returns the per-sample gradients.
@@ -21,16 +24,15 @@ from __future__ import annotations
 
 import torch
 
-from .validation import Tensor, as_float_tensor, check_choice, check_positive_int, check_same_shape, common_dtype
+from . import kernel
 from .devices import check_generator
+from .usage import EstimatorUse
+from .validation import Tensor, as_float_tensor, check_positive_int, check_same_shape, common_dtype
 
 __all__ = [
     "expected_kl_gradient", "reverse_kl_gradient", "forward_kl_gradient", "sampled_kl_gradients",
-    "gradient_coefficient", "GRADIENT_ESTIMATORS", "PLACEMENTS",
+    "gradient_coefficient",
 ]
-
-GRADIENT_ESTIMATORS = ("k1", "k2", "k3", "k3_ratio", "k3+")
-PLACEMENTS = ("loss", "reward")
 
 
 def _policy_pair(policy_logits: Tensor, ref_logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -45,56 +47,73 @@ def _policy_pair(policy_logits: Tensor, ref_logits: Tensor) -> tuple[Tensor, Ten
     return th.to(dtype), ref.to(dtype)
 
 
-def gradient_coefficient(log_r: Tensor, estimator: str, placement: str) -> Tensor:
+def _loss_coefficient(log_r: Tensor, estimator: str) -> Tensor:
+    """d k / d log pi for each estimator as a loss (the token fixed): k1 -> 1, k2 -> k1, k3 -> 1 - r."""
+    if estimator == "k1":
+        return torch.ones_like(log_r)
+    if estimator == "k2":
+        return kernel.k1(log_r)
+    return -torch.expm1(log_r)
+
+
+def use_coefficient(log_r: Tensor, use: EstimatorUse) -> Tensor:
+    """c(x) for an already checked ``log_r`` and ``use`` (no input checks; see :func:`gradient_coefficient`)."""
+    if use.placement == "reward":         # sg(k) · s, or sg(k) · grad rho = sg(k) · s on-policy
+        return kernel.estimate(use.estimator, log_r)
+    if use.weighting == "straight-through":
+        return kernel.k1(log_r)           # the gradient of k2, whatever the value
+    c = _loss_coefficient(log_r, use.estimator)
+    if use.weighting == "rho":            # grad(rho · k) = k · s + grad k, rho = pi / sg(pi) = 1 in value
+        c = c + kernel.estimate(use.estimator, log_r)
+    return c
+
+
+def gradient_coefficient(log_r: Tensor, estimator: str, placement: str, weighting: str = "none") -> Tensor:
     """The coefficient c(x) with per-sample gradient ``c(x) · grad log pi(x)`` (see the module table).
 
-    ``log_r = log pi_ref(x) - log pi(x)`` for tokens x sampled from the policy pi.
+    ``log_r = log pi_ref(x) - log pi(x)`` for tokens x sampled from the policy pi. ``estimator`` in
+    ``"k1"``, ``"k2"``, ``"k3"``; ``placement`` ``"loss"`` or ``"reward"``; ``weighting`` ``"none"``,
+    ``"rho"`` or ``"straight-through"`` (loss only; see :class:`klviz.usage.EstimatorUse`).
     """
-    estimator = check_choice(estimator, "estimator", GRADIENT_ESTIMATORS)
-    placement = check_choice(placement, "placement", PLACEMENTS)
-    lr = as_float_tensor(log_r, "log_r")
-    k1 = -lr
-    if placement == "reward":
-        if estimator in ("k3_ratio", "k3+"):
-            raise ValueError(f"estimator {estimator!r} is a loss-side fix; in the reward use 'k1', 'k2' or 'k3'")
-        return {"k1": k1, "k2": 0.5 * lr * lr, "k3": torch.expm1(lr) - lr}[estimator]
-    if estimator == "k1":
-        return torch.ones_like(lr)
-    if estimator == "k3":
-        return -torch.expm1(lr)           # 1 - r
-    return k1                             # k2, k3_ratio and k3+ all differentiate to k1 · s
+    use = EstimatorUse(estimator, placement, weighting)
+    return use_coefficient(as_float_tensor(log_r, "log_r"), use)
 
 
-def expected_kl_gradient(policy_logits: Tensor, ref_logits: Tensor, estimator: str, placement: str) -> Tensor:
+def expected_kl_gradient(policy_logits: Tensor, ref_logits: Tensor, estimator: str, placement: str,
+                         weighting: str = "none") -> Tensor:
     """Exact E_{x~pi}[per-sample gradient] w.r.t. the policy logits, by summing over the vocabulary.
 
     Tokens are sampled from the policy pi = softmax(policy_logits); ``ref_logits`` define pi_ref.
-    ``estimator`` in ``"k1"``, ``"k2"``, ``"k3"`` (and the fixes ``"k3_ratio"``, ``"k3+"`` as a loss);
-    ``placement`` ``"loss"`` (differentiated through log pi with the token fixed) or ``"reward"``
-    (detached value times the score). Compare with :func:`reverse_kl_gradient` (the gradient of
-    KL(pi || pi_ref), what a KL penalty is meant to follow) and :func:`forward_kl_gradient`.
+    ``estimator`` in ``"k1"``, ``"k2"``, ``"k3"``; ``placement`` ``"loss"`` (differentiated through
+    log pi with the token fixed) or ``"reward"`` (detached value times the score); ``weighting``
+    ``"none"``, ``"rho"`` (the ratio-corrected value rho · k) or ``"straight-through"`` (value of k,
+    gradient of k2). Compare with :func:`reverse_kl_gradient` (the gradient of KL(pi || pi_ref),
+    what a KL penalty is meant to follow) and :func:`forward_kl_gradient`.
     """
+    use = EstimatorUse(estimator, placement, weighting)
     th, ref = _policy_pair(policy_logits, ref_logits)
     log_pi = torch.log_softmax(th, -1)
     pi = log_pi.exp()
-    c = gradient_coefficient(torch.log_softmax(ref, -1) - log_pi, estimator, placement)
+    c = use_coefficient(torch.log_softmax(ref, -1) - log_pi, use)
     w = pi * c                          # E[c s] = sum_x pi(x) c(x) (e_x - pi) = w - pi · sum(w)
     return w - pi * w.sum()
 
 
 def sampled_kl_gradients(policy_logits: Tensor, ref_logits: Tensor, estimator: str, placement: str,
-                         num_samples: int, *, generator: torch.Generator | None = None) -> Tensor:
+                         num_samples: int, *, weighting: str = "none",
+                         generator: torch.Generator | None = None) -> Tensor:
     """Per-sample gradients ``c(x_i) · (onehot(x_i) - pi)`` for ``num_samples`` tokens x_i ~ pi.
 
     Returns a [num_samples, V] tensor whose mean estimates :func:`expected_kl_gradient`.
     """
+    use = EstimatorUse(estimator, placement, weighting)
     th, ref = _policy_pair(policy_logits, ref_logits)
     n = check_positive_int(num_samples, "num_samples")
     check_generator(generator, th.device)
     log_pi = torch.log_softmax(th, -1)
     pi = log_pi.exp()
     x = torch.multinomial(pi, n, replacement=True, generator=generator)
-    c = gradient_coefficient((torch.log_softmax(ref, -1) - log_pi)[x], estimator, placement)
+    c = use_coefficient((torch.log_softmax(ref, -1) - log_pi)[x], use)
     scores = torch.nn.functional.one_hot(x, th.numel()).to(th.dtype) - pi
     return c[:, None] * scores
 

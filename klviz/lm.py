@@ -36,7 +36,6 @@ without EOS is truncated (all its tokens stay in the mask and ``finished[b]`` is
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.resources
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ import torch
 from torch import nn
 
 from .validation import check_positive_int
-from .devices import check_generator, resolve_device
+from .devices import check_generator, resolve_device, single_thread
 
 __all__ = [
     "VOCAB", "PAD", "BOS", "EOS", "PAD_ID", "BOS_ID", "EOS_ID", "STATES", "PROMPTS",
@@ -81,27 +80,10 @@ EMBED_DIM = 12
 HIDDEN_DIM = 192
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Run tiny CPU matrix work on one thread, then restore the caller's setting.
-
-    The model's matrices are so small that a second thread only adds synchronisation; on a busy
-    2-core machine the default thread pool made sampling 30x slower than one thread.
-    """
-    before = torch.get_num_threads()
-    if before != 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if before != 1:
-            torch.set_num_threads(before)
-
-
 def _single_threaded(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with _one_thread():
+        with single_thread():
             return fn(*args, **kwargs)
     return wrapper
 

@@ -18,6 +18,8 @@ import torch
 
 from .validation import Tensor, as_float_tensor, check_choice, check_positive_int, check_same_shape
 from .estimators import k1, k2, k3
+from .framework_rules import CLAMP_RULES
+from .kernel import ESTIMATORS
 from .statistics import mean_se
 
 __all__ = [
@@ -69,7 +71,7 @@ def seed_compute_kl(logp_new: Tensor, logp_old: Tensor) -> Tensor:
     Kept only to measure it: the ratio is sampler over target, the inverse of what k3 needs.
     """
     d = as_float_tensor(logp_old, "logp_old") - as_float_tensor(logp_new, "logp_new")
-    return torch.exp(d) - 1 - d
+    return torch.exp(d) - 1 - d      # the mistaken code as written, kept to be measured (not klviz.kernel.k3)
 
 
 def correct_compute_kl(logp_new: Tensor, logp_old: Tensor) -> Tensor:
@@ -87,35 +89,17 @@ def gaussian_cov_logr_r(mu: float) -> dict[str, float]:
 # 2. clamps
 # ---------------------------------------------------------------------------------------------
 
-#: What each framework does to the per-token value (estimator, input clamp on log r, output clamp).
-CLAMP_RULES: dict[str, dict[str, Any]] = {
-    "none": {"input": None, "output": None},
-    "verl low_var_kl": {"input": 20.0, "output": (-10.0, 10.0)},
-    "OpenRLHF ±10": {"input": None, "output": (-10.0, 10.0)},
-    "open-instruct ±40": {"input": 40.0, "output": None},
-}
-
-
 def apply_clamp(log_r: Tensor, estimator: str, rule: str) -> Tensor:
     """Per-token ``estimator`` (``"k1"``, ``"k2"``, ``"k3"``) of ``log_r`` with a framework's clamps.
 
-    ``rule`` is a key of :data:`CLAMP_RULES`: the input clamp limits |log r| before the estimator,
-    the output clamp limits the value after it (verl applies both to k3 only, as ``low_var_kl``, and
-    leaves k1 and k2 alone;
-    OpenRLHF clamps the output of every estimator, which also clips k1).
+    ``rule`` is a key of :data:`klviz.framework_rules.CLAMP_RULES`: the input clamp limits |log r|
+    before the estimator, the output clamp limits the value after it (verl applies both to k3 only,
+    as ``low_var_kl``, and leaves k1 and k2 alone; OpenRLHF clamps the output of every estimator,
+    which also clips k1).
     """
-    estimator = check_choice(estimator, "estimator", ("k1", "k2", "k3"))
+    estimator = check_choice(estimator, "estimator", ESTIMATORS)
     rule = check_choice(rule, "rule", tuple(CLAMP_RULES))
-    lr = as_float_tensor(log_r, "log_r")
-    spec = CLAMP_RULES[rule]
-    if rule == "verl low_var_kl" and estimator != "k3":
-        spec = CLAMP_RULES["none"]          # verl clamps only its low_var_kl (k3); "kl" and "mse" are left alone
-    if spec["input"] is not None:
-        lr = lr.clamp(-spec["input"], spec["input"])
-    val = {"k1": k1, "k2": k2, "k3": k3}[estimator](lr)
-    if spec["output"] is not None:
-        val = val.clamp(*spec["output"])
-    return val
+    return CLAMP_RULES[rule].apply(as_float_tensor(log_r, "log_r"), estimator)
 
 
 def _gauss_grid(mu: float, width: float = 14.0, n: int = 40_001) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,18 +42,29 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from . import lm
+from . import kernel, lm
 from .validation import check_choice, check_positive_int
 from .devices import make_generator, resolve_device
 from .divergences import exact_kl
 from .estimators import k3, kl_penalty
-from .simplex import single_thread
+from .usage import EstimatorUse, parse_use
+from .devices import single_thread
 
 __all__ = ["PLACEMENTS", "LabConfig", "TrainingHistory", "TrainingRun", "train_policy", "run_placements", "METRICS"]
 
-PLACEMENTS: tuple[str, ...] = ("k1 in reward", "k1 in loss", "k2 in loss", "k3 in loss", "k3·ρ in loss",
-                               "k3+ in loss", "none")
-_LOSS_KIND = {"k1 in loss": "k1", "k2 in loss": "k2", "k3 in loss": "k3", "k3·ρ in loss": "k3", "k3+ in loss": "k3+"}
+#: The uses of an estimator the lab trains with (:mod:`klviz.usage`). In the loss they are verl's
+#: ``kl_penalty`` kinds, its clamps included; k3·ρ is TRL's unclamped k3 times rho.
+LAB_USES: tuple[EstimatorUse, ...] = (
+    EstimatorUse("k1", "reward"), EstimatorUse("k1"), EstimatorUse("k2"), EstimatorUse("k3"),
+    EstimatorUse("k3", weighting="rho"), EstimatorUse("k3", weighting="straight-through"),
+)
+#: The lab's KL choices by label, and "none" (no KL term) last.
+PLACEMENTS: tuple[str, ...] = (*(use.label for use in LAB_USES), "none")
+
+
+def _verl_kind(use: EstimatorUse) -> str:
+    """verl's ``kl_penalty`` kind for a use in the loss: the estimator, with "+" for straight-through."""
+    return use.estimator + ("+" if use.weighting == "straight-through" else "")
 #: What a history records at every step (one float each).
 METRICS: tuple[str, ...] = ("reward", "true_kl", "reported_kl", "entropy", "approx_kl", "epochs_run",
                             "response_length", "finished")
@@ -195,7 +206,9 @@ class TrainingRun:
         cfg, dev, pol, ref = self.config, self.device, self.policy, self.reference
         reward_fn, opt, gen, hist = self.reward_fn, self.optimizer, self.generator, self.history
         prompts = _batch_prompts(cfg)
-        kind = _LOSS_KIND.get(cfg.placement)
+        use = None if cfg.placement == "none" else parse_use(cfg.placement)
+        in_loss = use is not None and use.placement == "loss"
+        kind = _verl_kind(use) if in_loss else None
         pol.train().requires_grad_(True)
         try:
             for step in range(self.steps_done, self.steps_done + steps):
@@ -218,7 +231,7 @@ class TrainingRun:
                         reported = _masked_row_sum(kl_penalty(old_logp, ref_logp, kind), mask).mean()
                     # returns per token: R for every token; k1 in the reward adds -beta · (k1 of this and later tokens)
                     returns = rewards[:, None].expand_as(mask).clone()
-                    if cfg.placement == "k1 in reward":
+                    if use is not None and use.placement == "reward":
                         to_go = k1_tok.flip(-1).cumsum(-1).flip(-1)
                         returns = returns - cfg.beta * to_go
                     # group baseline: mean over the group of the return at each row's first response token
@@ -237,7 +250,7 @@ class TrainingRun:
                         pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
                     loss_tok = pg
                     if kind is not None and cfg.beta > 0:
-                        if cfg.placement == "k3·ρ in loss":             # TRL / DeepSeek-V3.2: unclamped k3 times rho
+                        if use.weighting == "rho":                      # TRL / DeepSeek-V3.2: unclamped k3 times rho
                             pen = ratio * k3(ref_logp - logp)           # rho = pi / sg(pi_old), differentiated
                         else:
                             pen = kl_penalty(logp, ref_logp, kind)      # verl's kinds, with verl's clamps for k3
@@ -249,7 +262,7 @@ class TrainingRun:
                     epochs_run += 1
                     with torch.no_grad():
                         new_logp = lm.logprobs_of(pol, ro)
-                        approx = float((0.5 * (new_logp - old_logp).square() * mask).sum() / mask.sum().clamp_min(1))
+                        approx = float((kernel.k2(new_logp - old_logp) * mask).sum() / mask.sum().clamp_min(1))
                     if cfg.early_stop_kl is not None and approx > cfg.early_stop_kl:
                         break
                 m = hist.metrics
@@ -284,3 +297,77 @@ def run_placements(placements: Sequence[str] = PLACEMENTS, *, device: str | torc
 def config_dict(config: LabConfig) -> dict[str, Any]:
     """The config as a plain dict (for printing)."""
     return asdict(config)
+
+
+# --------------------------------------------------------------------------------------------------
+# lesson 07's runs, kept for the kernel: the notebook's figures and the lab's panel share them
+# --------------------------------------------------------------------------------------------------
+import threading  # noqa: E402 - this section's lock; the section is kept apart from the training code
+
+__all__ += ["PLACEMENT_COLORS", "cached_run", "lab_history", "trained_history"]
+
+#: The colour of each placement in lesson 07's figures and panel.
+PLACEMENT_COLORS: dict[str, str] = {
+    "k1 in reward": "#1f77b4", "k1 in loss": "#17becf", "k2 in loss": "#ff7f0e", "k3 in loss": "#2ca02c",
+    "k3·ρ in loss": "#9467bd", "k3+ in loss": "#8c564b", "none": "#7f7f7f",
+}
+
+_RUNS: dict[tuple[LabConfig, str], TrainingHistory] = {}
+_MAX_RUNS = 32
+
+
+def cached_run(config: LabConfig, device: str | torch.device = "cpu", callback: Any = None) -> TrainingHistory:
+    """:func:`train_policy` with the default policy, reward and reference, cached by (config, device):
+    the same settings train once per kernel. ``callback`` is passed to a new run."""
+    key = (config, str(torch.device(device)))
+    if key not in _RUNS:
+        hist = train_policy(config, device=device, callback=callback)
+        if len(_RUNS) >= _MAX_RUNS:
+            _RUNS.pop(next(iter(_RUNS)))
+        _RUNS[key] = hist
+    return _RUNS[key]
+
+
+_RESUMABLE: dict[tuple[LabConfig, str], TrainingRun] = {}
+_MAX_RESUMABLE = 16
+_TRAINING = threading.RLock()
+
+
+def lab_history(config: LabConfig, device: str | torch.device = "cpu", callback: Any = None) -> TrainingHistory:
+    """The history of a run with ``config``, training only what no earlier call has trained.
+
+    A run already made by :func:`cached_run` is returned as is. Otherwise the settings other than
+    ``steps`` name one resumable :class:`TrainingRun`: a request for fewer steps than it has trained
+    is its prefix (the same numbers a run of that length records), a request for more advances it.
+    The history comes without a policy; use :func:`cached_run` when you need it.
+    """
+    dev = str(torch.device(device))
+    with _TRAINING:                            # one run trains at a time (runs are shared)
+        if (config, dev) in _RUNS:
+            return _RUNS[(config, dev)]
+        key = _resumable_key(config, dev)
+        run = _RESUMABLE.pop(key, None)
+        if run is None:
+            run = TrainingRun(config, device=device)
+        _RESUMABLE[key] = run                  # most recently used goes last
+        while len(_RESUMABLE) > _MAX_RESUMABLE:
+            del _RESUMABLE[next(iter(_RESUMABLE))]
+        if run.steps_done < config.steps:
+            run.advance(config.steps - run.steps_done, callback=callback)
+        return run.prefix(config.steps)
+
+
+def trained_history(config: LabConfig, device: str | torch.device = "cpu") -> TrainingHistory | None:
+    """The history of ``config`` if it is there without training (a kept run or the start of a longer
+    one), else None."""
+    dev = str(torch.device(device))
+    # no lock: a background run may hold it for seconds; a run's history only ever grows
+    if (config, dev) in _RUNS:
+        return _RUNS[(config, dev)]
+    run = _RESUMABLE.get(_resumable_key(config, dev))
+    return run.prefix(config.steps) if run is not None and run.steps_done >= config.steps else None
+
+
+def _resumable_key(config: LabConfig, device: str) -> tuple[LabConfig, str]:
+    """Runs that differ only in ``steps`` are one resumable run."""
+    return replace(config, steps=1), device

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .statistics import mean_se
 from .validation import Tensor, as_float_tensor, check_positive_int, check_same_shape
 from .devices import check_generator
 from .policies import zipf_logits
@@ -118,7 +119,7 @@ def ess_fraction(weights: Tensor) -> tuple[float, float]:
     # gradient of a^2 / b with respect to (a, b), times the covariance of (w, w^2) / n
     ga, gb = 2 * a / b, -a * a / (b * b)
     d = ga * (w - a) + gb * (w * w - b)
-    return a * a / b, float(d.std() / math.sqrt(n))
+    return a * a / b, mean_se(d)[1]
 
 
 def expected_ess_fraction(target_probs: Tensor, sampler_probs: Tensor) -> float:

@@ -10,7 +10,7 @@ bandit ``max_pi E_pi[R] - beta · penalty``).
 The names of the choices, used by the lesson and its panels:
 
 ==================  ===========================  ==============================================
-choice              estimator, placement         expected gradient
+choice              :class:`~klviz.usage.EstimatorUse`  expected gradient
 ==================  ===========================  ==============================================
 ``k1 in loss``      ``("k1", "loss")``           0 (it does nothing on average)
 ``k2 in loss``      ``("k2", "loss")``           grad KL(pi || pi_ref)
@@ -18,8 +18,8 @@ choice              estimator, placement         expected gradient
 ``k1 in reward``    ``("k1", "reward")``         grad KL(pi || pi_ref)
 ``k2 in reward``    ``("k2", "reward")``         biased
 ``k3 in reward``    ``("k3", "reward")``         grad KL(pi || pi_ref) - grad KL(pi_ref || pi)
-``k3·ρ in loss``    ``("k3_ratio", "loss")``     grad KL(pi || pi_ref)
-``k3+ in loss``     ``("k3+", "loss")``          grad KL(pi || pi_ref)
+``k3·ρ in loss``    ``("k3", "loss", "rho")``    grad KL(pi || pi_ref)
+``k3+ in loss``     ``("k3", "loss", "s.-t.")``  grad KL(pi || pi_ref)
 ==================  ===========================  ==============================================
 
 plus the two references ``reverse KL`` (the true gradient of KL(pi || pi_ref)) and ``forward KL``
@@ -27,14 +27,15 @@ plus the two references ``reverse KL`` (the true gradient of KL(pi || pi_ref)) a
 """
 from __future__ import annotations
 
-import contextlib
 import math
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 
+from .devices import single_thread
+from .gradients import use_coefficient
+from .usage import LESSON_USES, EstimatorUse
 from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
-from .gradients import gradient_coefficient
 
 __all__ = [
     "CHOICES", "REFERENCE_FLOWS", "ALL_FLOWS", "CHOICE_COLORS", "CHOICE_STYLES",
@@ -42,17 +43,8 @@ __all__ = [
     "descent_paths",
 ]
 
-#: Every (estimator, placement) the lesson compares, by the name it is shown under.
-CHOICES: dict[str, tuple[str, str]] = {
-    "k1 in loss": ("k1", "loss"),
-    "k2 in loss": ("k2", "loss"),
-    "k3 in loss": ("k3", "loss"),
-    "k1 in reward": ("k1", "reward"),
-    "k2 in reward": ("k2", "reward"),
-    "k3 in reward": ("k3", "reward"),
-    "k3·ρ in loss": ("k3_ratio", "loss"),
-    "k3+ in loss": ("k3+", "loss"),
-}
+#: Every use of an estimator the lesson compares, by its label (built from :data:`klviz.usage.LESSON_USES`).
+CHOICES: dict[str, EstimatorUse] = {use.label: use for use in LESSON_USES}
 #: The two true gradients every choice is compared with.
 REFERENCE_FLOWS: tuple[str, ...] = ("reverse KL", "forward KL")
 ALL_FLOWS: tuple[str, ...] = tuple(CHOICES) + REFERENCE_FLOWS
@@ -73,18 +65,6 @@ CHOICE_STYLES: dict[str, str] = {
 _SQRT3_2 = math.sqrt(3.0) / 2.0
 #: Lowest logit (relative to the largest) a descent path may reach: probabilities stay ≥ e^-60.
 LOGIT_FLOOR = -60.0
-
-
-@contextlib.contextmanager
-def single_thread() -> Iterator[None]:
-    """Run many tiny tensor operations on one thread: on a busy 2-core machine the thread pool's
-    hand-offs cost far more than the arithmetic of a 3-token policy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def check_probs(probs: Tensor | Sequence[float], name: str = "probs", *, min_prob: float = 0.0) -> Tensor:
@@ -136,8 +116,7 @@ def _flow_coefficient(log_pi: Tensor, log_ref: Tensor, flow: str) -> Tensor:
         return log_pi - log_ref                     # grad KL(pi || ref) = E_pi[(log pi - log ref) s]
     if flow == "forward KL":
         return -torch.exp(log_ref - log_pi)         # grad KL(ref || pi) = -E_pi[(ref/pi) s] = pi - ref
-    estimator, placement = CHOICES[flow]
-    return gradient_coefficient(log_ref - log_pi, estimator, placement)
+    return use_coefficient(log_ref - log_pi, CHOICES[flow])
 
 
 def _prepare(logits: Tensor, ref_logits: Tensor, flow: str) -> tuple[Tensor, Tensor]:

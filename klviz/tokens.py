@@ -11,8 +11,10 @@ import math
 from dataclasses import dataclass
 import torch
 
-from .validation import Tensor, as_float_tensor, check_same_shape
+from . import kernel
 from .estimators import agg_loss, k1, k2, k3, kl_penalty, masked_mean
+from .framework_rules import VERL_LOW_VAR_KL
+from .validation import Tensor, as_float_tensor, check_same_shape
 
 __all__ = [
     "SEED_EXAMPLES", "WorkedToken", "worked_token", "one_token_push", "push_expectations",
@@ -149,7 +151,7 @@ def aggregations(values: Tensor, mask: Tensor) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 # verl's low_var_kl and its two clamps
 # ---------------------------------------------------------------------------------------------
-def k3_crossing_point(bound: float = 10.0) -> float:
+def k3_crossing_point(bound: float = VERL_LOW_VAR_KL.upper_bound) -> float:
     """The log-ratio d > 0 at which k3 = exp(d) - d - 1 reaches ``bound`` (Newton's method).
 
     Above it verl's output clamp replaces k3 by ``bound`` (and its gradient by 0). For 10 it is
@@ -157,11 +159,10 @@ def k3_crossing_point(bound: float = 10.0) -> float:
     """
     if not bound > 0:
         raise ValueError(f"bound must be positive, got {bound!r}")
-    d = math.log(bound + 1.0) + 0.5
+    d = torch.tensor(math.log(bound + 1.0) + 0.5, dtype=torch.float64)
     for _ in range(60):
-        f = math.expm1(d) - d - bound
-        d -= f / math.expm1(d)
-    return d
+        d = d - (kernel.k3(d) - bound) / torch.expm1(d)     # Newton: d k3 / d d = e^d - 1
+    return float(d)
 
 
 def low_var_kl_clamp_effect(logprob: Tensor, ref_logprob: Tensor, mask: Tensor) -> dict[str, float]:
@@ -204,10 +205,12 @@ def low_var_kl_gradient(log_ratio: Tensor, input_clamp: bool = True, output_clam
     d0 = as_float_tensor(log_ratio, "log_ratio").to(dtype)
     logprob = (-d0).clone().requires_grad_(True)          # ref_logprob = 0, logprob = -d
     d = 0.0 - logprob
+    rule = VERL_LOW_VAR_KL                                # the clamp values, from the one table of rules
     if input_clamp:
-        d = d.clamp(-20.0, 20.0)
+        d = rule.clamp_input(d, "k3")
+    # verl's own formula, not klviz.kernel.k3: what its exp() does to the backward pass is the point here
     val = torch.exp(d) - d - 1
     if output_clamp:
-        val = val.clamp(-10.0, 10.0)
+        val = rule.clamp_output(val, "k3")
     (grad,) = torch.autograd.grad(val.sum(), logprob)
     return {"value": val.detach(), "grad": grad}

@@ -7,9 +7,10 @@ One vocabulary for lessons 05 and 07, the gradient functions, the bandit and the
   ``log r = log pi_ref(x) - log pi(x)``, tokens from the policy);
 - ``placement``: ``"loss"`` (the estimate is differentiated through log pi with the token fixed) or
   ``"reward"`` (its value is detached and multiplies the score, as a negative reward);
-- ``weighting``: ``"none"``; ``"rho"`` (the value times rho = pi / sg(pi_sampler), differentiated
-  through rho: DeepSeek-V3.2, TRL ``use_bias_correction_kl``); or ``"straight-through"`` (the value
-  of the estimator with the gradient of k2: verl's ``"+"`` kinds).
+- ``weighting``: ``"none"``; ``"rho"`` (the term times rho = pi / sg(pi_sampler), differentiated
+  through rho: as a loss DeepSeek-V3.2's and TRL's ``use_bias_correction_kl`` k3 · rho; in the
+  reward PPO's importance-weighted surrogate rho · A); or ``"straight-through"`` (loss only: the
+  value of the estimator with the gradient of k2, verl's ``"+"`` kinds).
 
 Its :attr:`~EstimatorUse.label` is derived, never stored: ``"k3 in loss"``, ``"k3·ρ in loss"``,
 ``"k3+ in loss"``, ``"k1 in reward"``. :func:`per_token_surrogate` turns a use into the per-token
@@ -46,9 +47,9 @@ class EstimatorUse:
                                      (self.weighting, "weighting", WEIGHTINGS)):
             if not isinstance(value, str) or value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-        if self.placement == "reward" and self.weighting != "none":
-            raise ValueError(f"weighting {self.weighting!r} is a loss-side fix; in the reward the value is "
-                             "detached, so use weighting 'none'")
+        if self.placement == "reward" and self.weighting == "straight-through":
+            raise ValueError("weighting 'straight-through' is a loss-side fix (it changes the gradient of the value); "
+                             "in the reward the value is detached, so use weighting 'none' or 'rho'")
 
     @property
     def label(self) -> str:
@@ -89,17 +90,18 @@ def per_token_surrogate(use: EstimatorUse, logprob: Tensor, ref_logprob: Tensor,
     ``logprob``: the policy's log-probabilities of the sampled tokens (carrying the gradient);
     ``ref_logprob``: the reference's (detached here); ``sampler_logprob``: the policy that sampled
     the tokens, for ``weighting="rho"`` (default: ``logprob`` itself, detached, so rho = 1 in value).
-    In the reward the value is detached and multiplies ``logprob`` (REINFORCE's score term); summing
-    per-token values to go is the caller's choice.
+    In the reward the value is detached and multiplies ``logprob`` (REINFORCE's score term), or rho
+    with ``weighting="rho"``; summing per-token values to go is the caller's choice.
     """
     log_r = ref_logprob.detach() - logprob
     value = kernel.estimate(use.estimator, log_r)
     if use.weighting == "straight-through":
         k2 = kernel.k2(log_r)
-        value = value.detach() + k2 - k2.detach()
-    elif use.weighting == "rho":
+        return value.detach() + k2 - k2.detach()
+    rho = None
+    if use.weighting == "rho":
         sampler = logprob if sampler_logprob is None else sampler_logprob
-        value = torch.exp(logprob - sampler.detach()) * value
+        rho = torch.exp(logprob - sampler.detach())
     if use.placement == "reward":
-        return value.detach() * logprob
-    return value
+        return value.detach() * (logprob if rho is None else rho)
+    return value if rho is None else rho * value

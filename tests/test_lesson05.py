@@ -13,7 +13,7 @@ import torch
 
 import klviz
 from klviz.bandit import (
-    OFFPOLICY_WEIGHTS,
+    IMPORTANCE_WEIGHTS,
     SequenceToy,
     bandit_fixed_points,
     forward_kl_optimum,
@@ -23,6 +23,7 @@ from klviz.bandit import (
     tv_distance,
 )
 from klviz.check import lesson05 as check05
+from klviz.usage import EstimatorUse
 from klviz.simplex import (
     ALL_FLOWS,
     CHOICES,
@@ -82,10 +83,12 @@ def _kl_grad(theta: torch.Tensor, ref_logits: torch.Tensor, forward: bool) -> to
 def test_field_gradient_matches_brute_force_autograd(seed):
     th, ref = _pair(seed)
     batch = torch.stack([th, ref, th + 0.3 * ref])
-    for flow, (est, place) in CHOICES.items():
+    brute_name = {"none": None, "rho": "k3_ratio", "straight-through": "k3+"}   # the brute force's names
+    for flow, use in CHOICES.items():
+        est = brute_name[use.weighting] or use.estimator
         field = field_gradient(batch, ref, flow)
         for i in range(3):
-            assert torch.allclose(field[i], _brute_expected(batch[i], ref, est, place), atol=1e-12), flow
+            assert torch.allclose(field[i], _brute_expected(batch[i], ref, est, use.placement), atol=1e-12), flow
     assert torch.allclose(field_gradient(th, ref, "reverse KL"), _kl_grad(th, ref, False), atol=1e-12)
     assert torch.allclose(field_gradient(th, ref, "forward KL"), _kl_grad(th, ref, True), atol=1e-12)
 
@@ -117,9 +120,9 @@ def test_gradient_error_terms_against_enumeration():
     th, ref = _pair(4, v=5)
     pi = torch.softmax(th, 0)
     rev = _kl_grad(th, ref, False)
-    for f, (est, place) in CHOICES.items():
+    for f, use in CHOICES.items():
         log_r = torch.log_softmax(ref, 0) - torch.log_softmax(th, 0)
-        c = klviz.gradient_coefficient(log_r, est, place)
+        c = klviz.gradient_coefficient(log_r, use.estimator, use.placement, use.weighting)
         per = c[:, None] * (torch.eye(5, dtype=F64) - pi)          # per-token gradient rows
         mean = pi @ per
         var = float((pi * (per - mean).square().sum(-1)).sum())
@@ -255,27 +258,29 @@ def test_offpolicy_weights():
     rev = _kl_grad(th, ref, False)
     pi, pi_old = torch.softmax(th, 0), torch.softmax(old, 0)
     # k1 as a loss, unweighted: exactly pi_old - pi_theta = -grad KL(pi_old || pi_theta)
-    g = offpolicy_expected_gradient(th, old, ref, "k1", "loss", "none")
+    g = offpolicy_expected_gradient(th, old, ref, "k1 in loss")
     assert torch.allclose(g, pi_old - pi, atol=1e-12)
     # an independent sum with the importance weight pi/pi_old written out
     log_r = torch.log_softmax(ref, 0) - torch.log_softmax(th, 0)
     per = (-log_r)[:, None] * (torch.eye(7, dtype=F64) - pi)
     assert torch.allclose(pi_old @ ((pi / pi_old)[:, None] * per), rev, atol=1e-12)
-    for c in (("k3", "loss", "ratio"), ("k1", "loss", "ratio"), ("k2", "loss", "detached"), ("k3+", "loss", "detached"),
-              ("k1", "reward", "detached"), ("k1", "reward", "ratio")):
-        assert torch.allclose(offpolicy_expected_gradient(th, old, ref, *c), rev, atol=1e-12), c
-    # on-policy, every weighting equals the library's expected gradient
+    for use, imp in (("k3·ρ in loss", "none"), ("k1·ρ in loss", "none"), ("k2 in loss", "detached"),
+                     ("k3+ in loss", "detached"), ("k1 in reward", "detached"), ("k1·ρ in reward", "none")):
+        assert torch.allclose(offpolicy_expected_gradient(th, old, ref, use, imp), rev, atol=1e-12), (use, imp)
+    # on-policy, every use and importance weight equals the library's expected gradient
     for est, place in (("k1", "loss"), ("k2", "loss"), ("k3", "loss"), ("k1", "reward"), ("k3", "reward")):
-        for w in ("none", "detached"):
-            assert torch.allclose(offpolicy_expected_gradient(th, th, ref, est, place, w),
+        for w in IMPORTANCE_WEIGHTS:
+            assert torch.allclose(offpolicy_expected_gradient(th, th, ref, f"{est} in {place}", w),
                                   klviz.expected_kl_gradient(th, ref, est, place), atol=1e-12)
-    with pytest.raises(ValueError, match="weight"):
-        offpolicy_expected_gradient(th, old, ref, "k1", "loss", "clipped")
+        assert torch.allclose(offpolicy_expected_gradient(th, th, ref, EstimatorUse(est, place, "rho")),
+                              klviz.expected_kl_gradient(th, ref, est, place, "rho"), atol=1e-12)
+    with pytest.raises(ValueError, match="importance"):
+        offpolicy_expected_gradient(th, old, ref, "k1 in loss", "clipped")
     with pytest.raises(ValueError, match="old_logits"):
-        offpolicy_expected_gradient(th, old[:3], ref, "k1", "loss")
-    with pytest.raises(ValueError, match="estimator"):
-        offpolicy_expected_gradient(th, old, ref, "k3+", "reward")
-    assert set(OFFPOLICY_WEIGHTS) == {"none", "detached", "ratio"}
+        offpolicy_expected_gradient(th, old[:3], ref, "k1 in loss")
+    with pytest.raises(ValueError, match="weighting"):
+        offpolicy_expected_gradient(th, old, ref, "k3+ in reward")
+    assert set(IMPORTANCE_WEIGHTS) == {"none", "detached"}
     lg = reward_updates(th, torch.arange(7, dtype=F64), steps=3, lr=0.5)
     assert torch.softmax(lg, 0)[6] > pi[6]
 
@@ -314,7 +319,7 @@ def test_flow_panel_defaults_and_extremes(flow_panel):
 
 
 def test_bandit_panel(bandit_panel):
-    from klviz.widgets.lesson05 import BETA_GRID
+    from klviz.bandit import BETA_GRID
     assert bandit_panel.last_error is None
     seen = set()
     for beta in (BETA_GRID[0], BETA_GRID[-1], BETA_GRID[5]):
