@@ -1,20 +1,21 @@
 """``klviz lab [DIR]``: copy the lessons shipped inside the package into a working folder and open
 JupyterLab there.
 
-The copies are the learner's: a lesson that differs from the shipped version is never overwritten
-without asking. Each file is compared by its SHA-256 content hash:
+The copies are the learner's: a lesson whose cells a learner edited is never overwritten without
+asking. Each file is compared by its :func:`lesson_fingerprint`, a SHA-256 of its cells' types and
+sources only, so running a lesson (outputs, execution counts, widget state) is not editing it:
 
 * missing in DIR                              -> copied;
-* identical to the shipped version            -> left alone;
-* identical to the version klviz copied there
+* the same cells as the shipped version       -> left alone (with the learner's outputs);
+* the same cells as the version klviz copied there
   earlier (recorded in ``DIR/.klviz-lessons.json``) but the package now ships a newer one
-                                              -> updated (nobody edited it);
-* anything else (the learner edited or ran it) -> kept. On a terminal klviz asks whether to
+                                              -> updated (nobody edited it; outputs are rerun);
+* anything else (the learner edited a cell)   -> kept. On a terminal klviz asks whether to
   overwrite it; without a terminal (a script, CI) it keeps the copy and says so; ``--force``
   overwrites after saving the old copy under ``DIR/backups/<time>/``.
 
-JupyterLab then starts in DIR on 127.0.0.1 with a random token (passed through the environment,
-not the command line) and the URL, token included, is printed once the server answers.
+JupyterLab then starts in DIR on 127.0.0.1 with a random token, locked as :mod:`klviz.servers`
+describes, and the URL, token included, is printed once the server answers.
 """
 from __future__ import annotations
 
@@ -22,21 +23,18 @@ import argparse
 import hashlib
 import json
 import os
-import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
+import webbrowser
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
+from .servers import Server, run_until_interrupted, start_lab_server
+
 __all__ = ["shipped_notebooks_dir", "lesson_paths", "resolve_lesson", "sync_lessons", "SyncReport",
-           "start_lab", "main"]
+           "lesson_fingerprint", "start_lab", "main"]
 
 DEFAULT_DIR = "klviz-lessons"
 MANIFEST = ".klviz-lessons.json"
@@ -85,8 +83,19 @@ def resolve_lesson(lesson: str, directory: str | os.PathLike[str] | None = None)
 
 
 # -- copying without destroying a learner's work ------------------------------------------------
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def lesson_fingerprint(path: Path) -> str | None:
+    """SHA-256 of a notebook's cell types and sources (``None`` if it is not a readable notebook).
+
+    Outputs, execution counts, ids and metadata do not count: a lesson that was only run keeps
+    its fingerprint.
+    """
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        content = [(c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
+                   for c in cells]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()
 
 
 @dataclass
@@ -151,15 +160,15 @@ def sync_lessons(dest: str | os.PathLike[str], *, source: str | os.PathLike[str]
 
     for src in lesson_paths(src_dir):
         target = dest / src.name
-        shipped = _sha256(src)
+        shipped = lesson_fingerprint(src)
         if not target.exists():
             shutil.copyfile(src, target)
             report.copied.append(src.name)
         else:
-            current = _sha256(target)
-            if current == shipped:
+            current = lesson_fingerprint(target)
+            if current is not None and current == shipped:
                 report.unchanged.append(src.name)
-            elif current == manifest.get(src.name):
+            elif current is not None and current == manifest.get(src.name):
                 shutil.copyfile(src, target)
                 report.updated.append(src.name)
             elif force or (ask is not None and ask(src.name)):
@@ -181,74 +190,11 @@ def _ask_on_terminal(name: str) -> bool:
 
 
 # -- JupyterLab ----------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_http(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    """Poll ``url`` until it answers; fail early if ``proc`` exits."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except Exception:  # noqa: BLE001 - not up yet
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with code {proc.returncode} before answering")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not answer within {timeout:.0f} s")
-            time.sleep(0.25)
-
-
-def run_until_interrupted(proc: subprocess.Popen) -> int:
-    """Wait for a server started in its own session; Ctrl+C or SIGTERM stop it cleanly."""
-    def stop(*_args: object) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, stop)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        print("\nstopping the server ...", flush=True)
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return 0
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-def start_lab(folder: Path, *, port: int | None = None, open_browser: bool = True,
-              first: str | None = None) -> tuple[subprocess.Popen, str]:
-    """Start JupyterLab in ``folder`` on 127.0.0.1 with a random token; returns the process and the
-    URL (with the token) once the server answers."""
-    port = port or _free_port()
-    token = secrets.token_urlsafe(24)
-    env = dict(os.environ, JUPYTER_TOKEN=token)
-    env.pop("KLVIZ_STATIC", None)
-    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={folder}", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
-    if first:
-        cmd.append(f"--ServerApp.default_url=/lab/tree/{first}")
-    if not open_browser:
-        cmd.append("--no-browser")
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-root")  # containers and Binder-like machines run as root
-    proc = subprocess.Popen(cmd, cwd=folder, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_http(f"{base}/api/status?token={token}", proc)
-    except BaseException:
-        proc.terminate()
-        proc.wait()
-        raise
-    path = f"/lab/tree/{first}" if first else "/lab"
-    return proc, f"{base}{path}?token={token}"
+def start_lab(folder: Path, *, port: int | None = None, first: str | None = None) -> Server:
+    """JupyterLab in ``folder`` on 127.0.0.1 with a random token, locked against a user's own
+    configuration and against imports from ``folder`` (see :mod:`klviz.servers`)."""
+    return start_lab_server(folder, first=first, port=port, env={k: v for k, v in os.environ.items()
+                                                                 if k != "KLVIZ_STATIC"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,14 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     lessons = lesson_paths(folder)
     first = lessons[0].name if lessons else None
     try:
-        proc, url = start_lab(folder, port=args.port, open_browser=not args.no_browser, first=first)
+        server = start_lab(folder, port=args.port, first=first)
     except RuntimeError as err:
         print(f"klviz lab: JupyterLab did not start: {err}", file=sys.stderr)
         return 1
-    print(f"klviz lab: JupyterLab is running in {folder}\n"
-          f"klviz lab: open {url}\n"
-          "klviz lab: press Ctrl+C to stop it.", flush=True)
-    return run_until_interrupted(proc)
+    if not args.no_browser:
+        webbrowser.open(server.url)
+    return run_until_interrupted(server, [f"klviz lab: JupyterLab is running in {folder}",
+                                          f"klviz lab: open {server.url}",
+                                          "klviz lab: press Ctrl+C to stop it."])
 
 
 if __name__ == "__main__":  # pragma: no cover

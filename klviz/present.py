@@ -3,30 +3,29 @@
     python -m klviz.present 02            # or: make present LESSON=02
     python -m klviz.present notebooks/02_three_estimators.ipynb --port 8866 --no-browser
 
-Voila runs the lesson in a fresh kernel and shows its Markdown and outputs; code cells are hidden.
-The collapsed solution cells of the exercises are left out (``--with-solutions`` keeps them), so a
-class sees the exercises, not their answers. The server listens on 127.0.0.1 only and requires a
-random token, which is printed in the URL; the token travels in a config file written to a private
-temporary folder, never on the command line. Needs Voila: ``pip install "klviz[present]"``.
+Voila renders the lesson in a fresh kernel and shows its Markdown and outputs; code cells are
+hidden. The collapsed solution cells of the exercises are left out (``--with-solutions`` keeps
+them), so a class sees the exercises, not their answers. Voila runs as an extension of a Jupyter
+server started by :mod:`klviz.servers`: on 127.0.0.1 only, with a random token that a user's Jupyter
+configuration cannot switch off, the server's Host check against DNS rebinding, no tracebacks
+shown to viewers, and a private working folder (token file included) that is removed when the
+server stops or fails to start. Needs Voila: ``pip install "klviz[present]"``.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import secrets
 import shutil
-import subprocess
 import sys
-import tempfile
 import webbrowser
 from pathlib import Path
 
 import nbformat
 
-from .labcmd import _free_port, resolve_lesson, run_until_interrupted, wait_for_http
+from .labcmd import resolve_lesson
+from .servers import LOCKED_SERVER_SETTINGS, Server, private_folder, run_until_interrupted, start_server
 
-__all__ = ["presenter_notebook", "voila_command", "start_presenter", "main"]
+__all__ = ["presenter_notebook", "presenter_config", "start_presenter", "main"]
 
 
 def _is_solution(cell: nbformat.NotebookNode) -> bool:
@@ -45,56 +44,47 @@ def presenter_notebook(path: str | os.PathLike[str], *, with_solutions: bool = F
     return nb
 
 
-def voila_command(notebook: Path, *, theme: str = "light") -> list[str]:
-    """The Voila command line (address, port and token come from ``voila.json`` in its cwd)."""
-    return [sys.executable, "-m", "voila", notebook.name, f"--theme={theme}"]
-
-
-def _voila_config(port: int, token: str) -> dict:
+def presenter_config(root: Path, *, theme: str = "light") -> dict:
+    """The Jupyter server settings of presenter mode (address, port and token are added by
+    :func:`klviz.servers.start_server`): Voila serving ``root``, sources stripped, no tracebacks."""
     return {
-        "Voila": {"ip": "127.0.0.1", "port": port, "port_retries": 0, "token": token, "open_browser": False},
-        "VoilaConfiguration": {"strip_sources": True, "show_tracebacks": True},
+        "ServerApp": {"root_dir": str(root), "jpserver_extensions": {"voila": True}, **LOCKED_SERVER_SETTINGS},
+        "VoilaConfiguration": {"strip_sources": True, "show_tracebacks": False, "theme": theme},
     }
 
 
 def start_presenter(lesson: Path, *, port: int | None = None, with_solutions: bool = False,
-                    theme: str = "light", workdir: Path | None = None) -> tuple[subprocess.Popen, str, Path]:
-    """Start Voila on ``lesson``; returns the process, the URL with its token and the private
-    working folder (delete it after the process ends)."""
+                    theme: str = "light") -> Server:
+    """Start Voila on ``lesson``; returns the running :class:`~klviz.servers.Server` (its URL opens
+    the lesson, token included; ``stop()`` ends it and removes its private folder)."""
     try:
         import voila  # noqa: F401
     except ImportError:
         raise RuntimeError('presenter mode needs Voila: pip install "klviz[present]" (or: pip install voila)') from None
     lesson = Path(lesson).resolve()
-    work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="klviz-present-"))
-    work.chmod(0o700)
-    # Siblings (data files a lesson may open by a relative path) stay reachable from the copy.
-    for sibling in lesson.parent.iterdir():
-        if sibling.name != lesson.name and not sibling.name.startswith("."):
-            try:
-                (work / sibling.name).symlink_to(sibling)
-            except OSError:
-                pass
-    nbformat.write(presenter_notebook(lesson, with_solutions=with_solutions), work / lesson.name)
-    port = port or _free_port()
-    token = secrets.token_urlsafe(24)
-    config = work / "voila.json"
-    config.write_text(json.dumps(_voila_config(port, token), indent=1))
-    config.chmod(0o600)
-    env = dict(os.environ)
-    env.pop("KLVIZ_STATIC", None)  # live panels, interactive figures
-    env.pop("MPLBACKEND", None)
-    proc = subprocess.Popen(voila_command(work / lesson.name, theme=theme), cwd=work, env=env,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    folder = private_folder("klviz-present-")
     try:
-        # /voila/static needs no kernel: polling it does not execute the lesson.
-        wait_for_http(f"{base}/voila/static/voila.js?token={token}", proc, timeout=90)
+        root = folder / "lesson"          # what Voila serves; the config and the log stay outside it
+        root.mkdir()
+        nbformat.write(presenter_notebook(lesson, with_solutions=with_solutions), root / lesson.name)
+        # Siblings (data files a lesson may open by a relative path) stay reachable from the copy;
+        # a link is only ever made to a name that does not exist yet, so nothing is written through one.
+        for sibling in lesson.parent.iterdir():
+            target = root / sibling.name
+            if not sibling.name.startswith(".") and not target.exists():
+                try:
+                    target.symlink_to(sibling)
+                except OSError:
+                    pass
+        env = dict(os.environ)
+        env.pop("KLVIZ_STATIC", None)  # live panels, interactive figures
+        env.pop("MPLBACKEND", None)
+        return start_server(["jupyter_server"], presenter_config(root, theme=theme), ready_path="/api/status",
+                            probe_path="/api/contents", url_path=f"/voila/render/{lesson.name}", port=port,
+                            folder=folder, env=env, timeout=90)
     except BaseException:
-        proc.terminate()
-        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
         raise
-    return proc, f"{base}/?token={token}", work
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,19 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
     try:
         lesson = resolve_lesson(args.lesson, args.notebooks)
-        proc, url, work = start_presenter(lesson, port=args.port, with_solutions=args.with_solutions,
-                                          theme=args.theme)
+        server = start_presenter(lesson, port=args.port, with_solutions=args.with_solutions, theme=args.theme)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"klviz present: {err}", file=sys.stderr)
         return 2
-    try:
-        print(f"klviz present: {lesson.stem} is served at\nklviz present: {url}\n"
-              "klviz present: press Ctrl+C to stop.", flush=True)
-        if not args.no_browser:
-            webbrowser.open(url)
-        return run_until_interrupted(proc)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if not args.no_browser:
+        webbrowser.open(server.url)
+    return run_until_interrupted(server, [f"klviz present: {lesson.stem} is served at",
+                                          f"klviz present: {server.url}", "klviz present: press Ctrl+C to stop."])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,13 +21,20 @@ from klviz import labcmd
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _notebook(source: str, outputs: list | None = None) -> str:
+    """A one-cell notebook whose code is ``source`` (with ``outputs`` as if it had been run)."""
+    cell = {"cell_type": "code", "execution_count": 1 if outputs else None, "metadata": {},
+            "outputs": outputs or [], "source": [source]}
+    return json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
 @pytest.fixture
 def shipped(tmp_path) -> Path:
     """A fake shipped folder with two lessons (and a stray file that is not a lesson)."""
     src = tmp_path / "shipped"
     src.mkdir()
-    (src / "00_start.ipynb").write_text('{"cells": [], "v": 1}')
-    (src / "01_next.ipynb").write_text('{"cells": [], "v": 1}')
+    (src / "00_start.ipynb").write_text(_notebook("x = 1"))
+    (src / "01_next.ipynb").write_text(_notebook("y = 1"))
     (src / "scratch.ipynb").write_text("{}")
     return src
 
@@ -66,21 +73,34 @@ def test_fresh_copy_then_nothing_to_do(tmp_path, shipped):
 def test_edited_copy_is_kept_without_a_terminal(tmp_path, shipped):
     dest = tmp_path / "work"
     labcmd.sync_lessons(dest, source=shipped)
-    (dest / "00_start.ipynb").write_text('{"cells": ["my answer"]}')
-    (shipped / "00_start.ipynb").write_text('{"cells": [], "v": 2}')  # a newer klviz
+    (dest / "00_start.ipynb").write_text(_notebook("x = 'my answer'"))
+    (shipped / "00_start.ipynb").write_text(_notebook("x = 2"))  # a newer klviz
     report = labcmd.sync_lessons(dest, source=shipped)
     assert report.kept == ["00_start.ipynb"]
-    assert (dest / "00_start.ipynb").read_text() == '{"cells": ["my answer"]}'
+    assert (dest / "00_start.ipynb").read_text() == _notebook("x = 'my answer'")
     assert any("kept your edited 00_start.ipynb" in line and "--force" in line for line in report.lines())
 
 
 def test_unedited_copy_follows_a_new_version(tmp_path, shipped):
     dest = tmp_path / "work"
     labcmd.sync_lessons(dest, source=shipped)
-    (shipped / "01_next.ipynb").write_text('{"cells": [], "v": 2}')
+    (shipped / "01_next.ipynb").write_text(_notebook("y = 2"))
     report = labcmd.sync_lessons(dest, source=shipped)
     assert report.updated == ["01_next.ipynb"]
-    assert (dest / "01_next.ipynb").read_text() == '{"cells": [], "v": 2}'
+    assert (dest / "01_next.ipynb").read_text() == _notebook("y = 2")
+
+
+def test_a_lesson_that_was_only_run_is_not_edited(tmp_path, shipped):
+    dest = tmp_path / "work"
+    labcmd.sync_lessons(dest, source=shipped)
+    ran = _notebook("y = 1", outputs=[{"output_type": "stream", "name": "stdout", "text": ["1\n"]}])
+    (dest / "01_next.ipynb").write_text(ran)                      # run and saved in JupyterLab
+    again = labcmd.sync_lessons(dest, source=shipped)
+    assert "01_next.ipynb" in again.unchanged and (dest / "01_next.ipynb").read_text() == ran   # outputs kept
+    (shipped / "01_next.ipynb").write_text(_notebook("y = 2"))    # a newer klviz still reaches it
+    assert labcmd.sync_lessons(dest, source=shipped).updated == ["01_next.ipynb"]
+    assert labcmd.lesson_fingerprint(dest / "01_next.ipynb") == labcmd.lesson_fingerprint(shipped / "01_next.ipynb")
+    assert labcmd.lesson_fingerprint(tmp_path / "missing.ipynb") is None
 
 
 def test_ask_decides_and_force_backs_up(tmp_path, shipped):

@@ -26,12 +26,34 @@ def test_presenter_copy_drops_solutions_and_outputs(tmp_path):
     assert len(present.presenter_notebook(path, with_solutions=True).cells) == 4
 
 
-def test_voila_settings_are_local_tokened_and_codeless():
-    cfg = present._voila_config(8870, "s3cret")
-    assert cfg["Voila"]["ip"] == "127.0.0.1" and cfg["Voila"]["token"] == "s3cret"
-    assert cfg["VoilaConfiguration"]["strip_sources"] is True
-    assert "s3cret" not in " ".join(present.voila_command(present.Path("/x/02_y.ipynb")))
+def test_voila_settings_are_locked_codeless_and_quiet(tmp_path):
+    cfg = present.presenter_config(tmp_path, theme="dark")
+    assert cfg["ServerApp"]["jpserver_extensions"] == {"voila": True}
+    assert cfg["ServerApp"]["allow_remote_access"] is False and cfg["ServerApp"]["allow_origin"] == ""
+    assert cfg["VoilaConfiguration"] == {"strip_sources": True, "show_tracebacks": False, "theme": "dark"}
     json.dumps(cfg)
+
+
+@pytest.mark.slow
+def test_presenter_never_writes_through_an_instructors_files(tmp_path):
+    pytest.importorskip("voila")
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# Lesson"), nbformat.v4.new_code_cell("1 + 1")]
+    nbformat.write(nb, lessons / "00_x.ipynb")
+    mine = {"voila.json": '{"mine": true}', "klviz_server_config.json": "mine", "voila.py": "raise SystemExit(3)\n"}
+    for name, text in mine.items():
+        (lessons / name).write_text(text)
+    server = present.start_presenter(lessons / "00_x.ipynb")
+    try:
+        assert server.proc.poll() is None                      # voila.py beside the lesson was not imported
+        assert "/voila/render/00_x.ipynb?token=" in server.url
+    finally:
+        server.stop()
+    for name, text in mine.items():
+        assert (lessons / name).read_text() == text            # nothing written through a link
+    assert not server.folder.exists()
 
 
 def test_every_repository_lesson_resolves_by_number():

@@ -38,7 +38,7 @@ def presenter(tmp_path_factory):
         deadline = time.time() + 120
         url = None
         while url is None:
-            match = re.search(r"klviz present: (http://127\.0\.0\.1:\d+/\?token=\S+)", log_path.read_text())
+            match = re.search(r"klviz present: (http://127\.0\.0\.1:\d+/voila/render/\S+\?token=\S+)", log_path.read_text())
             if match:
                 url = match.group(1)
             elif proc.poll() is not None or time.time() > deadline:
@@ -55,7 +55,7 @@ def test_presenter_requires_token_and_binds_localhost(presenter):
     parts = urlsplit(presenter["url"])
     assert parts.hostname == "127.0.0.1"
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
-    conn.request("GET", "/")  # no token: sent to the login page, the lesson is not run
+    conn.request("GET", parts.path)  # the lesson without its token: sent to the login page, not run
     response = conn.getresponse()
     assert response.status in (302, 401, 403), response.status
     assert "login" in (response.getheader("Location") or "login")
