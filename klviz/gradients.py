@@ -26,7 +26,7 @@ import torch
 
 from . import kernel
 from .devices import check_generator
-from .usage import EstimatorUse
+from .usage import EstimatorUse, parse_use
 from .validation import Tensor, as_float_tensor, check_positive_int, check_same_shape, common_dtype
 
 __all__ = [
@@ -68,29 +68,45 @@ def use_coefficient(log_r: Tensor, use: EstimatorUse) -> Tensor:
     return c
 
 
-def gradient_coefficient(log_r: Tensor, estimator: str, placement: str, weighting: str = "none") -> Tensor:
+def _as_use(estimator: str | EstimatorUse, placement: str | None, weighting: str) -> EstimatorUse:
+    """An :class:`EstimatorUse` from ``("k3", "loss", "rho")``, a label ``"k3·ρ in loss"`` or a use."""
+    if isinstance(estimator, EstimatorUse) or (placement is None and isinstance(estimator, str) and " in " in estimator):
+        if placement is not None or weighting != "none":
+            raise ValueError("placement and weighting are part of the use already; pass only the use "
+                             f"{str(estimator)!r}")
+        return parse_use(estimator)
+    if placement is None:
+        raise ValueError(f"placement is needed with estimator {estimator!r} ('loss' or 'reward'), or pass a use "
+                         "such as 'k3 in loss'")
+    return EstimatorUse(estimator, placement, weighting)
+
+
+def gradient_coefficient(log_r: Tensor, estimator: str | EstimatorUse, placement: str | None = None,
+                         weighting: str = "none") -> Tensor:
     """The coefficient c(x) with per-sample gradient ``c(x) · grad log pi(x)`` (see the module table).
 
     ``log_r = log pi_ref(x) - log pi(x)`` for tokens x sampled from the policy pi. ``estimator`` in
     ``"k1"``, ``"k2"``, ``"k3"``; ``placement`` ``"loss"`` or ``"reward"``; ``weighting`` ``"none"``,
-    ``"rho"`` or ``"straight-through"`` (loss only; see :class:`klviz.usage.EstimatorUse`).
+    ``"rho"`` or ``"straight-through"`` (loss only; see :class:`klviz.usage.EstimatorUse`). The
+    three may also come as one use, an :class:`~klviz.usage.EstimatorUse` or its label (``"k3·ρ in loss"``).
     """
-    use = EstimatorUse(estimator, placement, weighting)
+    use = _as_use(estimator, placement, weighting)
     return use_coefficient(as_float_tensor(log_r, "log_r"), use)
 
 
-def expected_kl_gradient(policy_logits: Tensor, ref_logits: Tensor, estimator: str, placement: str,
-                         weighting: str = "none") -> Tensor:
+def expected_kl_gradient(policy_logits: Tensor, ref_logits: Tensor, estimator: str | EstimatorUse,
+                         placement: str | None = None, weighting: str = "none") -> Tensor:
     """Exact E_{x~pi}[per-sample gradient] w.r.t. the policy logits, by summing over the vocabulary.
 
     Tokens are sampled from the policy pi = softmax(policy_logits); ``ref_logits`` define pi_ref.
     ``estimator`` in ``"k1"``, ``"k2"``, ``"k3"``; ``placement`` ``"loss"`` (differentiated through
     log pi with the token fixed) or ``"reward"`` (detached value times the score); ``weighting``
     ``"none"``, ``"rho"`` (the ratio-corrected value rho · k) or ``"straight-through"`` (value of k,
-    gradient of k2). Compare with :func:`reverse_kl_gradient` (the gradient of KL(pi || pi_ref),
-    what a KL penalty is meant to follow) and :func:`forward_kl_gradient`.
+    gradient of k2); or the three as one use (``"k3·ρ in loss"``, an :class:`~klviz.usage.EstimatorUse`).
+    Compare with :func:`reverse_kl_gradient` (the gradient of KL(pi || pi_ref), what a KL penalty
+    is meant to follow) and :func:`forward_kl_gradient`.
     """
-    use = EstimatorUse(estimator, placement, weighting)
+    use = _as_use(estimator, placement, weighting)
     th, ref = _policy_pair(policy_logits, ref_logits)
     log_pi = torch.log_softmax(th, -1)
     pi = log_pi.exp()
@@ -99,14 +115,15 @@ def expected_kl_gradient(policy_logits: Tensor, ref_logits: Tensor, estimator: s
     return w - pi * w.sum()
 
 
-def sampled_kl_gradients(policy_logits: Tensor, ref_logits: Tensor, estimator: str, placement: str,
-                         num_samples: int, *, weighting: str = "none",
+def sampled_kl_gradients(policy_logits: Tensor, ref_logits: Tensor, estimator: str | EstimatorUse,
+                         placement: str | None, num_samples: int, *, weighting: str = "none",
                          generator: torch.Generator | None = None) -> Tensor:
     """Per-sample gradients ``c(x_i) · (onehot(x_i) - pi)`` for ``num_samples`` tokens x_i ~ pi.
 
-    Returns a [num_samples, V] tensor whose mean estimates :func:`expected_kl_gradient`.
+    Returns a [num_samples, V] tensor whose mean estimates :func:`expected_kl_gradient` (the use
+    given as there; with a use, pass ``placement=None``).
     """
-    use = EstimatorUse(estimator, placement, weighting)
+    use = _as_use(estimator, placement, weighting)
     th, ref = _policy_pair(policy_logits, ref_logits)
     n = check_positive_int(num_samples, "num_samples")
     check_generator(generator, th.device)
