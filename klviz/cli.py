@@ -3,6 +3,11 @@
 Each subcommand is one ``_add_<name>`` function that declares its arguments and one ``_run_<name>``
 function that runs it and returns the exit status. Exit status 0: fine; 2: the input could not be
 used (one line on stderr, never a traceback).
+
+Start-up stays fast: this module imports only the standard library, and ``import klviz`` loads
+nothing heavy, so ``klviz --help`` and ``klviz diagnose --help`` parse and print without torch,
+matplotlib or ipywidgets. A subcommand imports what it needs inside its ``_run_<name>`` function
+(``tests/test_startup.py`` checks this).
 """
 from __future__ import annotations
 

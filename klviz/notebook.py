@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from .devices import default_device, describe_device
-from .plotting import apply_style
+# torch, matplotlib (through .plotting) and the device helpers are imported inside the functions that
+# use them: ``klviz.show_source`` and ``import klviz`` stay light.
 
 __all__ = ["setup_notebook", "use_one_thread_on_small_machines"]
 
@@ -19,6 +21,8 @@ def use_one_thread_on_small_machines() -> None:
     measured here, two OpenMP threads made chunked Monte Carlo runs up to ten times slower whenever
     another process was busy, and one thread was never much slower. Larger machines keep torch's default.
     """
+    import torch
+
     if (os.cpu_count() or 1) <= 2 and torch.get_num_threads() > 1:
         torch.set_num_threads(1)
 
@@ -30,6 +34,11 @@ def setup_notebook(interactive: bool | None = None, quiet: bool = False) -> torc
     environment variable ``KLVIZ_STATIC=1`` (the static site does) or pass ``interactive=False``
     for inline PNG figures. Outside IPython this only applies the style.
     """
+    import torch
+
+    from .devices import default_device, describe_device
+    from .plotting import apply_style
+
     if interactive is None:
         interactive = os.environ.get("KLVIZ_STATIC", "") not in ("1", "true", "yes")
     try:

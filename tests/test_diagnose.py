@@ -102,7 +102,7 @@ def test_cluster_se_equals_sequence_se_for_equal_lengths():
     g = torch.Generator().manual_seed(0)
     v = torch.randn(50, 8, generator=g, dtype=torch.float64)
     mask = torch.ones(50, 8, dtype=torch.bool)
-    m, se = dg.cluster_mean_se(v, mask)
+    m, se = klviz.statistics.clustered_mean_se(v, mask)
     seq = v.mean(-1)
     assert m == pytest.approx(float(seq.mean()))
     assert se == pytest.approx(float(seq.std()) / math.sqrt(50), rel=1e-9)
@@ -143,12 +143,15 @@ def test_clamp_fractions_and_large_tokens():
     mask = torch.ones(2, 5, dtype=torch.bool)
     d = dg.diagnose(dg.rollouts_from_tensors(lp, ref, mask))
     frac = {label: v["count"] for label, v in d.clamps.items()}
-    assert frac["verl low_var_kl: log r clamped to ±20"] == 1
+    assert frac["verl low_var_kl: log r clamped to ±20 (also NeMo-RL)"] == 1
     assert frac["verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"] == 3
-    assert frac["OpenRLHF k1 clamped to ±10"] == 2
-    assert frac["OpenRLHF k2 clamped to ≤ 10"] == 3     # ½·25 = 12.5 > 10 too
-    assert frac["OpenRLHF k3 clamped to ≤ 10"] == 3
-    assert frac["open-instruct log r clamped to ±40"] == 0
+    assert frac["OpenRLHF: k1 clamped to ±10"] == 2
+    assert frac["OpenRLHF: k2 clamped to ≤ 10"] == 3     # ½·25 = 12.5 > 10 too
+    assert frac["OpenRLHF: k3 clamped to ≤ 10"] == 3
+    assert frac["open-instruct: log r clamped to ±40"] == 0
+    # NeMo-RL clamps k1 and k2 too; its ±20 input clamp cannot act once the ±10 output clamp has
+    assert d.clamps["NeMo-RL: k1 clamped to ±10"] == d.clamps["OpenRLHF: k1 clamped to ±10"]
+    assert d.clamps["NeMo-RL: k2 clamped to ≤ 10"] == d.clamps["OpenRLHF: k2 clamped to ≤ 10"]
     assert d.n_large == 2
     assert {(i, j) for i, j, _ in d.large_tokens[:2]} == {(0, 0), (0, 1)}
     # verl's low_var_kl (both clamps) vs raw k3: each clamped token contributes (10 - k3) / 10 tokens
@@ -156,6 +159,27 @@ def test_clamp_fractions_and_large_tokens():
     expected = ((10 - k3(12)) + (10 - k3(-25)) + (10 - k3(5))) / 10
     assert d.clamps["verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"]["mean_shift"] == pytest.approx(expected, rel=1e-9)
     assert any("|log r| > 10" in t for t, _ in d.trouble)
+
+
+def test_clamp_rows_come_from_the_framework_rules():
+    from klviz.framework_rules import CLAMP_RULES
+
+    rows = dg.clamp_rows()
+    used = {rule.name for rule, _name, _kind in rows.values()}
+    acting = {r.name for r in CLAMP_RULES.values() if any(r.acts_on(k) for k in ("k1", "k2", "k3"))}
+    # every rule that clamps something heads a row (NeMo-RL also shares verl's k3 rows: same clamps)
+    assert used == acting and "none" not in used
+    assert sum("(also NeMo-RL)" in label for label in rows) == 2
+    for label, (rule, name, kind) in rows.items():
+        assert rule.acts_on(name)
+        assert (rule.input_clamp if kind == "input" else rule.output_clamp) is not None, label
+    # a rule's clamps are the ones the table measures: the verl row equals ClampRule.apply by hand
+    lr = torch.tensor([[-25.0, 0.3, 12.0, 5.0]], dtype=torch.float64)
+    d = dg.diagnose(dg.rollouts_from_tensors(-torch.ones_like(lr), lr - 1, torch.ones_like(lr)))
+    rule = CLAMP_RULES["verl low_var_kl"]
+    shift = float(rule.apply(lr.flatten(), "k3").mean() - klviz.kernel.k3(lr.flatten()).mean())
+    row = d.clamps["verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"]
+    assert row["mean_shift"] == pytest.approx(shift, rel=1e-12) and row["count"] == 3
 
 
 def test_negative_k1_within_noise_is_explained():
