@@ -1,6 +1,6 @@
 """Blitted panel frames look like full renders.
 
-Panels redraw only the artists that changed over a cached background (klviz.widgets.base). For every
+Panels redraw only the artists that changed over a cached background (klviz.widgets.frames). For every
 panel in the suite, each control is moved in turn; after every update the composed frame is compared
 with a full Agg render of the same figure, pixel by pixel.
 """
@@ -80,7 +80,7 @@ def test_encode_png_round_trips_exactly():
 
     from PIL import Image
 
-    from klviz.widgets.base import encode_png
+    from klviz.widgets.frames import encode_png
 
     rng = np.random.default_rng(0)
     rgba = rng.integers(0, 256, size=(37, 53, 4), dtype=np.uint8)
@@ -152,14 +152,14 @@ def test_a_cached_background_is_dropped_when_an_artist_baked_into_it_changes():
     there) changes. Coming back to A must not reuse the old background."""
     from matplotlib.figure import Figure
 
-    from klviz.widgets.base import _FrameComposer
+    from klviz.widgets.frames import FrameComposer
 
     fig = Figure(figsize=(3, 2), dpi=50)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     moving, = ax.plot([0, 1], [0, 1])
     label = ax.text(0.1, 0.8, "static")
-    frames = _FrameComposer(fig)
+    frames = FrameComposer(fig)
     frames.render()                                    # first frame
     moving.set_ydata([1, 0])
     frames.render()                                    # view A: 'moving' is dynamic, 'label' baked in
@@ -227,7 +227,7 @@ def test_frames_are_images_and_can_be_sharper(monkeypatch):
 
     from PIL import Image
 
-    from klviz.widgets.base import pixel_ratio
+    from klviz.widgets.frames import pixel_ratio
 
     panel = W.StartHerePanel()
     assert panel._image.format == "png" and "klviz-figure" in panel._image._dom_classes

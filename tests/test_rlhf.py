@@ -117,8 +117,7 @@ def test_a_run_continued_in_pieces_is_the_run_trained_at_once():
 
 
 def test_lab_history_trains_only_new_steps(monkeypatch):
-    from klviz.rlhf import TrainingRun
-    from klviz.widgets.lesson07 import lab_history
+    from klviz.rlhf import TrainingRun, lab_history
 
     trained = []
     advance = TrainingRun._advance

@@ -1,4 +1,5 @@
-"""Interactive panels, one class per panel (see :mod:`klviz.widgets.base` for the pattern).
+"""Interactive panels, one class per panel (see :mod:`klviz.widgets.base` for the pattern and
+:mod:`klviz.widgets.frames` for how a figure becomes the frames the reader sees).
 
 Each lesson's panels live in their own module and are imported on first use, so that
 ``klviz.widgets.StartHerePanel`` does not pay for the tiny language model of lesson 04.

@@ -2,11 +2,16 @@
 
 A panel owns its controls, a figure built **once**, and a pure ``compute(**values) -> dict``.
 On every control change it recomputes, updates the existing artists in ``draw`` (``set_data``,
-``set_height``, ...) and redraws what changed (see :class:`_FrameComposer`); it never rebuilds the
-figure. Frames go to the page as PNG images (:meth:`Panel._make_canvas` says why not ipympl).
-Errors raised while updating are shown inside the panel instead of vanishing into a log. The status
-line shows the device and how long the last update took: compute, then the redraw, marked
-"(blitted)" when only the changed artists were drawn.
+``set_height``, ...) and redraws what changed (:class:`klviz.widgets.frames.FrameComposer`); it
+never rebuilds the figure. Frames go to the page as PNG images (:meth:`Panel._make_canvas` says why
+not ipympl). Errors raised while updating are shown inside the panel instead of vanishing into a log.
+The status line shows the device and how long the last update took: compute, then the redraw,
+marked "(blitted)" when only the changed artists were drawn.
+
+Work that takes seconds (training a model) runs in a thread when the reader moves a control: a
+panel overrides :meth:`Panel.start_background` and starts it with :meth:`Panel.run_in_background`;
+the base cancels a run that a newer setting replaced, draws the progress the run reports
+(:meth:`Panel.draw_progress`) and shows its result or its error as for an ordinary update.
 
 Tests drive a panel without a browser: ``panel.set(name=value, ...)`` then read ``panel.last``
 (the numbers of the last update) or ``panel.readout.value`` (the HTML the reader sees).
@@ -16,18 +21,20 @@ from __future__ import annotations
 import html
 import io
 import os
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
-import numpy as np
 import torch
 from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
+from .frames import FrameComposer, pixel_ratio
 
-__all__ = ["Panel", "encode_png", "html_table", "pixel_ratio", "static_mode"]
+__all__ = ["Panel", "BackgroundRun", "Cancelled", "html_table", "static_mode"]
 
 
 class Panel:
@@ -47,13 +54,18 @@ class Panel:
         # notebook), every artist change would otherwise ask the canvas for a full redraw too.
         self.fig.stale_callback = None
         self._layout_frozen = False
-        self._frames = _FrameComposer(self.fig)
+        self._frames = FrameComposer(self.fig)
         self.last: dict[str, Any] = {}
         self.last_error: BaseException | None = None
         self.last_compute_ms = float("nan")
         self.last_draw_ms = float("nan")
         self.updates = 0
         self._holding = False
+        self._lock = threading.RLock()          # one update or progress frame at a time (see run_in_background)
+        self._generation = 0                    # bumped by every new setting: older background runs stop
+        self._built = False                     # progress is shown once the panel has been built
+        #: the latest background run (see :meth:`run_in_background`); None before the first
+        self.background_run: BackgroundRun | None = None
         self.readout = widgets.HTML().add_class("klviz-readout")
         self.error = widgets.HTML().add_class("klviz-error")
         self.status = widgets.HTML().add_class("klviz-status")
@@ -67,6 +79,7 @@ class Panel:
         ).add_class(self.css_class).add_class("klviz-panel")
         self.update()
         self._prime_frames()
+        self._built = True
 
     # -- to implement -------------------------------------------------------------------------
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
@@ -88,6 +101,24 @@ class Panel:
     def layout_controls(self) -> widgets.Widget:
         """Arrange the controls (override for a custom layout)."""
         return widgets.HBox(list(self.controls.values()), layout=widgets.Layout(flex_flow="row wrap"))
+
+    # -- to implement for work that takes seconds (optional) -----------------------------------
+    def start_background(self, **values: Any) -> bool:
+        """For a control the reader moved: start slow work for ``values`` and answer at once, or not.
+
+        Return False (the default) for the ordinary foreground update. A panel whose setting takes
+        seconds shows what it has now (:meth:`show_progress`), starts the work with
+        :meth:`run_in_background` and returns True. Not called by :meth:`set` (code asks for a
+        result and gets it in the foreground) nor in static mode; an exception raised here leaves
+        the setting to the ordinary update, which shows the error.
+        """
+        return False
+
+    def draw_progress(self, progress: Any) -> str:
+        """Update the artists and the readout for work still running; return a note (HTML) for the
+        status line. ``progress`` is what the work passed to :meth:`show_progress` or
+        :meth:`BackgroundRun.report`."""
+        raise NotImplementedError
 
     # -- machinery ----------------------------------------------------------------------------
     def show_legend(self, ax: Any, key: Any, **kwargs: Any) -> Any:
@@ -116,6 +147,7 @@ class Panel:
         unknown = set(values) - set(self.controls)
         if unknown:
             raise ValueError(f"unknown control(s) {sorted(unknown)}; this panel has {sorted(self.controls)}")
+        self._generation += 1                   # code asks for a result: stop any background run
         self._holding = True
         try:
             for name, value in values.items():
@@ -126,30 +158,112 @@ class Panel:
         return self.last
 
     def _on_change(self, _change: dict[str, Any]) -> None:
-        if not self._holding:
+        if self._holding:
+            return
+        self._generation += 1                   # a run still working in the background is out of date
+        started = False
+        if not static_mode():
+            try:
+                started = self.start_background(**self.values())
+            except Exception:  # noqa: BLE001 - an invalid setting: the ordinary update shows the error
+                started = False
+        if not started:
             self.update()
 
     def update(self) -> None:
         """Recompute and redraw; any exception is shown in the panel and kept in ``last_error``."""
+        with self._lock:
+            t0 = time.perf_counter()
+            try:
+                data = self.compute(**self.values())
+                self.draw(data)
+            except Exception as err:  # noqa: BLE001 - shown to the reader, never swallowed silently
+                self._show_error(err, t0)
+                return
+            self.last, self.last_error, self.error.value = data, None, ""
+            self.last_compute_ms = (time.perf_counter() - t0) * 1e3
+            self.updates += 1
+            self._redraw()
+            self._show_status()
+
+    def _show_error(self, err: BaseException, t0: float) -> None:
+        """Show ``err`` (being handled) in the panel and keep it in ``last_error``."""
+        self.last_error = err
+        self.error.value = (
+            "<div style='color:#b00020'><b>This setting could not be computed:</b> "
+            f"{html.escape(type(err).__name__)}: {html.escape(str(err))}</div>"
+            f"<details><summary>details</summary><pre>{html.escape(traceback.format_exc(limit=4))}</pre></details>"
+        )
+        self.last_compute_ms = (time.perf_counter() - t0) * 1e3
+        self._show_status()
+
+    # -- long-running work --------------------------------------------------------------------
+    def show_progress(self, progress: Any, since: float | None = None) -> None:
+        """Show work still running now: :meth:`draw_progress`, a new frame and the status line.
+
+        For ``compute`` that reports as it goes (the curves of a run training in the foreground)
+        and for the start of a background run. ``since`` (a ``time.perf_counter()`` value) is where
+        the time shown as compute starts (default: now). Does nothing while the panel is being
+        built and in static mode (nobody sees those frames).
+        """
+        if not self._built or static_mode():
+            return
+        with self._lock:
+            self._show_progress(progress, time.perf_counter() if since is None else since)
+
+    def _show_progress(self, progress: Any, t0: float) -> None:
+        note = self.draw_progress(progress)
+        self.error.value = ""
+        self.last_compute_ms = (time.perf_counter() - t0) * 1e3
+        self._redraw()
+        self._show_status(note)
+
+    def run_in_background(self, work: Callable[[BackgroundRun], Any], *, what: Any = None,
+                          on_done: Callable[[Any], None] | None = None) -> BackgroundRun:
+        """Run ``work(run)`` in a daemon thread for the current setting; returns the run.
+
+        ``work`` reports as it goes with ``run.report(progress)`` (drawn by :meth:`draw_progress`,
+        skipped when the panel is busy: the work never waits on the reader) and calls
+        ``run.check()`` often: both raise :class:`Cancelled` once a newer setting has arrived
+        (a control moved, :meth:`set`), which ends the run quietly. When ``work`` returns, and the
+        setting is still current, ``on_done(result)`` runs (default: the ordinary :meth:`update`,
+        whose ``compute`` should find the result the work has kept); an exception raised by
+        ``work`` is shown in the panel as for an ordinary update. ``what`` labels the run
+        (:attr:`BackgroundRun.what`); :meth:`wait` waits for it.
+        """
+        run = BackgroundRun(self, self._generation, what)
+        self.background_run = run
+        run.thread = threading.Thread(target=self._work_in_background, args=(run, work, on_done),
+                                      name=f"klviz-{type(self).__name__}", daemon=True)
+        run.thread.start()
+        return run
+
+    def _work_in_background(self, run: BackgroundRun, work: Callable[[BackgroundRun], Any],
+                            on_done: Callable[[Any], None] | None) -> None:
         t0 = time.perf_counter()
         try:
-            data = self.compute(**self.values())
-            self.draw(data)
-        except Exception as err:  # noqa: BLE001 - shown to the reader, never swallowed silently
-            self.last_error = err
-            self.error.value = (
-                "<div style='color:#b00020'><b>This setting could not be computed:</b> "
-                f"{html.escape(type(err).__name__)}: {html.escape(str(err))}</div>"
-                f"<details><summary>details</summary><pre>{html.escape(traceback.format_exc(limit=4))}</pre></details>"
-            )
-            self.last_compute_ms = (time.perf_counter() - t0) * 1e3
-            self._show_status()
+            result = work(run)
+        except Cancelled:
             return
-        self.last, self.last_error, self.error.value = data, None, ""
-        self.last_compute_ms = (time.perf_counter() - t0) * 1e3
-        self.updates += 1
-        self._redraw()
-        self._show_status()
+        except Exception as err:  # noqa: BLE001 - shown to the reader, as for an ordinary update
+            with self._lock:
+                if run.current:
+                    run.finished = True
+                    self._show_error(err, t0)
+            return
+        with self._lock:
+            if run.current:
+                run.finished = True
+                if on_done is None:
+                    self.update()               # the result is there now (or its error is shown)
+                else:
+                    on_done(result)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until the latest background run has ended (and the panel shows its result)."""
+        run = self.background_run
+        if run is not None and run.thread is not None:
+            run.thread.join(timeout)
 
     def _make_canvas(self) -> widgets.Widget:
         """The widget that shows the frames: an ``ipywidgets.Image`` fed with PNG bytes.
@@ -250,253 +364,48 @@ class Panel:
         display(Image(data=self.png(), format="png"))
 
 
-class _FrameComposer:
-    """Renders a panel's frames into the Agg buffer, redrawing only what changed when it can.
-
-    A panel's ``draw`` changes a few artists (bars, lines, a title) and leaves axes, ticks and
-    legends alone, yet a full Agg render spends most of its time on that unchanged text. So the
-    composer keeps backgrounds: the figure rendered *without* the artists known to change
-    ("dynamic") and without the legends. A frame is then: restore the background, draw the dynamic
-    artists, lay the legends on top.
-
-    - **Backgrounds** are kept for the last few *views* (axis limits, ticks, scales, figure size,
-      set of artists): a control that toggles between two views (a dropdown, a slider that moves an
-      axis and back) finds its background again. A new view, a figure-level text that changed, or a
-      changed artist that is baked into the background forces a full render and a new background;
-      an artist found changed is dropped from every background it is baked into, and counts as
-      dynamic from then on. Changes are found by matplotlib's own ``stale`` flag.
-    - **Legends** are drawn once onto a transparent layer and composited over each frame ("over",
-      the same blending Agg does); a legend is drawn again when its place, texts or colours change.
-    """
-
-    #: backgrounds kept per panel (one full-size RGBA buffer each, about 1.3 MB for a 840x390 figure)
-    max_backgrounds: int = 6
-    #: legend layers kept per panel (small: a legend's bounding box)
-    max_legend_layers: int = 16
-
-    def __init__(self, fig: Figure) -> None:
-        self.fig = fig
-        self.dynamic: set[int] = set()
-        self.background: Any = None
-        self.state: Any = None
-        self.last_was_blit = False
-        # view state -> (background region, ids of the artists left out of it); most recent last
-        self._backgrounds: dict[Any, tuple[Any, frozenset[int]]] = {}
-        self._legend_layers: dict[tuple, _LegendLayer] = {}
-
-    def _axes_state(self) -> tuple:
-        from matplotlib.ticker import FixedFormatter, FixedLocator
-
-        key: list[Any] = [tuple(self.fig.bbox.bounds), self.fig.dpi, tuple(id(t) for t in self.fig.texts),
-                          tuple(id(a) for a in self.fig.axes)]
-        for ax in self.fig.axes:
-            key.append((ax.get_xlim(), ax.get_ylim(), tuple(ax.get_position().bounds), ax.get_visible(),
-                        tuple(id(c) for c in ax.get_children())))
-            for axis in (ax.xaxis, ax.yaxis):
-                loc, fmt = axis.get_major_locator(), axis.get_major_formatter()
-                key.append((axis.get_scale(), id(loc), id(fmt), axis.label.get_text(),
-                            tuple(loc.locs) if isinstance(loc, FixedLocator) else (),
-                            tuple(fmt.seq) if isinstance(fmt, FixedFormatter) else ()))
-        return tuple(key)
-
-    def _artists(self) -> list[Any]:
-        from matplotlib.axis import Axis
-        from matplotlib.legend import Legend
-        from matplotlib.spines import Spine
-
-        return [a for ax in self.fig.axes for a in ax.get_children()
-                if a is not ax.patch and not isinstance(a, (Axis, Spine, Legend)) and not _empty_text(a)]
-
-    def _legends(self) -> list[Any]:
-        return [ax.get_legend() for ax in self.fig.axes if ax.get_legend() is not None]
-
-    def render(self, blit: bool = True) -> None:
-        """Bring the Agg buffer up to date with the figure."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        canvas = self.fig.canvas
-        state = self._axes_state()
-        if self.state is None or not blit:     # first frame: render everything, learn what changes later
-            FigureCanvasAgg.draw(canvas)
-            self.state, self.last_was_blit = state, False
-            self._backgrounds.clear()
-            return
-        artists = self._artists()
-        changed = [a for a in artists if a.stale]
-        if any(t.stale for t in self.fig.texts) or any(lg.stale for lg in self.fig.legends):
-            self._backgrounds.clear()          # figure-level text is in every background
-        for a in changed:                      # a background with a changed artist baked in is stale
-            for key in [k for k, (_, left_out) in self._backgrounds.items() if id(a) not in left_out]:
-                del self._backgrounds[key]
-        cached = self._backgrounds.pop(state, None)
-        if cached is not None:
-            self._backgrounds[state] = cached  # most recently used goes last
-            self.background, left_out = cached
-            self.dynamic = set(left_out)
-            canvas.restore_region(self.background)
-        else:
-            self._render_background(canvas, [a for a in artists if id(a) in self.dynamic or a.stale], state)
-        dynamic = [a for a in artists if id(a) in self.dynamic]
-        renderer = canvas.get_renderer()
-        for a in sorted(dynamic, key=lambda a: a.get_zorder()):
-            a.draw(renderer)
-        self._draw_legends(renderer)
-        self.fig.stale = False
-        for ax in self.fig.axes:
-            ax.stale = False
-        self.state, self.last_was_blit = state, cached is not None
-
-    def _render_background(self, canvas: Any, dynamic: list[Any], state: Any) -> None:
-        """Full Agg render without the dynamic artists and legends; keep it as this view's background."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        self.dynamic = {id(a) for a in dynamic}
-        hidden = [a for a in dynamic + self._legends() if a.get_visible()]
-        titles = {id(t): t.get_text() for ax in self.fig.axes for t in _titles(ax)}
-        for a in hidden:
-            if id(a) in titles:
-                a.set_text("")   # an invisible title would make the axes misplace it
-            else:
-                a.set_visible(False)
-        try:
-            FigureCanvasAgg.draw(canvas)       # the background; no frame is sent yet
-            self.background = canvas.copy_from_bbox(self.fig.bbox)
-        finally:
-            for a in hidden:
-                if id(a) in titles:
-                    a.set_text(titles[id(a)])
-                else:
-                    a.set_visible(True)
-        self._backgrounds[state] = (self.background, frozenset(self.dynamic))
-        while len(self._backgrounds) > self.max_backgrounds:
-            del self._backgrounds[next(iter(self._backgrounds))]
-
-    def _draw_legends(self, renderer: Any) -> None:
-        legends = self._legends()
-        buf = np.asarray(renderer.buffer_rgba())
-        for lg in legends:
-            if not lg.get_visible():
-                continue
-            signature = _legend_signature(lg, renderer)
-            key = (id(lg), signature)               # a legend whose texts come back finds its layer
-            layer = self._legend_layers.pop(key, None)
-            if layer is None:
-                layer = _LegendLayer.render(lg, renderer)
-            self._legend_layers[key] = layer        # most recently used goes last
-            if not layer.composite(buf):
-                lg.draw(renderer)              # a see-through figure: let Agg blend it
-            lg.stale = False
-        while len(self._legend_layers) > self.max_legend_layers:   # keep those of recent settings
-            del self._legend_layers[next(iter(self._legend_layers))]
-
-    def png(self) -> bytes:
-        """The current Agg buffer as PNG bytes (fast compression: it is sent on every update)."""
-        return encode_png(np.asarray(self.fig.canvas.buffer_rgba()))
+class Cancelled(Exception):
+    """Raised inside background work (by :meth:`BackgroundRun.check`) when a newer setting replaced it."""
 
 
-class _LegendLayer:
-    """One legend rendered on a transparent layer, cut to its bounding box, ready to composite."""
+class BackgroundRun:
+    """One run of :meth:`Panel.run_in_background`, as its work and the panel's user see it."""
 
-    def __init__(self, rows: slice, cols: slice, premultiplied: np.ndarray, transparency: np.ndarray) -> None:
-        self.rows, self.cols = rows, cols
-        self.premultiplied, self.transparency = premultiplied, transparency
+    def __init__(self, panel: Panel, generation: int, what: Any = None) -> None:
+        self.panel = panel
+        #: the label given to :meth:`Panel.run_in_background` (the lab: the settings being trained)
+        self.what = what
+        #: True once the work has returned and the panel shows its result or its error
+        self.finished = False
+        self.thread: threading.Thread | None = None
+        self._generation = generation
 
-    @classmethod
-    def render(cls, legend: Any, renderer: Any) -> _LegendLayer:
-        from matplotlib.backends.backend_agg import RendererAgg
+    @property
+    def current(self) -> bool:
+        """False once a newer setting has arrived: the run's result would be out of date."""
+        return self._generation == self.panel._generation
 
-        width, height = int(renderer.width), int(renderer.height)
-        layer = RendererAgg(width, height, renderer.dpi)
-        layer.clear()                          # transparent black
-        legend.draw(layer)
-        x0, y0, x1, y1 = legend.get_window_extent(layer).extents
-        pad = 3                                # antialiased edges and the frame's line width
-        c0, c1 = max(int(np.floor(x0)) - pad, 0), min(int(np.ceil(x1)) + pad, width)
-        r0, r1 = max(height - int(np.ceil(y1)) - pad, 0), min(height - int(np.floor(y0)) + pad, height)
-        rgba = np.asarray(layer.buffer_rgba())[r0:r1, c0:c1].astype(np.float32)
-        alpha = rgba[..., 3:] / 255.0
-        return cls(slice(r0, r1), slice(c0, c1), rgba[..., :3] * alpha, 1.0 - alpha)
+    @property
+    def active(self) -> bool:
+        """Still working for the setting the panel shows."""
+        return self.current and not self.finished
 
-    def composite(self, buf: np.ndarray) -> bool:
-        """Lay the legend over ``buf`` (an opaque RGBA frame, changed in place); False if not opaque."""
-        region = buf[self.rows, self.cols]
-        if region.size and region[..., 3].min() != 255:
-            return False
-        region[..., :3] = np.rint(self.premultiplied + region[..., :3] * self.transparency).astype(np.uint8)
-        return True
+    def check(self) -> None:
+        """Raise :class:`Cancelled` if a newer setting has replaced this run (call it often)."""
+        if not self.current:
+            raise Cancelled
 
-
-def _legend_signature(legend: Any, renderer: Any) -> tuple:
-    """What a legend's pixels depend on: its place and size, its texts and the look of its handles."""
-    from matplotlib.colors import to_rgba
-
-    def look(artist: Any) -> tuple:
-        props = []
-        for getter in ("get_color", "get_facecolor", "get_edgecolor", "get_alpha", "get_linestyle",
-                       "get_linewidth", "get_marker", "get_visible"):
-            value = getattr(artist, getter, None)
-            if value is not None:
-                v = value()
-                props.append(repr(to_rgba(v) if isinstance(v, str) and getter.endswith("color") else v))
-        return tuple(props)
-
-    return (tuple(legend.get_window_extent(renderer).bounds),
-            tuple((t.get_text(), look(t)) for t in legend.get_texts()),
-            tuple(look(h) for h in legend.legend_handles), look(legend.get_frame()), legend.get_title().get_text())
-
-
-def encode_png(rgba: np.ndarray) -> bytes:
-    """An ``[H, W, 4]`` uint8 RGBA image as PNG bytes, written for speed rather than size.
-
-    Panels send a frame on every update. Pillow's encoder spends most of its time choosing a
-    filter per row; plot frames are mostly flat colour and compress about as well unfiltered with
-    zlib's fastest level, in about a third of the time.
-    """
-    import struct
-    import zlib
-
-    if rgba.ndim != 3 or rgba.shape[2] != 4 or rgba.dtype != np.uint8:
-        raise ValueError(f"rgba must be a uint8 array of shape [H, W, 4]; got {rgba.dtype} {tuple(rgba.shape)}")
-    height, width = rgba.shape[:2]
-    rows = np.zeros((height, 1 + 4 * width), dtype=np.uint8)   # filter byte 0 ("none") per row
-    rows[:, 1:] = rgba.reshape(height, 4 * width)
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 0)   # 8-bit RGBA, no interlace
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 1))
-            + chunk(b"IEND", b""))
-
-
-def _titles(ax: Any) -> tuple[Any, ...]:
-    return (ax.title, ax._left_title, ax._right_title)
-
-
-def _empty_text(artist: Any) -> bool:
-    """An empty Text draws nothing and never loses its stale flag; hiding one (an unused left or
-    right axes title) also shifts where the axes places its main title, so leave them alone."""
-    from matplotlib.text import Text
-
-    return isinstance(artist, Text) and not artist.get_text()
-
-
-def pixel_ratio() -> float:
-    """Frames are rendered at this many pixels per CSS pixel: ``KLVIZ_PIXEL_RATIO`` (default 1).
-
-    2 gives sharp figures on a high-density screen or a 4K projector at four times the pixels to
-    draw and send, so each update takes longer; 1 keeps the panels within their latency target.
-    """
-    raw = os.environ.get("KLVIZ_PIXEL_RATIO", "").strip()
-    if not raw:
-        return 1.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"KLVIZ_PIXEL_RATIO must be a number between 1 and 3, got {raw!r}") from None
-    if not 1.0 <= value <= 3.0:
-        raise ValueError(f"KLVIZ_PIXEL_RATIO must be a number between 1 and 3, got {raw!r}")
-    return value
+    def report(self, progress: Any) -> None:
+        """Show ``progress`` in the panel (:meth:`Panel.draw_progress`), unless the panel is busy
+        with an update right now (then this report is skipped); raises :class:`Cancelled` like :meth:`check`."""
+        self.check()
+        panel = self.panel
+        if panel._lock.acquire(blocking=False):   # never wait on the reader
+            try:
+                if self.current:
+                    panel._show_progress(progress, time.perf_counter())
+            finally:
+                panel._lock.release()
 
 
 def static_mode() -> bool:

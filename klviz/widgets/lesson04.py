@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from .. import lm
+from ..devices import single_thread
 from ..divergences import exact_kl
 from ..estimators import k1, k2, k3, masked_mean
 from ..plotting import COLORS, panel_figure, sticky_limits
@@ -52,7 +53,7 @@ class WorkedTokensPanel(Panel):
 
     # -- data, computed once --------------------------------------------------------------------
     def _precompute(self) -> None:
-        with lm._one_thread():        # tiny tensors: one thread avoids contention on a busy machine
+        with single_thread():         # tiny tensors: one thread avoids contention on a busy machine
             self._score_path()
 
     def _score_path(self) -> None:

@@ -5,6 +5,9 @@
   beside the paths of the true reverse-KL and forward-KL gradients.
 - :class:`BanditPanel`: the KL-regularised bandit max E_pi[R] - beta · KL: the fixed point each
   choice converges to, against pi* ∝ pi_ref · exp(R/beta) and the forward-KL solution, as beta moves.
+
+The lesson's tokens, reference policy, rewards and beta grid, and the bandit's solutions, live in
+:mod:`klviz.bandit` (``THREE_TOKENS``, ``REF_PROBS``, ``REWARDS``, ``BETA_GRID``, ``bandit_table``).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..bandit import bandit_fixed_points, forward_kl_optimum, reverse_kl_optimum, tv_distance
+from ..bandit import BETA_GRID, REF_PROBS, REWARDS, THREE_TOKENS, bandit_solutions, bandit_table, tv_distance
 from ..divergences import categorical_kl
 from ..plotting import panel_figure, sticky_limits
 from ..simplex import (
@@ -34,15 +37,8 @@ from ..simplex import (
 )
 from .base import Panel
 
-__all__ = ["SimplexFlowPanel", "BanditPanel", "THREE_TOKENS", "REF_PROBS", "REWARDS", "BETA_GRID",
-           "bandit_table"]
+__all__ = ["SimplexFlowPanel", "BanditPanel"]
 
-#: The three tokens of the lesson's triangle, the reference policy and the bandit's rewards.
-THREE_TOKENS: tuple[str, str, str] = (" mat", " sofa", " moon")
-REF_PROBS: tuple[float, float, float] = (0.5, 0.3, 0.2)
-REWARDS: tuple[float, float, float] = (0.0, 0.5, 1.0)
-#: The beta values of the bandit panel (log-spaced): fixed points are computed once for all of them.
-BETA_GRID: tuple[float, ...] = tuple(float(f"{b:.3g}") for b in np.geomspace(0.05, 10.0, 24))
 _STYLE = {"description_width": "initial"}
 _CORNERS = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, np.sqrt(3) / 2]])
 
@@ -181,32 +177,6 @@ def _paths(start: tuple[float, ...], flow: str, steps: int, lr: float) -> dict[s
                          flows, steps=steps, lr=lr)
 
 
-@functools.lru_cache(maxsize=2)
-def _bandit(ref: tuple[float, ...], rewards: tuple[float, ...], betas: tuple[float, ...]) -> dict[str, Any]:
-    """Fixed points for every flow and beta (computed once), and both closed-form solution paths."""
-    fixed = bandit_fixed_points(torch.tensor(ref, dtype=torch.float64), torch.tensor(rewards, dtype=torch.float64),
-                                betas, steps=1500)
-    rev = torch.stack([reverse_kl_optimum(torch.tensor(ref, dtype=torch.float64),
-                                          torch.tensor(rewards, dtype=torch.float64), b) for b in betas])
-    fwd = torch.stack([forward_kl_optimum(torch.tensor(ref, dtype=torch.float64),
-                                          torch.tensor(rewards, dtype=torch.float64), b) for b in betas])
-    return {"fixed": fixed, "reverse": rev, "forward": fwd}
-
-
-def bandit_table(beta_index: int) -> list[dict[str, Any]]:
-    """Rows (one per choice) of the bandit panel's readout at ``BETA_GRID[beta_index]``."""
-    data = _bandit(REF_PROBS, REWARDS, BETA_GRID)
-    star = data["reverse"][beta_index]
-    ref = torch.tensor(REF_PROBS, dtype=torch.float64)
-    rw = torch.tensor(REWARDS, dtype=torch.float64)
-    rows = []
-    for flow in ALL_FLOWS:
-        p = data["fixed"][flow]["policy"][beta_index]
-        rows.append({"choice": flow, "policy": p.numpy(), "tv_to_optimum": float(tv_distance(p, star)),
-                     "reward": float(p @ rw), "kl": float(categorical_kl(p, ref))})
-    return rows
-
-
 #: Choices that share one expected gradient are drawn as one curve in the bandit panel.
 _GROUPS: dict[str, tuple[str, ...]] = {
     "k1 in reward = k2 in loss = k3·ρ = k3+": ("k1 in reward", "k2 in loss", "k3·ρ in loss", "k3+ in loss"),
@@ -224,7 +194,7 @@ class BanditPanel(Panel):
     css_class = "klviz-bandit"
 
     def __init__(self, device: str | torch.device | None = None) -> None:
-        self.data = _bandit(REF_PROBS, REWARDS, BETA_GRID)
+        self.data = bandit_solutions(REF_PROBS, REWARDS, BETA_GRID)
         super().__init__(device)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:

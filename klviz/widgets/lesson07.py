@@ -2,21 +2,20 @@
 
 :class:`RLHFLabPanel` runs :func:`klviz.rlhf.train_policy` for the chosen settings and draws reward,
 the true KL(pi || pi_ref), the KL the estimator reports, and the entropy, step by step; the
-curves grow while the run trains. Runs are kept by their settings
-(:class:`klviz.rlhf.TrainingRun`, resumable): going back to a setting already trained is instant,
+curves grow while the run trains. Runs are kept by their settings (:func:`klviz.rlhf.lab_history`,
+resumable :class:`klviz.rlhf.TrainingRun`): going back to a setting already trained is instant,
 fewer ``steps`` shows the start of the longer run, and more ``steps`` trains only the new steps.
 
-A control moved by the reader starts a new run in a background thread: the panel answers at once
-(the run so far, marked as training), the kernel stays free, the curves grow every few steps, and a
-newer setting stops an older run that is still training. ``panel.set(...)`` in code trains in the
-foreground and returns when the run is there; ``panel.wait()`` waits for a background run.
+A control moved by the reader starts a new run in a background thread
+(:meth:`klviz.widgets.base.Panel.run_in_background`): the panel answers at once (the run so far,
+marked as training), the kernel stays free, the curves grow every five steps, and a newer setting
+stops an older run that is still training. ``panel.set(...)`` in code trains in the foreground and
+returns when the run is there; ``panel.wait()`` waits for a background run.
 """
 from __future__ import annotations
 
 import html
-import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import ipywidgets as widgets
@@ -25,81 +24,12 @@ import torch
 from matplotlib.figure import Figure
 
 from ..plotting import panel_figure, sticky_limits
-from ..rlhf import PLACEMENTS, LabConfig, TrainingHistory, TrainingRun, train_policy
-from .base import Panel, static_mode
+from ..rlhf import PLACEMENT_COLORS, PLACEMENTS, LabConfig, TrainingHistory, lab_history, trained_history
+from .base import BackgroundRun, Panel
 
-__all__ = ["RLHFLabPanel", "cached_run", "lab_history", "trained_history", "PLACEMENT_COLORS"]
+__all__ = ["RLHFLabPanel"]
 
-PLACEMENT_COLORS: dict[str, str] = {
-    "k1 in reward": "#1f77b4", "k1 in loss": "#17becf", "k2 in loss": "#ff7f0e", "k3 in loss": "#2ca02c",
-    "k3·ρ in loss": "#9467bd", "k3+ in loss": "#8c564b", "none": "#7f7f7f",
-}
 _STYLE = {"description_width": "initial"}
-
-
-_RUNS: dict[tuple[LabConfig, str], TrainingHistory] = {}
-_MAX_RUNS = 32
-
-
-def cached_run(config: LabConfig, device: str | torch.device = "cpu", callback: Any = None) -> TrainingHistory:
-    """:func:`klviz.rlhf.train_policy` with the default policy, reward and reference, cached by
-    (config, device): the same settings train once per kernel. ``callback`` is passed to a new run."""
-    key = (config, str(torch.device(device)))
-    if key not in _RUNS:
-        hist = train_policy(config, device=device, callback=callback)
-        if len(_RUNS) >= _MAX_RUNS:
-            _RUNS.pop(next(iter(_RUNS)))
-        _RUNS[key] = hist
-    return _RUNS[key]
-
-
-_RESUMABLE: dict[tuple[LabConfig, str], TrainingRun] = {}
-_MAX_RESUMABLE = 16
-_TRAINING = threading.RLock()
-
-
-def lab_history(config: LabConfig, device: str | torch.device = "cpu", callback: Any = None) -> TrainingHistory:
-    """The history of a run with ``config``, training only what no earlier call has trained.
-
-    A run already made by :func:`cached_run` is returned as is. Otherwise the settings other than
-    ``steps`` name one resumable :class:`klviz.rlhf.TrainingRun`: a request for fewer steps than it
-    has trained is its prefix (the same numbers a run of that length records), a request for more
-    advances it. The history comes without a policy; use :func:`cached_run` when you need it.
-    """
-    dev = str(torch.device(device))
-    with _TRAINING:                            # one run trains at a time (runs are shared)
-        if (config, dev) in _RUNS:
-            return _RUNS[(config, dev)]
-        key = _resumable_key(config, dev)
-        run = _RESUMABLE.pop(key, None)
-        if run is None:
-            run = TrainingRun(config, device=device)
-        _RESUMABLE[key] = run                  # most recently used goes last
-        while len(_RESUMABLE) > _MAX_RESUMABLE:
-            del _RESUMABLE[next(iter(_RESUMABLE))]
-        if run.steps_done < config.steps:
-            run.advance(config.steps - run.steps_done, callback=callback)
-        return run.prefix(config.steps)
-
-
-def trained_history(config: LabConfig, device: str | torch.device = "cpu") -> TrainingHistory | None:
-    """The history of ``config`` if it is there without training (a kept run or the start of a longer
-    one), else None."""
-    dev = str(torch.device(device))
-    # no lock: a background run may hold it for seconds; a run's history only ever grows
-    if (config, dev) in _RUNS:
-        return _RUNS[(config, dev)]
-    run = _RESUMABLE.get(_resumable_key(config, dev))
-    return run.prefix(config.steps) if run is not None and run.steps_done >= config.steps else None
-
-
-def _resumable_key(config: LabConfig, device: str) -> tuple[LabConfig, str]:
-    """Runs that differ only in ``steps`` are one resumable run."""
-    return replace(config, steps=1), device
-
-
-class _Cancelled(Exception):
-    """Raised from a training callback to stop a background run that a newer setting replaced."""
 
 
 class RLHFLabPanel(Panel):
@@ -108,85 +38,42 @@ class RLHFLabPanel(Panel):
     title = "Mini RLHF lab: train the tiny model with a KL penalty"
     css_class = "klviz-rlhf-lab"
 
+    #: train in a background thread when the reader moves a control (see the module docstring)
+    background_training: bool = True
+
     def __init__(self, device: str | torch.device | None = "cpu", *, steps: int = 40, lr: float = 1e-3,
                  prompts: int = 4, group_size: int = 8, max_new_tokens: int = 24) -> None:
         self.fixed = {"lr": lr, "prompts": prompts, "group_size": group_size, "max_new_tokens": max_new_tokens}
         self.default_steps = steps
-        self._lock = threading.RLock()          # one update or live redraw of this panel at a time
-        self._generation = 0                    # bumped by every new setting; older runs stop
-        self._worker: threading.Thread | None = None
-        #: the settings a background run is training now (None when none is)
-        self.training: LabConfig | None = None
         super().__init__(device)
 
-    #: train in a background thread when the reader moves a control (see the module docstring)
-    background_training: bool = True
+    @property
+    def training(self) -> LabConfig | None:
+        """The settings a background run is training now (None when none is)."""
+        run = self.background_run
+        return run.what if run is not None and run.active else None
 
-    # -- foreground and background updates ----------------------------------------------------
-    def update(self) -> None:
-        with self._lock:
-            super().update()
+    # -- foreground and background training ----------------------------------------------------
+    def start_background(self, **values: Any) -> bool:
+        cfg = self._config(**values)
+        if not self.background_training or trained_history(cfg, self.device) is not None:
+            return False                        # nothing to train: answer in the foreground
+        self.show_progress((cfg, None))         # answer at once: an empty run, marked as training
 
-    def set(self, **values: Any) -> dict[str, Any]:
-        self._generation += 1                   # code asks for a result: stop any background run
-        self.training = None
-        return super().set(**values)
+        def train(run: BackgroundRun) -> TrainingHistory:
+            def progress(step: int, hist: TrainingHistory) -> None:
+                if step % 5 == 4:
+                    run.report((cfg, hist))     # the curves grow every five steps
+                else:
+                    run.check()                 # a newer setting stops this run after its current step
+            return lab_history(cfg, self.device, callback=progress)
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Wait until a background run has finished and the panel shows it."""
-        worker = self._worker
-        if worker is not None:
-            worker.join(timeout)
+        self.run_in_background(train, what=cfg)  # when done: the ordinary update finds the run kept
+        return True
 
-    def _on_change(self, _change: dict[str, Any]) -> None:
-        if self._holding:
-            return
-        self._generation += 1                   # a run still training in the background is out of date
-        self.training = None
-        try:
-            cfg = self._config(**self.values())
-        except Exception:  # noqa: BLE001 - an invalid setting: the ordinary update shows the error
-            cfg = None
-        if (cfg is None or not self.background_training or static_mode()
-                or trained_history(cfg, self.device) is not None):
-            self.update()                       # nothing to train: answer in the foreground
-            return
-        self._start_background(cfg)
-
-    def _start_background(self, cfg: LabConfig) -> None:
-        t0 = time.perf_counter()
-        with self._lock:
-            generation = self._generation      # bumped by _on_change for this setting
-            self.training = cfg
-            self._show_training(cfg, None, t0)  # answer at once: an empty run, marked as training
-        self._worker = threading.Thread(target=self._train_in_background, args=(cfg, generation),
-                                        name="klviz-rlhf-lab", daemon=True)
-        self._worker.start()
-
-    def _train_in_background(self, cfg: LabConfig, generation: int) -> None:
-        def progress(step: int, hist: TrainingHistory) -> None:
-            if generation != self._generation:
-                raise _Cancelled
-            if step % 5 == 4 and self._lock.acquire(blocking=False):   # never wait on the reader
-                try:
-                    if generation == self._generation:
-                        self._show_training(cfg, hist, time.perf_counter())
-                finally:
-                    self._lock.release()
-
-        try:
-            lab_history(cfg, self.device, callback=progress)
-        except _Cancelled:
-            return
-        except Exception:  # noqa: BLE001 - shown by the update below, which meets the same error
-            pass
-        with self._lock:
-            if generation == self._generation:
-                self.training = None
-                self.update()                   # the run is there now (or its error is shown)
-
-    def _show_training(self, cfg: LabConfig, hist: TrainingHistory | None, t0: float) -> None:
+    def draw_progress(self, progress: tuple[LabConfig, TrainingHistory | None]) -> str:
         """Draw a run that is still training: its curves so far and where it stands."""
+        cfg, hist = progress
         m = ({k: np.asarray(v) for k, v in hist.metrics.items()} if hist is not None
              else {k: np.zeros(0) for k in ("reward", "true_kl", "reported_kl", "entropy")})
         self._draw_curves(m, cfg.steps)
@@ -195,10 +82,7 @@ class RLHFLabPanel(Panel):
             f"<div style='font-size:90%' class='klviz-training'><b style='color:{PLACEMENT_COLORS[cfg.placement]}'>"
             f"{html.escape(cfg.placement)}</b>, β = {cfg.beta:g}, {cfg.steps} steps: training in the background, "
             f"step {done} of {cfg.steps} … (move any control to start another run)</div>")
-        self.error.value = ""
-        self.last_compute_ms = (time.perf_counter() - t0) * 1e3
-        self._redraw()
-        self._show_status(f" · training step {done} of {cfg.steps}")
+        return f" · training step {done} of {cfg.steps}"
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
@@ -248,14 +132,10 @@ class RLHFLabPanel(Panel):
 
         def live(step: int, hist: TrainingHistory) -> None:   # the curves grow while this update trains
             if step % 5 == 4:
-                self._show_training(cfg, hist, t0)
+                self.show_progress((cfg, hist), since=t0)      # (nothing while the panel is built)
 
-        hist = lab_history(cfg, self.device, callback=live if self._live_ok() else None)
+        hist = lab_history(cfg, self.device, callback=live)
         return {"config": cfg, "history": hist, "metrics": {k: np.asarray(v) for k, v in hist.metrics.items()}}
-
-    # live redraw while training (once the panel has shown its first frame)
-    def _live_ok(self) -> bool:
-        return self._layout_frozen and not static_mode()
 
     def _draw_curves(self, m: dict[str, np.ndarray], total_steps: int) -> None:
         t = np.arange(len(m["reward"]))
