@@ -29,7 +29,7 @@ from .plot import plot_report
 from .reading import (
     DEFAULT_KEYS,
     RolloutFileError,
-    Rollouts,
+    RolloutDump,
     load_rollouts,
     rollouts_from_tensors,
     sample_rollouts_path,
@@ -38,6 +38,6 @@ from .reading import (
 from .report import format_report
 
 __all__ = [
-    "RolloutFileError", "Rollouts", "Diagnosis", "DEFAULT_KEYS", "load_rollouts", "rollouts_from_tensors",
+    "RolloutFileError", "RolloutDump", "Diagnosis", "DEFAULT_KEYS", "load_rollouts", "rollouts_from_tensors",
     "save_rollouts", "diagnose", "format_report", "plot_report", "sample_rollouts_path",
 ]

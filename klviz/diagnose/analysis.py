@@ -16,7 +16,7 @@ import torch
 from .. import kernel
 from ..framework_rules import CLAMP_RULES, ClampRule
 from ..statistics import clustered_mean_se, mean_se
-from .reading import RolloutFileError, Rollouts
+from .reading import RolloutFileError, RolloutDump
 
 __all__ = ["Diagnosis", "diagnose", "clamp_rows", "LARGE_LOG_RATIO"]
 
@@ -103,7 +103,7 @@ class Diagnosis:
         return sum(self.nonfinite.values()) > 0
 
 
-def diagnose(r: Rollouts) -> Diagnosis:
+def diagnose(r: RolloutDump) -> Diagnosis:
     """Analyse a batch of rollouts: estimates, their directions, clamps and trouble signs."""
     lp, ref, mask, old = r.logprob, r.ref_logprob, r.mask, r.old_logprob
     roles = {"logprob": lp, "ref_logprob": ref} | ({"old_logprob": old} if old is not None else {})

@@ -1,6 +1,6 @@
 """Reading rollout dumps safely: ``.pt`` only with ``weights_only``, ``.npz`` without pickles, ``.safetensors``.
 
-:func:`load_rollouts` reads and validates a file into a :class:`Rollouts`; :func:`rollouts_from_tensors`
+:func:`load_rollouts` reads and validates a file into a :class:`RolloutDump`; :func:`rollouts_from_tensors`
 validates in-memory tensors the same way; :func:`save_rollouts` writes a dump that ``klviz diagnose``
 reads. Every problem with a file is a :class:`RolloutFileError` whose message is one line.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RolloutFileError", "Rollouts", "DEFAULT_KEYS", "load_rollouts", "rollouts_from_tensors",
+__all__ = ["RolloutFileError", "RolloutDump", "DEFAULT_KEYS", "load_rollouts", "rollouts_from_tensors",
            "save_rollouts", "sample_rollouts_path"]
 
 #: The key each role is read from unless renamed (``--logprob-key`` ... on the command line).
@@ -31,8 +31,9 @@ class RolloutFileError(ValueError):
 
 
 @dataclass
-class Rollouts:
-    """Validated log-probabilities of one batch, as float64 ``[batch, tokens]`` tensors."""
+class RolloutDump:
+    """One batch read from a rollout dump: validated log-probabilities as float64 ``[batch, tokens]``
+    tensors (not to be confused with :class:`klviz.lm.Rollouts`, responses the tiny LM sampled)."""
 
     logprob: torch.Tensor
     ref_logprob: torch.Tensor
@@ -143,7 +144,7 @@ def _to_tensor(value: Any, key: str) -> torch.Tensor:
 
 def load_rollouts(path: str | Path, *, logprob_key: str = "logprob", ref_key: str = "ref_logprob",
                   mask_key: str = "response_mask", old_key: str | None = "old_logprob",
-                  require_old: bool = False) -> Rollouts:
+                  require_old: bool = False) -> RolloutDump:
     """Read and validate a rollout dump; raise :class:`RolloutFileError` (a ``ValueError``) with one line.
 
     ``old_key`` is optional: when the file has no such key the tokens are taken to be sampled by the
@@ -194,7 +195,7 @@ def _option(role: str) -> str:
             "old_logprob": "old-key"}[role]
 
 
-def rollouts_from_tensors(logprob: Any, ref_logprob: Any, response_mask: Any, old_logprob: Any = None) -> Rollouts:
+def rollouts_from_tensors(logprob: Any, ref_logprob: Any, response_mask: Any, old_logprob: Any = None) -> RolloutDump:
     """Validate in-memory tensors (or arrays) the same way a file is validated."""
     ts = {}
     for name, v in (("logprob", logprob), ("ref_logprob", ref_logprob), ("response_mask", response_mask),
@@ -207,7 +208,7 @@ def rollouts_from_tensors(logprob: Any, ref_logprob: Any, response_mask: Any, ol
 
 
 def _validate(lp: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, old: torch.Tensor | None, *,
-              source: str, keys: dict[str, str]) -> Rollouts:
+              source: str, keys: dict[str, str]) -> RolloutDump:
     named = [("logprob", lp), ("ref_logprob", ref)] + ([("old_logprob", old)] if old is not None else [])
     for role, t in named:
         if not t.is_floating_point():
@@ -236,7 +237,7 @@ def _validate(lp: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor, old: torc
     if not bool(m.any()):
         raise RolloutFileError(f"{_label(keys['response_mask'], 'response_mask')} selects no token: nothing to diagnose")
     dtypes = {role: str(t.dtype).replace("torch.", "") for role, t in named + [("response_mask", mask)]}
-    return Rollouts(logprob=lp.double(), ref_logprob=ref.double(), mask=m,
+    return RolloutDump(logprob=lp.double(), ref_logprob=ref.double(), mask=m,
                     old_logprob=None if old is None else old.double(), source=source, keys=dict(keys), dtypes=dtypes)
 
 

@@ -21,7 +21,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..devices import make_generator
-from ..diagnose import Rollouts, load_rollouts, sample_rollouts_path
+from ..diagnose import RolloutDump, load_rollouts, sample_rollouts_path
 from ..pitfalls import CLAMP_RULES, apply_clamp
 from ..plotting import COLORS, panel_figure, sticky_limits
 from .base import Panel, html_table
@@ -50,11 +50,11 @@ class RolloutPanel(Panel):
     title = "Your rollouts: the KL a trainer would log from B sequences of this dump"
     css_class = "klviz-rollouts"
 
-    def __init__(self, rollouts: Rollouts | None = None, device: str | torch.device | None = "cpu",
+    def __init__(self, rollouts: RolloutDump | None = None, device: str | torch.device | None = "cpu",
                  seed: int = 0) -> None:
         r = load_rollouts(sample_rollouts_path()) if rollouts is None else rollouts
-        if not isinstance(r, Rollouts):
-            raise ValueError(f"rollouts must be a klviz.diagnose.Rollouts (from load_rollouts), got {type(r).__name__}")
+        if not isinstance(r, RolloutDump):
+            raise ValueError(f"rollouts must be a klviz.diagnose.RolloutDump (from load_rollouts), got {type(r).__name__}")
         if r.old_logprob is not None and bool(((r.old_logprob - r.logprob).abs() > 1e-6)[r.mask].any()):
             raise ValueError("rollouts holds off-policy tokens (old_logprob differs from logprob); this panel "
                              "shows on-policy estimates: pass logprob=old_logprob for the sampler's view")
