@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from .. import kernel
+from ..framework_rules import VERL_LOW_VAR_KL
 from . import CheckResult, WrongAnswer, failed, learner_answer, passed
 
 __all__ = ["approx_kl", "response_mask", "low_var_kl"]
@@ -98,20 +100,18 @@ def low_var_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Chec
     """``fn(logprob, ref_logprob) -> per-token k3`` with verl's clamps (log r to ±20, result to ±10)."""
     logprob = torch.tensor([-1.0, -2.0, -0.3, -5.0, -120.0, -0.01, -3.0], requires_grad=True)
     ref = torch.tensor([-1.2, -1.0, -3.0, -0.5, -0.1, -0.01, -3.5])
-    d = (ref - logprob.detach()).clamp(-20, 20)
-    right = (torch.exp(d) - d - 1).clamp(-10, 10)
+    right = VERL_LOW_VAR_KL.apply(ref - logprob.detach(), "k3")
     got = learner_answer(fn, logprob, ref, convert=lambda out: _as_tensor(out, "low_var_kl"))
     if isinstance(got, CheckResult):
         return got
     if got.shape != right.shape:
         return failed(f"low_var_kl is per token: expected shape {tuple(right.shape)}, got {tuple(got.shape)}.")
     finite = torch.isfinite(got.detach())
-    dd = (logprob.detach() - ref)
-    inverted = (torch.exp(dd.clamp(-20, 20)) - dd.clamp(-20, 20) - 1).clamp(-10, 10)
+    inverted = VERL_LOW_VAR_KL.apply(logprob.detach() - ref, "k3")      # the log-ratio upside down
     if bool(finite.all()) and torch.allclose(got.detach(), inverted, rtol=1e-4, atol=1e-6) \
             and not torch.allclose(got.detach(), right, rtol=1e-4, atol=1e-6):
         return failed("The log-ratio is inverted: verl uses log r = ref_logprob - logprob (tokens come from the policy).")
-    unclamped = torch.exp(ref - logprob.detach()) - (ref - logprob.detach()) - 1
+    unclamped = kernel.k3(ref - logprob.detach())
     if bool(torch.isinf(got.detach()).any()) or torch.allclose(got.detach()[:4], unclamped[:4], rtol=1e-4) and \
             float(got.detach()[3]) > 10:
         return failed("The result is not clamped to [-10, 10]: one token with a huge ratio then dominates the mean.")

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import kernel
 from ..bandit import reverse_kl_optimum
 from . import CheckResult, failed, learner_tensor, passed
 
@@ -40,7 +41,7 @@ def k3_loss_coefficient(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
                       "differentiate k3 = r - 1 - log r through log pi instead.")
     if _close(out, 1 - 1 / r):
         return failed("You inverted the ratio: r = pi_ref(x)/pi(x) = exp(log_r), not pi/pi_ref.")
-    if _close(out, torch.expm1(log_r) - log_r):
+    if _close(out, kernel.k3(log_r)):
         return failed("That is the value of k3 (its coefficient in the *reward*); as a loss you need its "
                       "derivative with respect to log pi.")
     if _close(out, torch.ones_like(out)):

@@ -5,6 +5,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import kernel
 from . import CheckResult, failed, learner_answer, passed
 
 
@@ -28,7 +29,7 @@ def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     new[:3] = old[:3] + torch.tensor([1e-9, -3e-9, 2e-8], dtype=torch.float64)   # nearly equal policies
     new[3] = old[3] + 30.0
     log_r = new - old                     # target (new) minus sampler (old)
-    expected = torch.expm1(log_r) - log_r
+    expected = kernel.k3(log_r)
     out = _call(fn, new, old, convert=_as64)
     if isinstance(out, CheckResult):
         return out
@@ -37,7 +38,7 @@ def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     if not bool(torch.isfinite(out).all()):
         return failed("Your function returns inf or NaN for a token whose log-ratio is 30: compute in a way that "
                       "stays finite (k3 is e^30 - 31 there, large but finite in float64).")
-    inverted = torch.expm1(-log_r) + log_r
+    inverted = kernel.k3(-log_r)                  # the same estimator fed the ratio upside down
     if torch.allclose(out, inverted, rtol=1e-6, atol=1e-12):
         return failed("Ratio inverted: that is the seed's exp(logp_old - logp_new), sampler over target. With tokens "
                       "from old, r must be new/old (target over sampler); the inverted version averages to "
@@ -88,7 +89,7 @@ def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
                       "KL(old||pi), not KL(pi||ref). Multiply each token by rho = exp(logprob - old_logprob).")
     if close(float((torch.exp(old - lp) * (lp - ref) * m).sum() / m.sum())):
         return failed("Weight inverted: rho must be pi/pi_old = exp(logprob - old_logprob), target over sampler.")
-    k3 = torch.expm1(ref - lp) - (ref - lp)
+    k3 = kernel.k3(ref - lp)
     if close(float((rho * k3 * m).sum() / m.sum())):
         return passed("rho · k3, averaged over the mask: also unbiased for KL(pi || pi_ref), and never negative.")
     if close(float(((rho * (lp - ref) * m).sum(-1) / m.sum(-1)).mean())):
@@ -108,7 +109,7 @@ def kl_term_with_gradient(fn: Callable[..., Any]) -> CheckResult:
     ref = lp.detach() + 0.5 * torch.randn(3, 5, generator=g, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=torch.float64)
     d = ref - lp.detach()
-    expected = float(((torch.expm1(d) - d) * mask).sum() / mask.sum())
+    expected = float((kernel.k3(d) * mask).sum() / mask.sum())
     out = learner_answer(fn, lp, ref, mask)
     if isinstance(out, CheckResult):
         return out
