@@ -41,21 +41,26 @@ def mean_se(values: Tensor) -> tuple[float, float]:
     return mean, (float(x.std()) / math.sqrt(n) if n > 1 else math.nan)
 
 
-def mean_std_with_se(values: Tensor) -> dict[str, float]:
+def mean_std_with_se(values: Tensor, counts: Tensor | None = None) -> dict[str, float]:
     """Sample mean, single-sample std and the standard error of each, from one batch of samples.
 
     SE(mean) = s / sqrt(n); SE(std) ≈ sqrt(m4 - s⁴) / (2 s sqrt(n)) with m4 the sample fourth
-    central moment (the delta method applied to Var(s²) ≈ (m4 - s⁴) / n). Needs n ≥ 2.
+    central moment (the delta method applied to Var(s²) ≈ (m4 - s⁴) / n). Needs n ≥ 2. With
+    ``counts``, ``values[i]`` stands for ``counts[i]`` equal draws (a categorical sample kept as
+    counts per category: :func:`klviz.categorical_counts`) and n is their total.
     """
     v = as_float_tensor(values, "values").to(torch.float64).reshape(-1)
-    n = v.numel()
+    w = torch.ones_like(v) if counts is None else torch.as_tensor(counts, dtype=torch.float64).reshape(-1)
+    if w.shape != v.shape:
+        raise ValueError(f"counts must have one entry per value ({v.numel()}), got {w.numel()}")
+    n = int(round(float(w.sum())))
     if n < 2:
         raise ValueError(f"values must hold at least 2 samples, got {n}")
-    m = float(v.mean())
+    m = float((w * v).sum()) / n
     d2 = (v - m).square()
-    var = float(d2.sum()) / (n - 1)
+    var = float((w * d2).sum()) / (n - 1)
     s = math.sqrt(var)
-    m4 = float(d2.square().mean())
+    m4 = float((w * d2.square()).sum()) / n
     se_std = math.sqrt(max(m4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
     return {"mean": m, "se": s / math.sqrt(n), "std": s, "se_std": se_std, "n": n}
 

@@ -278,16 +278,7 @@ class TokenEstimatorsPanel(Panel):
         log_r = log_p - self.q_logp
         per_token = {name: fn(log_r).numpy() for name, fn in _FNS.items()}
         counts = categorical_counts(q, n, generator=make_generator(int(seed), "cpu"))
-        mc = {}
-        for name, vals in per_token.items():
-            v = torch.from_numpy(vals)
-            m = float((counts * v).sum() / n)
-            d2 = (v - m).square()
-            var = float((counts * d2).sum()) / max(n - 1, 1)
-            s = math.sqrt(var)
-            m4 = float((counts * d2.square()).sum()) / n
-            se_std = math.sqrt(max(m4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
-            mc[name] = {"mean": m, "se": s / math.sqrt(n), "std": s, "se_std": se_std}
+        mc = {name: mean_std_with_se(torch.from_numpy(vals), counts) for name, vals in per_token.items()}
         return {"p": p.numpy(), "exact": exact, "mc": mc, "per_token": per_token, "n": n,
                 "exact_kl_check": float(categorical_kl(q, p)),
                 "frac_neg_mc": float(counts[log_r > 0].sum()) / n, "frac_neg_exact": float(q[log_r > 0].sum())}
