@@ -24,6 +24,7 @@ PANELS: dict[str, str] = {
     "BanditPanel": "lesson05",
     "RolloutPanel": "lesson06",
     "RLHFLabPanel": "lesson07",
+    "EngineMismatchPanel": "lesson08",
 }
 
 __all__ = ["Panel", "html_table", "static_mode", "PANELS", *PANELS]
