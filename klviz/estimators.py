@@ -64,6 +64,9 @@ def _penalty_value(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
     """verl's per-token KL penalty: estimates **KL(pi || pi_ref)**, tokens sampled from the policy.
 
+    Follows verl-project/verl @ 1dda039 (2026-08-22), ``verl/trainer/ppo/core_algos.py``
+    ``kl_penalty`` and ``kl_penalty_forward`` (the ``+`` kinds work upstream since PR #6058, 2026-04).
+
     ``logprob`` are the policy's log-probabilities of its own sampled tokens, ``ref_logprob`` the
     reference model's log-probabilities of the same tokens. Kinds, as named in verl:
 
@@ -77,6 +80,9 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
 
     verl's ``"full"`` (the exact sum over the vocabulary) needs logits, not log-probabilities of
     sampled tokens: use :func:`klviz.exact_kl` for it. Half-precision inputs are computed in float32.
+    k3 comes from :func:`klviz.kernel.k3` (``expm1`` and a series near 0); verl writes
+    ``exp(d) - d - 1``, which rounds differently near d = 0 in float32:
+    :func:`klviz.frameworks.verl_kl_loss` reproduces verl's own rounding.
     """
     kind = check_choice(kind, "kind", _ALL_KINDS)
     lp = as_float_tensor(logprob, "logprob")
@@ -91,7 +97,9 @@ def kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
     return backward - backward.detach() + forward
 
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+#: verl's ``loss_agg_mode`` values (verl/trainer/ppo/core_algos.py ``agg_loss``); the first three are
+#: the aggregations of DESIGN's public contract, ``token-sum`` was added upstream in 2026-08 (PR #7197).
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
 
 
 def _checked_values_and_mask(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -127,19 +135,29 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return torch.where(count > 0, total / count.clamp_min(torch.finfo(v.dtype).tiny), torch.zeros_like(total))
 
 
-def agg_loss(values: Tensor, mask: Tensor, mode: str, loss_scale_factor: float | None = None) -> Tensor:
+def agg_loss(values: Tensor, mask: Tensor, mode: str, loss_scale_factor: float | None = None, *,
+             legacy_norm: bool = False) -> Tensor:
     """Aggregate a [batch, tokens] matrix of per-token values into a scalar the way verl does.
 
+    Follows verl-project/verl @ 1dda039 (2026-08-22), ``verl/trainer/ppo/core_algos.py`` ``agg_loss``
+    on one data-parallel rank (``dp_size=1``, no global token or sequence counts passed):
+
     - ``"token-mean"``: every counted token weighs the same (mean over all tokens of the batch);
+    - ``"token-sum"``: the sum over all counted tokens (no normalisation; PR #7197, 2026-08);
     - ``"seq-mean-token-sum"``: sum over each sequence's tokens, then mean over sequences
       (a per-sequence estimate of the *sequence* KL, by the chain rule);
     - ``"seq-mean-token-mean"``: mean over each sequence's tokens, then mean over sequences
       (short sequences weigh as much as long ones);
-    - ``"seq-mean-token-sum-norm"``: sum of per-sequence sums divided by ``loss_scale_factor``
-      (default: the number of token columns, a constant, as in Dr. GRPO).
+    - ``"seq-mean-token-sum-norm"``: the ``seq-mean-token-sum`` value divided by
+      ``loss_scale_factor`` (default: the number of token columns, ``mask.shape[-1]``, as in
+      Dr. GRPO), i.e. the mean over non-empty sequences of per-sequence sums / scale (PR #5366 and
+      #5417, 2026-02). ``legacy_norm=True`` gives verl's earlier value, the **sum** (not the mean) of
+      the per-sequence sums divided by the scale: larger by the number of non-empty sequences.
 
-    Sequences whose mask is all zero are left out of the sequence means (as in recent verl); a mask
-    with no counted token at all gives 0.0.
+    Sequences whose mask is all zero are left out of the sequence means (as in verl); a mask with no
+    counted token at all gives 0.0 (verl divides 0 by 0 there). verl divides a sequence's sum by its
+    length plus 1e-8 in ``seq-mean-token-mean``; here the division is exact (they differ by about
+    1e-8 / length, relative).
     """
     mode = check_choice(mode, "mode", AGG_MODES)
     v, m = _checked_values_and_mask(values, mask)
@@ -147,12 +165,17 @@ def agg_loss(values: Tensor, mask: Tensor, mode: str, loss_scale_factor: float |
         raise ValueError(f"values must be a [batch, tokens] matrix for agg_loss, got shape {tuple(v.shape)}")
     if mode == "token-mean":
         return masked_mean(v, m)
+    if mode == "token-sum":
+        return (v * m).sum()
     seq_sum = (v * m).sum(-1)
     seq_count = m.sum(-1)
+    nonempty = (seq_count > 0).to(v.dtype)
     if mode == "seq-mean-token-sum-norm":
         scale = float(v.shape[-1]) if loss_scale_factor is None else float(loss_scale_factor)
         if not scale > 0:
             raise ValueError(f"loss_scale_factor must be positive, got {loss_scale_factor!r}")
-        return seq_sum.sum() / scale
+        if legacy_norm:
+            return seq_sum.sum() / scale
+        return masked_mean(seq_sum, nonempty) / scale
     per_seq = seq_sum if mode == "seq-mean-token-sum" else seq_sum / seq_count.clamp_min(torch.finfo(v.dtype).tiny)
-    return masked_mean(per_seq, (seq_count > 0).to(v.dtype))
+    return masked_mean(per_seq, nonempty)

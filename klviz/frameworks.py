@@ -1,4 +1,4 @@
-"""What each RL framework computes and logs as "KL", reproduced from its published formula.
+"""What each RL framework computes and logs as "KL", following each framework's current code.
 
 Every function takes per-token log-probabilities laid out the way the frameworks store them,
 ``[batch, response_length]`` with a 0/1 ``mask`` of valid response tokens, and returns a dict of
@@ -10,14 +10,21 @@ estimated (see :mod:`klviz.estimators`): rollouts come from pi_old, so
   KL(pi_theta || pi_ref) on the first minibatch (where pi_theta = pi_old);
 * PPO's **approx_kl / ppo_kl** (old vs current, on old's tokens) estimates KL(pi_old || pi_theta).
 
-The functions re-derive each formula (they are not copies of the frameworks' code) and reuse
-:func:`klviz.kl_penalty`, :func:`klviz.agg_loss`, :func:`klviz.masked_mean`, the estimator kernel
+The functions re-derive each formula from the upstream source (they are not copies of the
+frameworks' code) and reuse :func:`klviz.agg_loss`, :func:`klviz.masked_mean`, the estimator kernel
 (:mod:`klviz.kernel`) where a framework's formula is ours, and the clamp table
 (:mod:`klviz.framework_rules`). A formula is written out here only where the framework's own
 differs from the kernel's (most write k3 as ``exp(d) - d - 1``, which loses its digits to
-rounding near d = 0 in float32: the value a framework logs is that one); each such place says so. Source files are
-named in each docstring; behaviour is that of the frameworks' main branches in 2025-2026, with
-older variants behind flags where they differ.
+rounding near d = 0 in float32: the value a framework logs is that one); each such place says so.
+Each docstring names the repository, commit and file it follows (read 2026-08; the defaults are the
+frameworks' defaults of that commit); where users still run an older behaviour, a named keyword
+option gives it.
+
+Where a framework's float32 arithmetic overflows (a weight times a KL, ``exp`` of a large
+log-ratio) these functions return what the framework returns (a clamp that catches ``inf`` gives
+the bound; an unclamped overflow gives ``inf`` or NaN) instead of raising. Padding positions (mask
+0) are set to 0 before any sum, so whatever they hold never reaches a result; an all-zero mask
+gives 0.0 where a framework would divide 0 by 0.
 """
 from __future__ import annotations
 
@@ -26,18 +33,23 @@ from typing import Any
 import torch
 
 from . import kernel
-from .estimators import agg_loss, kl_penalty, masked_mean
-from .framework_rules import NEMO_RL, OPENRLHF
+from .estimators import KL_PENALTY_KINDS, agg_loss, masked_mean
+from .framework_rules import NEMO_RL, OPENRLHF, VERL_LOW_VAR_KL, VERL_PPO_KL
 from .validation import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
 
 __all__ = [
-    "verl_kl_loss", "verl_kl_in_reward", "verl_ppo_kl",
+    "verl_kl_loss", "verl_kl_in_reward", "verl_ppo_kl", "verl_kl_penalty",
     "openrlhf_compute_approx_kl", "openrlhf_kl",
     "trl_grpo_kl", "trl_ppo_kl",
     "nemo_rl_calculate_kl", "nemo_rl_kl_loss",
     "minimind_approx_kl", "minimind_kl_ref_penalty",
-    "side_by_side", "FRAMEWORK_FUNCTIONS",
+    "side_by_side", "FRAMEWORK_FUNCTIONS", "TRL_RELEASE", "TRL_COMMIT",
 ]
+
+#: The TRL sources read: the release pip installs (GRPO) and main (the PPO trainer, which the
+#: release no longer ships).
+TRL_RELEASE = "huggingface/trl release 1.16.0 (PyPI)"
+TRL_COMMIT = "huggingface/trl @ f2cd577 (2026-07-24)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,10 +71,29 @@ def _mask(mask: Tensor, like: Tensor, name: str = "mask") -> Tensor:
         m = as_float_tensor(m, name).to(like.dtype)
     check_same_shape(like, m, "the log-probabilities", name)
     if like.dim() != 2:
-        raise ValueError(f"the log-probabilities must be a [batch, response_length] matrix, got shape {tuple(like.shape)}")
+        raise ValueError("the log-probabilities must be a [batch, response_length] matrix, "
+                         f"got shape {tuple(like.shape)}")
     if bool(((m != 0) & (m != 1)).any()):
         raise ValueError(f"{name} must hold only 0 and 1 (valid response token or not)")
     return m.to(like.device)
+
+
+def _masked(values: Tensor, mask: Tensor) -> Tensor:
+    """``values`` on counted tokens, 0 on padding (``where``, so an inf in padding stays out)."""
+    return torch.where(mask != 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def _mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Masked mean without klviz's finiteness check (a framework's overflow passes through); 0 if empty.
+
+    The frameworks divide by ``count + 1e-8`` (verl, NeMo-RL), ``clamp(count, min=1)`` (TRL,
+    MiniMind) or ``count`` (OpenRLHF): for a non-empty mask these differ by rounding only.
+    """
+    m = mask.to(values.dtype)
+    v = _masked(values, m)
+    total = v.sum() if dim is None else v.sum(dim)
+    count = m.sum() if dim is None else m.sum(dim)
+    return torch.where(count > 0, total / count.clamp_min(1e-30), torch.zeros_like(total))
 
 
 def _clamped_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -73,78 +104,132 @@ def _clamped_mean(values: Tensor, mask: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # verl
 # ---------------------------------------------------------------------------------------------
+_VERL_KINDS = KL_PENALTY_KINDS + tuple(k + "+" for k in KL_PENALTY_KINDS)
+
+
+def verl_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kind: str = "low_var_kl") -> Tensor:
+    """verl's ``kl_penalty`` as verl computes it, float rounding included.
+
+    Follows verl-project/verl @ 1dda039, ``verl/trainer/ppo/core_algos.py`` ``kl_penalty`` /
+    ``kl_penalty_forward``: ``kl``/``k1`` = ``logprob - ref``; ``abs``; ``mse``/``k2`` = ``½ Δ²``;
+    ``low_var_kl``/``k3``: ``d = clamp(ref - logprob, ±20)``, ``exp(d) - d - 1``, clamped to ±10; a
+    ``+`` suffix gives the forward value of the kind with the gradient of ``½ Δ²`` (straight-through,
+    working since PR #6058). Same values as :func:`klviz.kl_penalty` except for rounding: verl's k3 is
+    ``exp(d) - d - 1``, not the kernel's ``expm1`` form.
+    """
+    kind = check_choice(kind, "kind", _VERL_KINDS)
+    lp, ref = _pair(logprob, ref_logprob, "logprob", "ref_logprob")
+    return _verl_penalty(lp, ref, kind)
+
+
+def _verl_penalty(lp: Tensor, ref: Tensor, kind: str) -> Tensor:
+    base = kind[:-1] if kind.endswith("+") else kind
+    if base in ("kl", "k1"):
+        forward = kernel.k1(ref - lp)
+    elif base == "abs":
+        forward = (lp - ref).abs()
+    elif base in ("mse", "k2"):
+        forward = kernel.k2(ref - lp)
+    else:
+        d = VERL_LOW_VAR_KL.clamp_input(ref - lp, "k3")
+        forward = VERL_LOW_VAR_KL.clamp_output(torch.exp(d) - d - 1, "k3")   # verl's own k3 (exp, not expm1)
+    if not kind.endswith("+"):
+        return forward
+    backward = kernel.k2(ref - lp)
+    return backward - backward.detach() + forward.detach()
+
+
 def verl_kl_loss(logprob: Tensor, ref_logprob: Tensor, response_mask: Tensor, kl_loss_type: str = "low_var_kl",
-                 loss_agg_mode: str = "token-mean", kl_loss_coef: float = 0.001) -> dict[str, Tensor]:
+                 loss_agg_mode: str = "token-mean", kl_loss_coef: float = 0.001, *,
+                 loss_scale_factor: float | None = None, legacy_norm: bool = False) -> dict[str, Any]:
     """verl's KL **in the loss** (``actor.use_kl_loss``): ``kl_penalty`` then ``agg_loss``.
 
-    Source: volcengine/verl, ``verl/trainer/ppo/core_algos.py`` (``kl_penalty``, ``agg_loss``) and
-    ``verl/workers/actor/dp_actor.py`` (``kl_loss = agg_loss(kld, response_mask, loss_agg_mode)``,
-    ``policy_loss += kl_loss * kl_loss_coef``; logged as ``actor/kl_loss``).
+    Follows verl-project/verl @ 1dda039, ``verl/workers/utils/losses.py`` (``ppo_loss``: ``kld =
+    kl_penalty(log_prob, ref_log_prob, kl_loss_type)``, ``kl_loss = agg_loss(kld, response_mask,
+    loss_agg_mode)``, ``policy_loss += kl_loss * kl_loss_coef``; metric ``kl_loss``, logged as
+    ``actor/kl_loss``) with ``kl_penalty`` and ``agg_loss`` from ``verl/trainer/ppo/core_algos.py``
+    (the actor's loss lived in ``verl/workers/actor/dp_actor.py`` until PR #6067, 2026-04). Defaults
+    are those of ``verl/trainer/config/actor/actor.yaml`` (``low_var_kl``, ``token-mean``, 0.001).
 
     ``logprob``: current policy on the rollout tokens; ``ref_logprob``: reference on the same
     tokens. Estimates KL(pi_theta || pi_ref) (exactly so on the first minibatch, where
-    pi_theta = pi_old sampled the tokens). Returns ``per_token``, ``kl_loss`` (logged) and
-    ``loss_term`` (``kl_loss_coef * kl_loss``, added to the policy loss).
+    pi_theta = pi_old sampled the tokens). ``loss_scale_factor`` and ``legacy_norm`` are passed to
+    :func:`klviz.agg_loss` (``seq-mean-token-sum-norm``; ``legacy_norm=True`` is verl before
+    PR #5366, 2026-02). Returns ``per_token``, ``kl_loss`` (logged) and ``loss_term``
+    (``kl_loss_coef * kl_loss``, added to the policy loss).
     """
+    kind = check_choice(kl_loss_type, "kl_loss_type", _VERL_KINDS)
     lp, ref = _pair(logprob, ref_logprob, "logprob", "ref_logprob")
     m = _mask(response_mask, lp, "response_mask")
-    per_token = kl_penalty(lp, ref, kl_loss_type)
-    kl_loss = agg_loss(per_token, m, loss_agg_mode)
-    return {"per_token": per_token * m, "kl_loss": kl_loss, "loss_term": kl_loss_coef * kl_loss,
+    per_token = _verl_penalty(lp, ref, kind)
+    kl_loss = agg_loss(per_token, m, loss_agg_mode, loss_scale_factor, legacy_norm=legacy_norm)
+    return {"per_token": _masked(per_token, m), "kl_loss": kl_loss, "loss_term": kl_loss_coef * kl_loss,
             "logged": kl_loss, "logged_name": "actor/kl_loss"}
 
 
 def verl_kl_in_reward(old_logprob: Tensor, ref_logprob: Tensor, response_mask: Tensor, kl_penalty_kind: str = "kl",
-                      kl_coef: float = 0.001) -> dict[str, Tensor]:
+                      kl_coef: float = 0.001) -> dict[str, Any]:
     """verl's KL **in the reward** (``algorithm.use_kl_in_reward``), ``apply_kl_penalty``.
 
-    Source: volcengine/verl, ``verl/trainer/ppo/ray_trainer.py`` (``apply_kl_penalty``) with
-    ``kl_penalty`` from ``verl/trainer/ppo/core_algos.py``: ``kld = kl_penalty(old_log_probs,
+    Follows verl-project/verl @ 1dda039, ``verl/trainer/ppo/ray_trainer.py`` (``apply_kl_penalty``)
+    with ``kl_penalty`` from ``verl/trainer/ppo/core_algos.py``: ``kld = kl_penalty(old_log_probs,
     ref_log_prob) * response_mask``; ``token_level_rewards = token_level_scores - beta * kld``;
     logged ``actor/reward_kl_penalty`` = batch mean of each sequence's *token mean* of ``kld``.
+    Defaults from ``verl/trainer/config/algorithm.py`` (``kl_penalty="kl"``, ``kl_coef=0.001``).
 
     Returns ``per_token`` (masked ``kld``), ``reward_delta`` (``-kl_coef * kld``, added to every
     token's reward) and ``logged`` (the mean of per-sequence token means).
     """
+    kind = check_choice(kl_penalty_kind, "kl_penalty_kind", _VERL_KINDS)
     old, ref = _pair(old_logprob, ref_logprob, "old_logprob", "ref_logprob")
     m = _mask(response_mask, old, "response_mask")
-    kld = kl_penalty(old, ref, kl_penalty_kind) * m
+    kld = _masked(_verl_penalty(old, ref, kind), m)
     per_seq = masked_mean(kld, m, dim=-1)
     logged = per_seq.mean()
     return {"per_token": kld, "reward_delta": -kl_coef * kld, "per_sequence": per_seq, "logged": logged,
             "logged_name": "actor/reward_kl_penalty"}
 
 
-def verl_ppo_kl(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor) -> dict[str, Tensor]:
+def verl_ppo_kl(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor, *,
+                clamp_log_ratio: bool = True) -> dict[str, Any]:
     """verl's ``ppo_kl``: the masked mean of ``old_log_prob - log_prob``, i.e. **k1 of KL(pi_old || pi_theta)**.
 
-    Source: volcengine/verl, ``verl/trainer/ppo/core_algos.py`` (``compute_policy_loss``:
-    ``negative_approx_kl = log_prob - old_log_prob``; ``ppo_kl = masked_mean(-negative_approx_kl,
-    response_mask)``), logged as ``actor/ppo_kl``. Monitoring only: it enters no loss. Being k1 it
-    can come out negative for a single minibatch.
+    Follows verl-project/verl @ 1dda039, ``verl/trainer/ppo/core_algos.py``
+    (``compute_policy_loss_vanilla``, the default ``policy_loss.loss_mode``): ``negative_approx_kl =
+    clamp(log_prob - old_log_prob, -20, 20)`` (:data:`klviz.framework_rules.VERL_PPO_KL`, since
+    PR #1779, 2025-06), ``ppo_kl = masked_mean(-negative_approx_kl, response_mask)``, logged as
+    ``actor/ppo_kl``. Monitoring only: it enters no loss. Being k1 it can come out negative for a
+    single minibatch. ``clamp_log_ratio=False`` gives the unclamped mean (verl before PR #1779, and
+    the gspo, clip_cov, geo_mean and dro losses today).
     """
     lp, old = _pair(log_prob, old_log_prob, "log_prob", "old_log_prob")
     m = _mask(response_mask, lp, "response_mask")
     neg_approx_kl = lp - old
-    ppo_kl = masked_mean(-neg_approx_kl, m)
-    return {"per_token": -neg_approx_kl * m, "ppo_kl": ppo_kl, "logged": ppo_kl, "logged_name": "actor/ppo_kl"}
+    if clamp_log_ratio:
+        neg_approx_kl = VERL_PPO_KL.clamp_input(neg_approx_kl, "k1")
+    ppo_kl = _mean(-neg_approx_kl, m)
+    return {"per_token": _masked(-neg_approx_kl, m), "ppo_kl": ppo_kl, "logged": ppo_kl, "logged_name": "actor/ppo_kl"}
 
 
 # ---------------------------------------------------------------------------------------------
 # OpenRLHF
 # ---------------------------------------------------------------------------------------------
 def openrlhf_compute_approx_kl(log_probs: Tensor, log_probs_base: Tensor, kl_estimator: str = "k1",
-                               clamp: bool = True) -> Tensor:
+                               clamp: bool = True, *, float32: bool = True) -> Tensor:
     """OpenRLHF's ``compute_approx_kl``: per-token k1, k2 or k3 with ``log_ratio = log_probs - log_probs_base``.
 
-    Source: OpenRLHF/OpenRLHF, ``openrlhf/models/utils.py``. k1 = ``log_ratio``; k2 =
-    ``log_ratio² / 2``; k3 = ``exp(-log_ratio) - 1 + log_ratio`` (no input clamp, so ``exp`` can
-    overflow in float32 beyond a log-ratio of about -88); then **every** estimator is clamped to
-    [-10, 10] (``clamp=True``, current releases; older releases returned it unclamped). For k1 both
-    bounds can act, since k1 can be negative.
+    Follows OpenRLHF/OpenRLHF @ 3c3be62, ``openrlhf/models/utils.py``: ``log_ratio =
+    log_probs.float() - log_probs_base.float()`` (**float32**, whatever the inputs' dtype, since
+    PR #620, 2024-12; ``float32=False`` keeps the inputs' dtype); k1 = ``log_ratio``; k2 =
+    ``log_ratio² / 2``; k3 = ``exp(-log_ratio) - 1 + log_ratio`` (no input clamp, so ``exp``
+    overflows beyond a log-ratio of about -88, and the output clamp turns that ``inf`` into 10); then
+    **every** estimator is clamped to [-10, 10] (``clamp=True``, since 2025-07; ``clamp=False`` gives
+    the earlier unclamped values). For k1 both bounds can act, since k1 can be negative.
     """
     kind = check_choice(kl_estimator, "kl_estimator", kernel.ESTIMATORS)
     lp, base = _pair(log_probs, log_probs_base, "log_probs", "log_probs_base")
+    if float32:
+        lp, base = lp.float(), base.float()
     log_ratio = lp - base                  # = -log r, r = pi_base / pi
     if kind == "k3":
         out = torch.exp(-log_ratio) - 1.0 + log_ratio      # OpenRLHF's own k3 (no expm1, no input clamp)
@@ -155,23 +240,29 @@ def openrlhf_compute_approx_kl(log_probs: Tensor, log_probs_base: Tensor, kl_est
 
 def openrlhf_kl(action_log_probs: Tensor, base_action_log_probs: Tensor, action_mask: Tensor,
                 kl_estimator: str = "k1", init_kl_coef: float = 0.01, use_kl_loss: bool = False,
-                clamp: bool = True) -> dict[str, Tensor]:
-    """OpenRLHF's KL in the reward (default, PPO) or in the loss (``--use_kl_loss``, GRPO-style).
+                clamp: bool = True, *, float32: bool = True) -> dict[str, Any]:
+    """OpenRLHF's KL in the reward (default, PPO) or in the loss (``--algo.kl.use_loss``, GRPO-style).
 
-    Source: OpenRLHF/OpenRLHF, ``openrlhf/models/utils.py`` (``compute_approx_kl``,
+    Follows OpenRLHF/OpenRLHF @ 3c3be62: ``openrlhf/models/utils.py`` (``compute_approx_kl``;
     ``compute_reward``: ``reward = -kl_coef * kl`` per token, plus the score on the last token),
     ``openrlhf/trainer/ppo_utils/experience_maker.py`` (logs ``kl`` = each sequence's masked mean,
-    averaged over the batch) and ``openrlhf/trainer/ppo_trainer.py`` / the actor loss
-    (``kl_loss = masked_mean(kl, action_mask)`` over all tokens, times ``kl_coef``).
+    averaged over the batch) and ``openrlhf/trainer/ray/ppo_actor.py`` (``kl_loss =
+    aggregate_loss(kl, action_mask)``, the token mean, times ``kl_ctl``; logged ``kl``). Flags and
+    defaults from ``openrlhf/cli/train_ppo_ray.py``: ``--algo.kl.estimator`` (``k1``),
+    ``--algo.kl.init_coef`` (0.01), ``--algo.kl.use_loss`` (off). Values are float32 (see
+    :func:`openrlhf_compute_approx_kl` for ``clamp`` and ``float32``). OpenRLHF hands the unmasked
+    ``kl`` to ``compute_reward``; here padding positions are 0.
     """
     lp, base = _pair(action_log_probs, base_action_log_probs, "action_log_probs", "base_action_log_probs")
     m = _mask(action_mask, lp, "action_mask")
-    kl = openrlhf_compute_approx_kl(lp, base, kl_estimator, clamp=clamp) * m
-    per_seq = masked_mean(kl, m, dim=-1)
+    kl = openrlhf_compute_approx_kl(lp, base, kl_estimator, clamp=clamp, float32=float32)
+    m = m.to(kl.dtype)
+    kl = _masked(kl, m)
+    per_seq = _mean(kl, m, dim=-1)
     out: dict[str, Any] = {"per_token": kl, "per_sequence": per_seq, "logged": per_seq.mean(), "logged_name": "kl"}
     if use_kl_loss:
-        kl_loss = masked_mean(kl, m)
-        out.update(kl_loss=kl_loss, loss_term=init_kl_coef * kl_loss)
+        kl_loss = _mean(kl, m)
+        out.update(kl_loss=kl_loss, loss_term=init_kl_coef * kl_loss, logged=kl_loss)
     else:
         out.update(reward_delta=-init_kl_coef * kl)
     return out
@@ -180,72 +271,98 @@ def openrlhf_kl(action_log_probs: Tensor, base_action_log_probs: Tensor, action_
 # ---------------------------------------------------------------------------------------------
 # TRL
 # ---------------------------------------------------------------------------------------------
-_TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+_TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
 
 
 def trl_grpo_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor, completion_mask: Tensor,
-                old_per_token_logps: Tensor | None = None, use_bias_correction_kl: bool = False,
-                beta: float = 0.04, loss_type: str = "dapo", max_completion_length: int | None = None) -> dict[str, Tensor]:
-    """TRL's GRPO KL: k3 of (current vs reference) **in the loss**, optionally times the ratio.
+                old_per_token_logps: Tensor | None = None, use_bias_correction_kl: bool = True,
+                beta: float = 0.0, loss_type: str = "dapo", max_completion_length: int | None = 512, *,
+                importance_sampling_level: str = "token") -> dict[str, Any]:
+    """TRL's GRPO KL: k3 of (current vs reference) **in the loss**, times the importance ratio by default.
 
-    Source: huggingface/trl, ``trl/trainer/grpo_trainer.py`` (``_compute_loss``):
-    ``per_token_kl = exp(ref - logp) - (ref - logp) - 1`` (no clamp); with
-    ``use_bias_correction_kl`` it is multiplied by ``coef_1 = exp(logp - old_logp)`` (not
-    detached, so the gradient is that of KL(pi_theta || pi_ref) even off-policy);
-    ``per_token_loss += beta * per_token_kl``; logged ``kl`` = token mean over the batch,
-    ``sum(kl * mask) / clamp(sum(mask), min=1)``. ``beta`` defaults to 0.0 in current TRL (no KL at
-    all); 0.04 here so there is something to see. ``loss_type`` says how the KL term is aggregated
-    into the loss: ``grpo`` (per-sequence mean, then batch mean), ``bnpo``/``dapo`` (token mean;
-    ``dapo`` normalises by the tokens of the whole batch, the same on one process), ``dr_grpo``
-    (sum / (batch * max_completion_length)).
+    Follows huggingface/trl release 1.16.0 (PyPI), ``trl/trainer/grpo_trainer.py``
+    (``_compute_loss``) and ``trl/trainer/grpo_config.py`` (defaults; main @ f2cd577 has the same
+    KL code): ``per_token_kl = exp(ref - logp) - (ref - logp) - 1`` (no clamp); with
+    ``use_bias_correction_kl`` (default **True**) it is multiplied by ``coef_1 = exp(logp - old)``,
+    not detached, so its gradient is that of KL(pi_theta || pi_ref) even off-policy. Without
+    ``old_per_token_logps`` TRL takes ``old = logp.detach()`` (on-policy, one update per
+    generation): the ratio is then 1 in value and still carries the score-function gradient.
+    ``importance_sampling_level="sequence"`` uses one ratio per sequence, ``exp`` of the mean
+    log-ratio, broadcast over its tokens. ``per_token_loss += beta * per_token_kl``; logged ``kl`` =
+    token mean over the micro-batch, ``sum(kl * mask) / clamp(sum(mask), min=1)``.
+
+    ``beta`` defaults to **0.0** as in TRL: TRL then loads no reference model, computes no KL and
+    logs no ``kl``; this function still returns the values it would log (``loss_term`` is 0). Pass a
+    non-zero ``beta`` for a KL in the loss. ``loss_type`` (default ``dapo``) says how the KL term is
+    aggregated into the loss: ``grpo``/``sapo`` (per-sequence mean, then batch mean), ``bnpo``
+    (token mean), ``dapo``/``cispo``/``vespo`` (token sum over the tokens of the whole generation
+    batch: the token mean on one process and one step), ``dr_grpo`` (sum / (batch *
+    max_completion_length); ``max_completion_length=None`` uses the padded width), ``luspo``
+    (per-sequence sums, batch mean). ``use_bias_correction_kl=False`` is TRL's behaviour before the
+    default changed (TRL main @ f2cd577 still has False).
     """
     lp, ref = _pair(per_token_logps, ref_per_token_logps, "per_token_logps", "ref_per_token_logps")
     m = _mask(completion_mask, lp, "completion_mask")
     loss_type = check_choice(loss_type, "loss_type", _TRL_LOSS_TYPES)
+    level = check_choice(importance_sampling_level, "importance_sampling_level", ("token", "sequence"))
     d = ref - lp
     per_token_kl = torch.exp(d) - d - 1.0          # TRL's own k3 (exp, not expm1; no clamp)
+    weights = None
     if use_bias_correction_kl:
         if old_per_token_logps is None:
-            raise ValueError("old_per_token_logps is needed when use_bias_correction_kl=True (the ratio is logp - old)")
-        old, _ = _pair(old_per_token_logps, lp, "old_per_token_logps", "per_token_logps")
-        per_token_kl = per_token_kl * torch.exp(lp - old)
-    per_token_kl = per_token_kl * m
+            old = lp.detach()
+        else:
+            old, _ = _pair(old_per_token_logps, lp, "old_per_token_logps", "per_token_logps")
+        log_ratio = lp - old
+        if level == "sequence":
+            log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+        weights = torch.exp(log_ratio)
+        per_token_kl = per_token_kl * weights
+    per_token_kl = _masked(per_token_kl, m)
     logged = _clamped_mean(per_token_kl, m)
-    if loss_type == "grpo":
-        kl_in_loss = ((per_token_kl * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type in ("bnpo", "dapo"):
+    if loss_type in ("grpo", "sapo"):
+        kl_in_loss = (per_token_kl.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type in ("bnpo", "dapo", "cispo", "vespo"):
         kl_in_loss = logged
+    elif loss_type == "luspo":
+        kl_in_loss = per_token_kl.sum(-1).mean()
     else:
         width = lp.shape[-1] if max_completion_length is None else int(max_completion_length)
-        kl_in_loss = (per_token_kl * m).sum() / (lp.shape[0] * width)
-    return {"per_token": per_token_kl, "logged": logged, "logged_name": "kl", "kl_in_loss": kl_in_loss,
-            "loss_term": beta * kl_in_loss}
+        kl_in_loss = per_token_kl.sum() / (lp.shape[0] * width)
+    out: dict[str, Any] = {"per_token": per_token_kl, "logged": logged, "logged_name": "kl",
+                           "kl_in_loss": kl_in_loss, "loss_term": beta * kl_in_loss}
+    if weights is not None:
+        out["weights"] = weights
+    return out
 
 
 def trl_ppo_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_estimator: str = "k1", kl_coef: float = 0.05,
-               new_logprobs: Tensor | None = None) -> dict[str, Tensor]:
+               new_logprobs: Tensor | None = None) -> dict[str, Any]:
     """TRL's PPO: k1 or k3 of (policy vs reference) **in the reward**, and ``approxkl`` logging.
 
-    Source: huggingface/trl, ``trl/trainer/ppo_trainer.py``: ``logr = ref_logprobs - logprobs``;
-    ``kl = -logr`` (k1) or ``(exp(logr) - 1) - logr`` (k3); ``non_score_reward = -kl_coef * kl``
-    per token (the score is added at the last token); logged ``objective/kl`` =
-    ``kl.sum(1).mean()`` (mean over sequences of per-sequence **sums**: a sequence-level KL).
-    Padded positions hold equal filler values in both tensors, so they contribute 0.
+    Follows huggingface/trl @ f2cd577, ``trl/experimental/ppo/ppo_trainer.py`` (moved from
+    ``trl/trainer/ppo_trainer.py``; release 1.16.0 no longer ships it) and ``ppo_config.py``
+    (``kl_estimator="k1"``, ``kl_coef=0.05``): ``logr = ref_logprobs - logprobs``; ``kl = -logr``
+    (k1) or ``(exp(logr) - 1) - logr`` (k3); ``non_score_reward = -kl_coef * kl`` per token (the
+    score is added at the last token); logged ``objective/kl`` = ``kl.sum(1).mean()`` (mean over
+    sequences of per-sequence **sums**: a sequence-level KL). Padded positions hold equal filler
+    values (``INVALID_LOGPROB``) in both tensors, so they contribute 0.
 
     With ``new_logprobs`` (the policy during a PPO epoch) it also returns ``approxkl`` =
     ``0.5 * (logprobs_diff ** 2).mean()``, an **unmasked** mean over all ``batch × length``
-    entries, padding included (where the difference is 0): padding dilutes it.
+    entries, padding included (where the difference is 0): padding dilutes it (logged averaged as
+    ``policy/approxkl_avg``).
     """
     lp, ref = _pair(logprobs, ref_logprobs, "logprobs", "ref_logprobs")
     m = _mask(mask, lp, "mask")
     kind = check_choice(kl_estimator, "kl_estimator", ("k1", "k3"))
-    logr = (ref - lp) * m                                  # filler positions: equal values -> 0
+    logr = _masked(ref - lp, m)                            # filler positions: equal values -> 0
     kl = kernel.k1(logr) if kind == "k1" else (torch.exp(logr) - 1) - logr     # TRL's own k3, as written there
     out: dict[str, Any] = {"per_token": kl, "reward_delta": -kl_coef * kl, "per_sequence": kl.sum(1),
                            "logged": kl.sum(1).mean(), "logged_name": "objective/kl"}
     if new_logprobs is not None:
         new, _ = _pair(new_logprobs, lp, "new_logprobs", "logprobs")
-        diff = (new - lp) * m
+        diff = _masked(new - lp, m)
         out["approxkl"] = kernel.k2(diff).mean()
     return out
 
@@ -255,22 +372,41 @@ def trl_ppo_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_estimato
 # ---------------------------------------------------------------------------------------------
 def nemo_rl_calculate_kl(logprobs: Tensor, logprobs_reference: Tensor, kl_type: str = "k3",
                          input_clamp_value: float | None = NEMO_RL.input_clamp,
-                         output_clamp_value: float | None = NEMO_RL.upper_bound) -> Tensor:
+                         output_clamp_value: float | None = NEMO_RL.upper_bound,
+                         importance_sampling_weights: Tensor | None = None) -> Tensor:
     """NeMo-RL's ``calculate_kl``: ``logr = ref - logprobs`` clamped to ±20, then k1 (``-logr``),
-    k2 (``logr²/2``) or k3 (``exp(logr) - 1 - logr``), the result clamped to ±10.
+    k2 (``logr²/2``) or k3 (``exp(logr) - 1 - logr``), optionally times importance weights, the
+    result clamped to ±10.
 
-    Source: NVIDIA-NeMo/RL, ``nemo_rl/algorithms/utils.py``. Either clamp is skipped when its
-    value is ``None``.
+    Follows NVIDIA-NeMo/RL @ 7ea279a, ``nemo_rl/algorithms/utils.py``. Either clamp is skipped when
+    its value is ``None``. ``importance_sampling_weights`` (since PR #2958, 2026-06-27) multiply the
+    estimate **before** the output clamp, and are detached on the tokens where the input clamp
+    changed ``logr``, so a clamped token passes no gradient through its weight either.
     """
     kind = check_choice(kl_type, "kl_type", kernel.ESTIMATORS)
     lp, ref = _pair(logprobs, logprobs_reference, "logprobs", "logprobs_reference")
+    w = None
+    if importance_sampling_weights is not None:
+        w = as_float_tensor(importance_sampling_weights, "importance_sampling_weights", check_finite=False)
+        check_same_shape(w, lp, "importance_sampling_weights", "logprobs")
+    return _nemo_calculate_kl(lp, ref, kind, input_clamp_value, output_clamp_value, w)
+
+
+def _nemo_calculate_kl(lp: Tensor, ref: Tensor, kind: str, input_clamp_value: float | None,
+                       output_clamp_value: float | None, weights: Tensor | None) -> Tensor:
     logr = ref - lp
     if input_clamp_value is not None:
-        logr = logr.clamp(-float(input_clamp_value), float(input_clamp_value))
+        c = float(input_clamp_value)
+        clamped = logr.clamp(-c, c)
+        if weights is not None:
+            weights = torch.where(logr == clamped, weights, weights.detach())
+        logr = clamped
     if kind == "k3":
         kl = torch.exp(logr) - 1 - logr            # NeMo-RL's own k3 (exp, not expm1)
     else:
         kl = kernel.estimate(kind, logr)
+    if weights is not None:
+        kl = weights * kl
     if output_clamp_value is not None:
         kl = kl.clamp(-float(output_clamp_value), float(output_clamp_value))
     return kl
@@ -278,18 +414,35 @@ def nemo_rl_calculate_kl(logprobs: Tensor, logprobs_reference: Tensor, kl_type: 
 
 def nemo_rl_kl_loss(curr_logprobs: Tensor, reference_policy_logprobs: Tensor, mask: Tensor,
                     generation_logprobs: Tensor | None = None, kl_type: str = "k3",
-                    reference_policy_kl_penalty: float = 0.01, use_on_policy_kl_approximation: bool = True,
-                    detach_weights: bool = False) -> dict[str, Tensor]:
+                    reference_policy_kl_penalty: float = 0.01, use_on_policy_kl_approximation: bool = False,
+                    detach_weights: bool = False, *, weight_inside_clamp: bool = True,
+                    kl_input_clamp_value: float | None = NEMO_RL.input_clamp,
+                    kl_output_clamp_value: float | None = NEMO_RL.upper_bound,
+                    token_level_loss: bool = True) -> dict[str, Any]:
     """NeMo-RL's reference KL in the loss (``ClippedPGLossFn``), importance-weighted.
 
-    Source: NVIDIA-NeMo/RL, ``nemo_rl/algorithms/loss_functions.py`` with ``calculate_kl`` from
-    ``nemo_rl/algorithms/utils.py``: weights ``exp(curr - generation)`` when
-    ``use_on_policy_kl_approximation`` (otherwise a weight whose value is 1), NaN/inf weights
-    replaced by 0; ``kl = weights * coef * calculate_kl(...)``; token mean over the mask. Releases
-    before PR #2506 **detached** the weights (``detach_weights=True``): same value, different
-    gradient. Returns ``per_token`` (weighted k, without the coefficient), ``logged`` (its token
-    mean) and ``loss_term`` (``coef`` times it).
+    Follows NVIDIA-NeMo/RL @ 7ea279a, ``nemo_rl/algorithms/loss/loss_functions.py``
+    (``ClippedPGLossConfig`` defaults: ``reference_policy_kl_penalty`` 0.01, ``k3``, clamps 20 and
+    10, ``use_on_policy_kl_approximation`` **False**, ``token_level_loss`` True) with
+    ``calculate_kl`` from ``nemo_rl/algorithms/utils.py``. The weights are ``exp(curr -
+    generation)`` with ``use_on_policy_kl_approximation`` and ``exp(curr - curr.detach())``
+    otherwise (value 1, but the score-function gradient of the sampling probability), NaN/inf
+    weights replaced by 0 (``nan_to_num``: an overflowing weight gives 0, not an error); ``kl = coef
+    * calculate_kl(..., importance_sampling_weights=weights)``, so the weight multiplies the estimate
+    before the ±10 clamp and is detached where the ±20 input clamp acts (PR #2958, 2026-06-27);
+    then the token mean over the mask (``token_level_loss=False``: the mean over sequences of
+    per-sequence token means). Logged ``kl_penalty`` = that mean divided by the coefficient.
+
+    Older behaviour: ``weight_inside_clamp=False`` computes ``weights * coef * calculate_kl(...)``,
+    the weight times the already clamped estimate, without the detach (PR #2506 to #2958,
+    2026-06-24..27); adding ``detach_weights=True`` gives releases before PR #2506 (weights
+    detached; without the approximation a constant 1). Returns ``per_token`` (weighted k, without
+    the coefficient; in the old order ``weight * k`` can overflow float32 where NeMo-RL's
+    ``(weight * coef) * k`` does not, and ``loss_term`` and ``logged`` follow NeMo-RL's order),
+    ``weights``, ``logged`` (``loss_term / coef``; with ``coef = 0``, where NeMo-RL computes and logs
+    nothing, the mean of ``per_token``) and ``loss_term`` (the mean of ``coef`` times the weighted k).
     """
+    kind = check_choice(kl_type, "kl_type", kernel.ESTIMATORS)
     lp, ref = _pair(curr_logprobs, reference_policy_logprobs, "curr_logprobs", "reference_policy_logprobs")
     m = _mask(mask, lp, "mask")
     if use_on_policy_kl_approximation:
@@ -302,20 +455,36 @@ def nemo_rl_kl_loss(curr_logprobs: Tensor, reference_policy_logprobs: Tensor, ma
     if detach_weights:
         w = w.detach()
     w = torch.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0)
-    per_token = w * nemo_rl_calculate_kl(lp, ref, kl_type) * m
-    logged = masked_mean(per_token, m)
+    coef = float(reference_policy_kl_penalty)
+    if weight_inside_clamp:
+        per_token = _nemo_calculate_kl(lp, ref, kind, kl_input_clamp_value, kl_output_clamp_value, w)
+        loss_tok = coef * per_token
+    else:
+        k = _nemo_calculate_kl(lp, ref, kind, kl_input_clamp_value, kl_output_clamp_value, None)
+        per_token = w * k
+        loss_tok = w * coef * k                    # NeMo-RL's order: (weight * coef) * kl
+    per_token, loss_tok = _masked(per_token, m), _masked(loss_tok, m)
+    if token_level_loss:
+        loss_term = _mean(loss_tok, m)
+    else:
+        loss_term = _mean(_mean(loss_tok, m, dim=-1), torch.ones_like(m[:, 0]))
+    if coef != 0:
+        logged = loss_term / coef                  # NeMo-RL logs kl / reference_policy_kl_penalty
+    else:                                          # NeMo-RL skips the KL at 0; the value it would log
+        logged = _mean(per_token, m) if token_level_loss else _mean(_mean(per_token, m, dim=-1),
+                                                                     torch.ones_like(m[:, 0]))
     return {"per_token": per_token, "weights": w, "logged": logged, "logged_name": "kl_penalty",
-            "loss_term": reference_policy_kl_penalty * logged}
+            "loss_term": loss_term}
 
 
 # ---------------------------------------------------------------------------------------------
 # MiniMind
 # ---------------------------------------------------------------------------------------------
 def minimind_approx_kl(mb_resp_logp: Tensor, old_resp_logp: Tensor, resp_policy_mask: Tensor,
-                       early_stop_kl: float = 0.25) -> dict[str, Tensor]:
+                       early_stop_kl: float = 0.25) -> dict[str, Any]:
     """MiniMind's ``approx_kl`` = masked mean of ``½ (log pi_theta - log pi_old)²`` on old's tokens.
 
-    Source: jingyaogong/minimind, ``trainer/train_ppo.py``: ``log_ratio = mb_resp_logp -
+    Follows jingyaogong/minimind @ d65ef2c (2026-08-21), ``trainer/train_ppo.py``: ``log_ratio = mb_resp_logp -
     old_resp_logp``; ``approx_kl = (0.5 * log_ratio**2 * mask).sum() / mask.sum().clamp(min=1)``;
     PPO stops this batch (``stop_ppo``, the loss is multiplied by 0) once ``approx_kl >
     early_stop_kl`` (default 0.25). It is k2 of KL(pi_old || pi_theta): it agrees with the exact KL
@@ -333,10 +502,11 @@ def minimind_approx_kl(mb_resp_logp: Tensor, old_resp_logp: Tensor, resp_policy_
 
 
 def minimind_kl_ref_penalty(mb_resp_logp: Tensor, ref_resp_logp: Tensor, resp_policy_mask: Tensor,
-                            kl_coef: float = 0.02) -> dict[str, Tensor]:
+                            kl_coef: float = 0.02) -> dict[str, Any]:
     """MiniMind's ``kl_ref_penalty``: masked mean of k3 of (current vs reference), in the loss.
 
-    Source: jingyaogong/minimind, ``trainer/train_ppo.py``: ``(exp(ref - logp) - (ref - logp) - 1)``
+    Follows jingyaogong/minimind @ d65ef2c (2026-08-21), ``trainer/train_ppo.py``:
+    ``(exp(ref - logp) - (ref - logp) - 1)``
     masked, summed, divided by ``mask.sum().clamp(min=1)``, no clamp; ``policy_loss = clipped
     surrogate + kl_coef * kl_ref_penalty`` (``kl_coef`` 0.02); logged as ``kl_ref``.
     """
@@ -386,19 +556,21 @@ def side_by_side(policy_logprob: Tensor, old_logprob: Tensor, ref_logprob: Tenso
     row("verl", "actor/kl_loss", ref_dir, "low_var_kl (k3, clamps), token-mean", verl_kl_loss(lp, ref, m)["logged"])
     row("verl", "actor/reward_kl_penalty", old_ref_dir, "k1 of π_old vs ref, mean of per-seq token means",
         verl_kl_in_reward(old, ref, m)["logged"])
-    row("verl", "actor/ppo_kl", ppo_dir, "k1, token mean", verl_ppo_kl(lp, old, m)["logged"])
-    row("OpenRLHF", "kl", old_ref_dir, "k1 of π_old vs ref clamped ±10, mean of per-seq means",
+    row("verl", "actor/ppo_kl", ppo_dir, "k1 (log-ratio clamped ±20), token mean", verl_ppo_kl(lp, old, m)["logged"])
+    row("OpenRLHF", "kl", old_ref_dir, "k1 of π_old vs ref clamped ±10 (float32), mean of per-seq means",
         openrlhf_kl(old, ref, m, "k1")["logged"])
-    row("OpenRLHF", "kl (use_kl_loss, k3)", ref_dir, "k3 clamped ±10, token mean",
+    row("OpenRLHF", "kl (use_kl_loss, k3)", ref_dir, "k3 clamped ±10 (float32), token mean",
         openrlhf_kl(lp, ref, m, "k3", use_kl_loss=True)["kl_loss"])
-    row("TRL GRPO", "kl", ref_dir, "k3, token mean", trl_grpo_kl(lp, ref, m)["logged"])
-    row("TRL GRPO", "kl (bias-corrected)", ref_dir, "k3 × π_θ/π_old, token mean",
+    row("TRL GRPO", "kl", ref_dir, "k3, token mean (no ratio: use_bias_correction_kl=False or on-policy)",
+        trl_grpo_kl(lp, ref, m, use_bias_correction_kl=False)["logged"])
+    row("TRL GRPO", "kl (bias-corrected)", ref_dir, "k3 × π_θ/π_old, token mean (TRL's default weighting)",
         trl_grpo_kl(lp, ref, m, old_per_token_logps=old, use_bias_correction_kl=True)["logged"])
     trl_ppo = trl_ppo_kl(old, ref, m, "k1", new_logprobs=lp)
     row("TRL PPO", "objective/kl", old_ref_dir, "k1 of π_old vs ref, mean of per-seq sums", trl_ppo["logged"])
     row("TRL PPO", "approxkl", ppo_dir, "½Δ², unmasked mean (padding counts)", trl_ppo["approxkl"])
-    row("NeMo-RL", "kl_penalty", ref_dir, "k3 (clamps) × π_θ/π_old, token mean",
-        nemo_rl_kl_loss(lp, ref, m, generation_logprobs=old)["logged"])
+    row("NeMo-RL", "kl_penalty", ref_dir,
+        "π_θ/π_old × k3, then the ±10 clamp (use_on_policy_kl_approximation), token mean",
+        nemo_rl_kl_loss(lp, ref, m, generation_logprobs=old, use_on_policy_kl_approximation=True)["logged"])
     row("MiniMind", "approx_kl", ppo_dir, "½Δ² (k2), token mean", minimind_approx_kl(lp, old, m)["logged"])
     row("MiniMind", "kl_ref", ref_dir, "k3, token mean", minimind_kl_ref_penalty(lp, ref, m)["logged"])
     for exact, direction, name in ((exact_policy_ref, ref_dir, "exact_policy_ref"),
@@ -408,7 +580,8 @@ def side_by_side(policy_logprob: Tensor, old_logprob: Tensor, ref_logprob: Tenso
             continue
         ex = as_float_tensor(exact, name).to(lp.dtype)
         check_same_shape(ex, lp, "exact", "policy_logprob")
-        row("exact", "per-token mean", direction, "Σ over the vocabulary at each position, token mean", masked_mean(ex, m))
+        row("exact", "per-token mean", direction, "Σ over the vocabulary at each position, token mean",
+            masked_mean(ex, m))
         row("exact", "per-sequence sum", direction, "Σ over the vocabulary, summed per sequence, mean",
             (ex * m).sum(-1).mean())
     return rows

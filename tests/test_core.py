@@ -194,7 +194,8 @@ def test_masked_mean_bad_input():
         klviz.masked_mean(torch.zeros(2), torch.tensor([1.0, -1.0]))
 
 
-def _agg_reference(v, m, mode):
+def _agg_reference(v, m, mode, legacy_norm=False):
+    """verl's agg_loss (verl-project/verl @ 1dda039, one rank) in plain Python."""
     rows = []
     for vi, mi in zip(v.tolist(), m.tolist()):
         toks = [a for a, b in zip(vi, mi) if b]
@@ -202,12 +203,16 @@ def _agg_reference(v, m, mode):
     if mode == "token-mean":
         flat = [t for r in rows for t in r]
         return sum(flat) / len(flat)
+    if mode == "token-sum":
+        return sum(t for r in rows for t in r)
     nonempty = [r for r in rows if r]
     if mode == "seq-mean-token-sum":
         return sum(sum(r) for r in nonempty) / len(nonempty)
     if mode == "seq-mean-token-mean":
         return sum(sum(r) / len(r) for r in nonempty) / len(nonempty)
-    return sum(sum(r) for r in rows) / v.shape[1]
+    if legacy_norm:            # seq-mean-token-sum-norm before verl PR #5366: no mean over sequences
+        return sum(sum(r) for r in rows) / v.shape[1]
+    return sum(sum(r) for r in nonempty) / len(nonempty) / v.shape[1]
 
 
 @pytest.mark.parametrize("mode", klviz.AGG_MODES)
@@ -217,6 +222,23 @@ def test_agg_loss_modes_against_plain_python(mode):
     lengths = [7, 3, 0, 1, 5]
     m = torch.tensor([[1] * n + [0] * (7 - n) for n in lengths])
     assert klviz.agg_loss(v, m, mode).item() == pytest.approx(_agg_reference(v, m, mode), rel=1e-12)
+
+
+def test_agg_loss_seq_mean_token_sum_norm_legacy_option_and_scale():
+    g = torch.Generator().manual_seed(4)
+    v = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    m = torch.tensor([[1] * n + [0] * (7 - n) for n in [7, 3, 0, 1, 5]])
+    mode = "seq-mean-token-sum-norm"
+    new = klviz.agg_loss(v, m, mode).item()
+    old = klviz.agg_loss(v, m, mode, legacy_norm=True).item()
+    assert old == pytest.approx(_agg_reference(v, m, mode, legacy_norm=True), rel=1e-12)
+    assert old == pytest.approx(4 * new, rel=1e-12)             # four non-empty sequences
+    # the new value is seq-mean-token-sum over the scale; an explicit loss_scale_factor replaces the width
+    assert new == pytest.approx(klviz.agg_loss(v, m, "seq-mean-token-sum").item() / 7, rel=1e-12)
+    assert klviz.agg_loss(v, m, mode, 3.0).item() == pytest.approx(new * 7 / 3, rel=1e-12)
+    assert klviz.agg_loss(v, m, mode, 3.0, legacy_norm=True).item() == pytest.approx(old * 7 / 3, rel=1e-12)
+    with pytest.raises(ValueError, match="loss_scale_factor"):
+        klviz.agg_loss(v, m, mode, 0.0)
 
 
 def test_agg_loss_all_zero_mask_and_bad_mode():
