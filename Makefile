@@ -1,6 +1,8 @@
 # klviz: two commands.
 #   make lab    set up the environment (first time only) and open the lessons in JupyterLab
 #   make test   run every test: unit, property, panels, notebooks (nbval), real browser
+#   make lint   ruff (lint and format), mypy on the core modules, notebooks clean and paired (CI runs it first)
+#   make sync-notebooks   clean the notebooks and rewrite their percent scripts (after editing a lesson)
 #
 # Torch: by default a CPU build (no multi-GB CUDA download). GPU users:
 #   make lab TORCH_INDEX=https://download.pytorch.org/whl/cu128
@@ -17,7 +19,8 @@ STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
 
-.PHONY: lab test setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts bench strip clean
+.PHONY: lab test lint setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts bench strip \
+        sync-notebooks clean
 
 lab: $(STAMP)
 	@$(PY) -m klviz.labcmd notebooks --in-place --no-browser $(if $(PORT),--port $(PORT))
@@ -31,12 +34,20 @@ $(STAMP): pyproject.toml constraints.txt
 	    $(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)" 2>/dev/null; then :; \
 	 else $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" \
 	      --extra-index-url https://pypi.org/simple; fi
-	@$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
+	@$(PY) -m pip install --quiet -c constraints.txt -e ".[test,dev]"
 	@touch $(STAMP)
 	@echo "klviz environment ready in $(VENV)"
 
 test: $(STAMP)
 	@$(PY) -m pytest --nbval-lax tests notebooks
+
+lint: $(STAMP)             # what CI checks before the tests (all four run; fails if any fails)
+	@status=0; \
+	 $(BIN)/ruff check . || status=1; \
+	 $(BIN)/ruff format --check --output-format concise . || status=1; \
+	 $(BIN)/mypy || status=1; \
+	 $(PY) scripts/sync_notebooks.py --check || status=1; \
+	 exit $$status
 
 test-fast: $(STAMP)
 	@$(PY) -m pytest -q tests --ignore=tests/browser
@@ -65,8 +76,10 @@ bench: $(STAMP)            # the figures of the README's Performance section
 	@$(PY) benchmarks/panels.py
 	@$(PY) benchmarks/browser_panels.py
 
-strip:
-	@$(PYTHON) scripts/strip_notebooks.py notebooks/*.ipynb
+sync-notebooks: $(STAMP)   # clean notebooks/*.ipynb (no outputs, nbformat 4.5, cell ids), rewrite notebooks/scripts/*.py
+	@$(PY) scripts/sync_notebooks.py
+
+strip: sync-notebooks      # the old name
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis

@@ -16,8 +16,13 @@ KERNEL_IDLE = """() => {
 }"""
 ALL_RUN = """() => {
   const w = window.jupyterapp.shell.currentWidget;
+  const code = w.content.widgets.filter(c => c.model.type === 'code');
+  const failed = code.some(c => { for (let i = 0; i < c.model.outputs.length; i++)
+                                    if (c.model.outputs.get(i).type === 'error') return true;
+                                  return false; });
+  // run-all stops at a cell that raises: done (and reported below) instead of waiting for the timeout
   return w.sessionContext.session.kernel.status === 'idle' &&
-         w.content.widgets.filter(c => c.model.type === 'code').every(c => c.model.executionCount !== null);
+         (failed || code.every(c => c.model.executionCount !== null));
 }"""
 ERRORS = """() => {
   const w = window.jupyterapp.shell.currentWidget;

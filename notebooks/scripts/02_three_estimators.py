@@ -1,0 +1,472 @@
+# Generated from notebooks/02_three_estimators.ipynb by `make sync-notebooks`: edit the notebook, not this file.
+
+# %% [markdown]
+# # 02 · The three estimators: k1, k2, k3
+#
+# **What you will learn**
+#
+# - the one rule about direction: tokens come from the **sampler** q, the ratio is r = p(x)/q(x) (target over sampler), and k1, k2, k3 all estimate **KL(q‖p)**;
+# - why k1 is negative for almost half of the samples while k2 and k3 never are;
+# - Schulman's table reproduced with 10⁷ samples and checked, number by number, against closed forms, including why the published 0.002 is exactly 0.0025;
+# - the same numbers on a token distribution, exact by summing over the vocabulary;
+# - how bias and spread change as the policies separate, and the distance at which plain k1 beats k3;
+# - control variates: the family k1 + λ(r − 1), the best λ*, and why λ = 1 (k3) is the only member that is never negative.
+#
+# **Time**: about 40 minutes of reading and playing with three panels.
+# **Runs in**: about 30 s on a 2-core CPU (Run All); every size is a visible knob at the top of its cell.
+
+# %%
+import klviz
+device = klviz.setup_notebook()
+
+# %%
+import math
+
+import numpy as np
+import torch
+from IPython.display import HTML, display
+from torch.distributions import Categorical, Normal
+
+from klviz.plotting import COLORS, new_figure
+from klviz.policies import TOY_VOCAB, move_policy, toy_sampler_logits
+from klviz.tables import (SCHULMAN_PUBLISHED, categorical_moments, control_variate_samples, gaussian_closed_forms,
+                          gaussian_moments, k1_negative_probability, monte_carlo_row, sample_log_ratio,
+                          schulman_table, table_html, variance_crossing_mu)
+from klviz.widgets.lesson02 import ControlVariatePanel, GaussianEstimatorsPanel, TokenEstimatorsPanel
+
+
+def normal(mu, sigma=1.0):
+    # a float64 Normal: the exact columns are float64, so the sampled ones are too
+    return Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
+
+
+# %% [markdown]
+# ## 1 · One rule about direction, three estimators
+#
+# **Question.** Your trainer logs a number called `kl`. A KL divergence has a direction: KL(q‖p) ≠ KL(p‖q). From which distribution, to which?
+#
+# **The rule.** Look at which distribution produced the tokens. Call it the **sampler** q; the other one is the **target** p. Every estimator in this lesson is a function of one sampled x ~ q through
+#
+# $$\log r = \log p(x) - \log q(x) \qquad(\text{target minus sampler}),$$
+#
+# and every one of them estimates $\mathrm{KL}(q\|p) = \mathbb{E}_{x\sim q}\left[\log \frac{q(x)}{p(x)}\right]$, the divergence *from the sampler*. The order in which a function takes its arguments never changes this. In verl's `kl_penalty(logprob, ref_logprob)` the tokens come from the policy π, so there `log r = ref_logprob − logprob` and the estimate is KL(π‖π_ref).
+#
+# | name | one sample | E over x ∼ q | sign of one sample |
+# |---|---|---|---|
+# | k1 | −log r | KL(q‖p): unbiased | either |
+# | k2 | ½ (log r)² | KL(q‖p) only to second order: biased | ≥ 0 |
+# | k3 | (r − 1) − log r | KL(q‖p): unbiased, because E_q[r − 1] = 0 | ≥ 0 |
+#
+# klviz has one copy of each; here is k3, with the detail that keeps it accurate near r = 1:
+
+# %%
+klviz.show_source(klviz.k3)
+
+# %% [markdown]
+# **Why k1 is negative for some samples.** k1 = log q(x)/p(x) is negative exactly where the target likes x more than the sampler does, p(x) > q(x). Its *average* under q is still KL(q‖p) ≥ 0, because q draws more often where q(x) > p(x). For q = N(0, 1) and p = N(μ, 1), log r = μx − μ²/2 is positive when x > μ/2, so k1 < 0 with probability 1 − Φ(μ/2): **almost half the samples** when the policies are close.
+#
+# **Why k2 and k3 never are.** k2 is a square. k3 = (r − 1) − log r is the gap between the straight line t − 1 and the concave curve log t, which touches it at t = 1 (log t ≤ t − 1 for every t > 0), so it is ≥ 0 for every single sample. Lesson 03 turns this gap into a picture.
+#
+# The experiment: 10⁶ samples at μ = 0.1, where KL(q‖p) = μ²/2 = 0.005.
+
+# %%
+MU = 0.1
+N_SAMPLES = 10**6  # more: slower, tighter
+q, p = normal(0.0), normal(MU)
+log_r = sample_log_ratio(q, p, N_SAMPLES, generator=klviz.make_generator(0))   # log p(x) - log q(x), x ~ q
+k1_vals, k2_vals, k3_vals = klviz.k1(log_r), klviz.k2(log_r), klviz.k3(log_r)
+
+frac_neg = float((k1_vals < 0).double().mean())
+frac_exact = k1_negative_probability(0.0, 1.0, MU, 1.0)
+print(f"k1 < 0 for {100 * frac_neg:.2f} % of the samples (exact: 1 - Phi(mu/2) = {100 * frac_exact:.2f} %)")
+print(f"k1 ranges over [{float(k1_vals.min()):.3f}, {float(k1_vals.max()):.3f}]; its mean is "
+      f"{float(k1_vals.mean()):.5f} (true KL {MU**2 / 2:.5f})")
+print(f"smallest k2: {float(k2_vals.min()):.1e}   smallest k3: {float(k3_vals.min()):.1e}")
+
+# %%
+se_frac = math.sqrt(frac_exact * (1 - frac_exact) / N_SAMPLES)        # binomial standard error
+assert abs(frac_neg - frac_exact) < 4 * se_frac
+assert abs(frac_exact - 0.5 * math.erfc((MU / 2) / math.sqrt(2))) < 1e-15   # 1 - Phi(mu/2)
+assert round(100 * frac_exact) == 48                                    # "almost half"
+se_k1 = float(k1_vals.std()) / math.sqrt(N_SAMPLES)
+assert abs(float(k1_vals.mean()) - MU**2 / 2) < 4 * se_k1               # unbiased although half are negative
+assert float(k2_vals.min()) >= 0 and float(k3_vals.min()) >= 0
+
+# %% [markdown]
+# ## 2 · Schulman's table, reproduced and checked
+#
+# **Question.** Schulman's note *Approximating KL Divergence* (2020) compares the three estimators on q = N(0, 1) and p = N(0.1, 1) (true KL 0.005) and p = N(1, 1) (true KL 0.5), with 10⁷ samples, and prints the bias and the standard deviation of **one sample**, both divided by the true KL. Which of those digits are real?
+#
+# **Math.** Under q, log r = μx − μ²/2 is normal with mean −μ²/2 and variance μ². Everything follows from moments of a normal variable Y: $\mathbb{E}[Y^2] = m^2 + s^2$, $\mathrm{Var}(Y^2) = 2s^4 + 4m^2s^2$, $\mathbb{E}[e^{kY}] = e^{km + k^2s^2/2}$, and $\mathrm{Cov}(Y, e^Y) = s^2\,\mathbb{E}[e^Y]$ (Stein's lemma), with $m = -\mu^2/2$, $s^2 = \mu^2$:
+#
+# | quantity | closed form | at μ = 0.1 | at μ = 1 |
+# |---|---|---|---|
+# | KL(q‖p) | μ²/2 | 0.005 | 0.5 |
+# | Var k1 | μ² | std/true = 2/μ = 20 | 2 |
+# | E k2 | μ²/2 + μ⁴/8 | bias/true = μ²/4 = 0.0025 | 0.25 |
+# | Var k2 | μ⁴/2 + μ⁶/4 | std/true ≈ 1.4177 | ≈ 1.7321 |
+# | Var k3 | e^(μ²) − 1 − μ² | std/true ≈ 1.4166 | ≈ 1.6950 |
+#
+# `klviz.tables.gaussian_moments` computes the exact moments for *any* two Gaussians (with x = μ_q + σ_q z, log r is a quadratic a + bz + cz² in a standard normal z, so moments of k1 and k2 are finite sums of E[zᵏ], and E_q[r²] is a Gaussian integral). First, it must agree with the formulas of the table:
+
+# %%
+for mu in (0.1, 1.0):
+    general, closed = gaussian_moments(0.0, 1.0, mu, 1.0), gaussian_closed_forms(mu)
+    for name in ("k1", "k2", "k3"):
+        assert math.isclose(general.var[name], closed[f"var_{name}"], rel_tol=1e-9)
+        assert math.isclose(general.mean[name], closed[f"mean_{name}"], rel_tol=1e-12)
+    print(f"mu = {mu}: std/true  k1 {closed['std_rel_k1']:.4f}   k2 {closed['std_rel_k2']:.4f}   "
+          f"k3 {closed['std_rel_k3']:.4f}   bias/true of k2 {closed['bias_rel_k2']:.4f}")
+assert round(gaussian_closed_forms(0.1)["std_rel_k2"], 4) == 1.4177 and round(gaussian_closed_forms(1.0)["std_rel_k2"], 4) == 1.7321
+assert round(gaussian_closed_forms(0.1)["std_rel_k3"], 4) == 1.4166 and round(gaussian_closed_forms(1.0)["std_rel_k3"], 4) == 1.6950
+
+# %% [markdown]
+# Now the experiment itself, with Schulman's sample size. `monte_carlo_row` draws the samples with `klviz.estimator_stats` in 20 independent batches. The standard error of a **mean** is std/√n. The standard error of a **standard deviation** depends on the fourth moment, which for k3 is large, so instead of guessing it we measure it: the spread of the 20 batch standard deviations divided by √20 (batch means). Every Monte Carlo number below is compared with the exact one within 4 of these standard errors.
+
+# %%
+N_TABLE = 10**7   # Schulman's size; 10**6 runs 10x faster with error bars sqrt(10) wider
+N_BATCHES = 20
+rows = schulman_table(mus=(0.1, 1.0), num_samples=N_TABLE, num_batches=N_BATCHES,
+                     generator=klviz.make_generator(0, device), device=device)   # on the GPU when there is one
+display(HTML(table_html(rows)))
+
+# %%
+for row in rows:
+    exact, mc = row["exact"], row["mc"]
+    for name in ("k1", "k2", "k3"):
+        m = mc[name]
+        assert abs(m["bias_rel"] - exact.bias_rel(name)) < 4 * m["se_bias_rel"], (row["mu"], name, "bias")
+        assert abs(m["std_rel"] - exact.std_rel(name)) < 4 * m["se_std_rel"], (row["mu"], name, "std")
+        # the two standard errors of the mean (std/sqrt(n) and batch means) agree within what 20 batches can tell
+        assert 0.5 < m["se"] / m["se_batches"] < 2.0
+        # the published std/true values are the exact ones rounded to 2-3 digits
+        assert abs(row["published"][name][1] - exact.std_rel(name)) < 0.006
+    assert row["published"]["k1"][0] == 0 and abs(exact.bias_rel("k1")) < 1e-12 and abs(exact.bias_rel("k3")) < 1e-12
+print("every Monte Carlo number agrees with its closed form within 4 standard errors")
+
+# %% [markdown]
+# **Why 0.002 is 0.0025.** E k2 − KL = μ⁴/8, so the relative bias of k2 is exactly μ²/4, which is **0.0025** at μ = 0.1; the published 0.002 is what one Monte Carlo run gives, and at 10⁷ samples its standard error (1.42/√10⁷ ≈ 0.00045) is about as large as the 0.0005 gap, so the difference is sampling noise printed to one digit, not a different value. (Schulman's code also names the two distributions the other way round and calls `kl_divergence(p, q)`; that is harmless only because two Gaussians with equal variance have a symmetric KL.)
+
+# %%
+exact_bias_rel = gaussian_closed_forms(0.1)["bias_rel_k2"]
+se_published = gaussian_closed_forms(0.1)["std_rel_k2"] / math.sqrt(10**7)   # SE of bias/true at 10^7 samples
+published = SCHULMAN_PUBLISHED[0.1]["k2"][0]
+print(f"exact {exact_bias_rel:.6f}, published {published}, standard error {se_published:.6f}: "
+      f"the gap is {(exact_bias_rel - published) / se_published:.1f} standard errors")
+assert math.isclose(exact_bias_rel, 0.0025, rel_tol=1e-12)
+assert abs(exact_bias_rel - published) < 2 * se_published
+assert round(se_published, 5) == 0.00045
+
+# %% [markdown]
+# ## 3 · The same on token distributions
+#
+# **Question.** In a language model one sample is one token from a vocabulary. Do the Gaussian lessons carry over?
+#
+# **Intuition.** For a categorical distribution no closed form is needed: an expectation under q is the finite sum E_q[f] = Σ_x q(x) f(x), so the exact mean and variance of each estimator come from *enumerating* the vocabulary (`klviz.tables.categorical_moments`). The sampler q below is a next-token distribution over twelve readable tokens; the target p is q moved two ways: a small push towards " sofa" (close), and a flatter version (temperature 2) that also favours " moon" (far).
+
+# %%
+N_TOKENS = 5 * 10**5   # tokens drawn per target; more: slower, tighter
+q_logp = torch.log_softmax(toy_sampler_logits().double(), -1)   # renormalised in float64
+targets = {
+    'close: push " sofa" by 0.5': move_policy(q_logp, push=0.5, push_token=1),
+    'far: temperature 2, push " moon" by 2': move_policy(q_logp, temperature=2.0, push=2.0, push_token=9),
+}
+token_rows = []
+gen = klviz.make_generator(1)
+for label, p_logp in targets.items():
+    token_rows.append({
+        "target p": label,
+        "exact": categorical_moments(q_logp.exp(), p_logp.exp()),
+        "mc": monte_carlo_row(Categorical(logits=q_logp), Categorical(logits=p_logp), N_TOKENS, generator=gen),
+    })
+display(HTML(table_html(token_rows, label="target p")))
+
+# %%
+for row, p_logp in zip(token_rows, targets.values()):
+    exact, mc = row["exact"], row["mc"]
+    q_probs, p_probs = q_logp.exp(), p_logp.exp()
+    kl_qp = float(klviz.categorical_kl(q_probs, p_probs))
+    kl_pq = float(klviz.categorical_kl(p_probs, q_probs))
+    assert math.isclose(exact.true_kl, kl_qp, rel_tol=1e-12)
+    assert abs(exact.bias("k1")) < 1e-12 and abs(exact.bias("k3")) < 1e-12      # unbiased, by enumeration
+    assert math.isclose(exact.cov_k1_r, -(kl_qp + kl_pq), rel_tol=1e-9)          # Cov(k1, r) = -(KL(q||p) + KL(p||q))
+    for name in ("k1", "k2", "k3"):
+        m = mc[name]
+        assert abs(m["bias_rel"] - exact.bias_rel(name)) < 4 * m["se_bias_rel"], (row["target p"], name)
+        assert abs(m["std_rel"] - exact.std_rel(name)) < 4 * m["se_std_rel"], (row["target p"], name)
+close, far = (row["exact"] for row in token_rows)
+assert close.std("k3") < close.std("k1") and far.std("k3") > 2 * far.std("k1")
+print(f"close pair: std/true k1 {close.std_rel('k1'):.2f} vs k3 {close.std_rel('k3'):.2f};  "
+      f"far pair: k1 {far.std_rel('k1'):.2f} vs k3 {far.std_rel('k3'):.2f}")
+
+# %% [markdown]
+# **What the table shows.** Same story as the Gaussians: k1 and k3 are unbiased (exactly, by enumeration), k2 is biased, and for close policies k3's spread is far below k1's. For the far pair the order flips: k3's spread is more than twice k1's. Section 4 finds where that flip happens for the Gaussian pair.
+#
+# **Panel (b).** Push a token up or down, sharpen or flatten p. The right plot shows what each token would contribute if it were drawn: k1 is negative on every token that p likes more than q, k2 and k3 never are. The table below it is exact (a sum over the twelve tokens) beside N sampled tokens.
+
+# %%
+token_panel = TokenEstimatorsPanel()
+token_panel
+
+# %% [markdown]
+# ## 4 · Per-sample distributions, and what happens as p moves away
+#
+# **Question.** Two numbers per estimator hide the shape. What do single samples of k1, k2, k3 look like, and how does the picture change as p moves away from q?
+#
+# **Panel (a).** q = N(0, 1) draws the samples; move p's mean μ and scale σ. Each histogram is one estimator's per-sample values (the central 99.8 %), with the true KL dashed and the sample mean solid. The table puts bias/true and std/true from the samples (± 2 standard errors) beside the exact values. Try μ = 0.1 (k1 is a symmetric blob around almost zero, half of it negative; k2 and k3 are nearly identical), μ = 2 (k3 grows a long right tail), and σ = 1.5: then σ_p² ≥ 2σ_q², E_q[r²] diverges, and the exact variance of k3 is **infinite** (the table says so and why; the sample std is finite but keeps growing with N).
+
+# %%
+gauss_panel = GaussianEstimatorsPanel(device=device)   # 10^6 samples by default on a GPU, 10^5 on the CPU
+gauss_panel
+
+# %% [markdown]
+# **As the policies separate.** The closed forms give the whole curve: std/true of k1 is 2/μ, which *falls* as μ grows, while k3's, $\sqrt{e^{\mu^2} - 1 - \mu^2}\,/\,(\mu^2/2)$, rises like $e^{\mu^2/2}$. So there is a distance beyond which plain k1 has the smaller variance. Setting Var k1 = Var k3 gives μ² = e^(μ²) − 1 − μ², i.e. e^t = 1 + 2t with t = μ²; its positive root is t ≈ 1.2564, **μ* ≈ 1.1209**, where KL(q‖p) = μ*²/2 ≈ 0.63 nats. Below it (close policies) k3 wins; beyond it k1 does. The dots are Monte Carlo measurements with ±2 standard-error bars. They stop at μ = 1.25 on purpose: the error bar of a standard deviation depends on the fourth moment, and k3's grows like exp(6μ²), so for larger μ a few hundred thousand samples no longer give an error bar one can trust (the exact curves need no samples).
+
+# %%
+MUS_MC = (0.25, 0.5, 0.75, 1.0, 1.25)
+N_PER_MU = 3 * 10**5   # samples per dot; more: slower, tighter
+gen = klviz.make_generator(2)
+sweep = {mu: monte_carlo_row(normal(0.0), normal(mu), N_PER_MU, num_batches=20, generator=gen) for mu in MUS_MC}
+mu_cross = variance_crossing_mu()
+
+mu_grid = np.linspace(0.05, 2.2, 300)
+closed = [gaussian_closed_forms(m) for m in mu_grid]
+fig, (ax_s, ax_b) = new_figure(9.0, 3.4, ncols=2)
+for name in ("k1", "k2", "k3"):
+    ax_s.plot(mu_grid, [c[f"std_rel_{name}"] for c in closed], color=COLORS[name], label=f"{name} exact")
+    ax_s.errorbar(MUS_MC, [sweep[m][name]["std_rel"] for m in MUS_MC],
+                  yerr=[2 * sweep[m][name]["se_std_rel"] for m in MUS_MC], fmt="o", ms=4, color=COLORS[name])
+ax_s.axvline(mu_cross, color="black", ls=":", lw=1.2, label=f"Var k1 = Var k3 at μ = {mu_cross:.3f}")
+ax_s.set_yscale("log")
+ax_s.set_xlabel("μ   (p = N(μ, 1), q = N(0, 1))")
+ax_s.set_ylabel("std / true KL of one sample")
+ax_s.set_title("spread of one sample (dots: Monte Carlo ± 2 SE)")
+ax_s.legend(fontsize=7.5)
+ax_b.plot(mu_grid, [c["bias_rel_k2"] for c in closed], color=COLORS["k2"], label="k2 exact: μ²/4")
+ax_b.errorbar(MUS_MC, [sweep[m]["k2"]["bias_rel"] for m in MUS_MC],
+              yerr=[2 * sweep[m]["k2"]["se_bias_rel"] for m in MUS_MC], fmt="o", ms=4, color=COLORS["k2"],
+              label="k2 Monte Carlo ± 2 SE")
+ax_b.axhline(0.0, color=COLORS["k3"], lw=2, label="k1 and k3: 0 (unbiased)")
+ax_b.set_xlabel("μ")
+ax_b.set_ylabel("bias / true KL")
+ax_b.set_title("bias: only k2 has one, and it grows like μ²/4")
+ax_b.legend(fontsize=7.5)
+display(fig)
+
+# %%
+t_cross = mu_cross**2
+assert abs(math.expm1(t_cross) - 2 * t_cross) < 1e-12 and round(mu_cross, 4) == 1.1209 and round(t_cross, 4) == 1.2564
+assert round(t_cross / 2, 2) == 0.63                                   # the KL at the crossing, in nats
+for mu in (mu_cross - 0.01, mu_cross + 0.01):                           # k3 smaller before, k1 smaller after
+    c = gaussian_closed_forms(mu)
+    assert (c["var_k3"] < c["var_k1"]) == (mu < mu_cross)
+for mu in MUS_MC:
+    exact = gaussian_moments(0.0, 1.0, mu, 1.0)
+    for name in ("k1", "k2", "k3"):
+        m = sweep[mu][name]
+        assert abs(m["std_rel"] - exact.std_rel(name)) < 4 * m["se_std_rel"], (mu, name)
+        assert abs(m["bias_rel"] - exact.bias_rel(name)) < 4 * m["se_bias_rel"], (mu, name)
+# the crossing, measured: k3 clearly smaller at mu = 0.75, clearly larger at mu = 1.25
+for mu, k3_smaller in ((0.75, True), (1.25, False)):
+    a, b = sweep[mu]["k1"], sweep[mu]["k3"]
+    gap = b["std_rel"] - a["std_rel"]
+    assert (gap < 0) == k3_smaller and abs(gap) > 4 * math.hypot(a["se_std_rel"], b["se_std_rel"])
+
+# %% [markdown]
+# ## 5 · Control variates: the family k1 + λ(r − 1)
+#
+# **Question.** Where does k3 come from, and is λ = 1 the best way to add r − 1?
+#
+# **Intuition.** Under q the ratio averages to one: E_q[r] = Σ_x q(x) · p(x)/q(x) = 1 (as long as p puts no mass where q has none; otherwise E_q[r] < 1 and k3 is biased). So r − 1 has mean zero, and adding any multiple of it to k1 keeps the estimator unbiased. It can only change the spread, and it lowers it when r − 1 moves *against* k1, a **control variate**.
+#
+# **Math.** Var(k1 + λ(r − 1)) = Var k1 + 2λ Cov(k1, r) + λ² Var r, a parabola in λ with its minimum at λ* = −Cov(k1, r)/Var r. Both pieces are divergences:
+#
+# - E_q[r log r] = E_p[log r] = KL(p‖q) and E_q[log r] = −KL(q‖p), so **Cov(log r, r) = KL(q‖p) + KL(p‖q)**, which is never negative;
+# - Var_q(r) = E_q[r²] − 1 = χ²(p‖q).
+#
+# Hence λ* = (KL(q‖p) + KL(p‖q)) / χ²(p‖q); for q = N(0, 1), p = N(μ, 1) this is **λ* = μ²/(e^(μ²) − 1)**: about 0.995 at μ = 0.1 (k3 is nearly optimal) but 0.582 at μ = 1. The variance is μ² − 2λμ² + λ²(e^(μ²) − 1).
+#
+# *A correction to the seed notes:* they write Cov[log r, r − 1] ≈ −Var[log r]. The sign is wrong: the covariance is +(KL(q‖p) + KL(p‖q)) ≈ +Var[log r] near r = 1. It is k1 = −log r and r − 1 that are negatively correlated, which is exactly why adding r − 1 to k1 cancels noise. The samples of section 1 (μ = 0.1, where both sides equal μ² exactly) say so:
+
+# %%
+r_minus_1 = torch.expm1(log_r)
+prod = (log_r - log_r.mean()) * (r_minus_1 - r_minus_1.mean())
+cov_hat, se_cov = float(prod.mean()), float(prod.std()) / math.sqrt(N_SAMPLES)
+print(f"Cov(log r, r - 1) = {cov_hat:.6f} ± {se_cov:.1e}   Var(log r) = {float(log_r.var()):.6f}   "
+      f"KL(q||p) + KL(p||q) = mu^2 = {MU**2:.6f}")
+assert cov_hat > 10 * se_cov                       # positive, not negative
+assert abs(cov_hat - MU**2) < 4 * se_cov
+
+# %% [markdown]
+# Now λ* measured from samples (the pooled −Cov(k1, r)/Var r, with a batch-means standard error) beside the closed form, and the whole family's spread against the distance:
+
+# %%
+N_LAMBDA = 5 * 10**5   # samples per mu; more: slower, tighter
+gen = klviz.make_generator(3)
+measured = {mu: control_variate_samples(normal(0.0), normal(mu), N_LAMBDA, generator=gen) for mu in (0.1, 0.5, 1.0)}
+for mu, m in measured.items():
+    print(f"mu = {mu}: lambda* measured {m['lambda_star']:.4f} ± {m['se']:.4f}, "
+          f"closed form {gaussian_closed_forms(mu)['lambda_star']:.4f}")
+
+mu_grid = np.linspace(0.02, 2.2, 300)
+closed = [gaussian_closed_forms(m) for m in mu_grid]
+fig, (ax_l, ax_v) = new_figure(9.0, 3.3, ncols=2)
+ax_l.plot(mu_grid, [c["lambda_star"] for c in closed], color="black", label="λ* = μ² / (exp(μ²) − 1)")
+ax_l.errorbar(list(measured), [m["lambda_star"] for m in measured.values()],
+              yerr=[2 * m["se"] for m in measured.values()], fmt="o", color=COLORS["mu"], label="measured ± 2 SE")
+ax_l.axhline(1.0, color=COLORS["k3"], ls="--", label="λ = 1 (k3)")
+ax_l.set_xlabel("μ")
+ax_l.set_ylabel("best λ")
+ax_l.set_title("the best coefficient falls as p moves away")
+ax_l.legend(fontsize=7.5)
+best_std = [math.sqrt(c["var_k1"] - c["var_k1"]**2 / c["var_r"]) / c["true_kl"] for c in closed]
+ax_v.plot(mu_grid, [c["std_rel_k1"] for c in closed], color=COLORS["k1"], label="k1 (λ = 0)")
+ax_v.plot(mu_grid, [c["std_rel_k3"] for c in closed], color=COLORS["k3"], label="k3 (λ = 1)")
+ax_v.plot(mu_grid, best_std, color="black", ls="--", label="best member (λ = λ*)")
+ax_v.set_yscale("log")
+ax_v.set_xlabel("μ")
+ax_v.set_ylabel("std / true KL of one sample")
+ax_v.set_title("k3 is near-best only when p is close to q")
+ax_v.legend(fontsize=7.5)
+display(fig)
+
+# %%
+for mu, m in measured.items():
+    assert abs(m["lambda_star"] - gaussian_closed_forms(mu)["lambda_star"]) < 4 * m["se"], mu
+assert round(gaussian_closed_forms(0.1)["lambda_star"], 3) == 0.995 and round(gaussian_closed_forms(1.0)["lambda_star"], 3) == 0.582
+for c in closed:   # the best member is never worse than k1 or k3; Var at lambda* = Var k1 - Cov(k1, r)^2 / Var r
+    best = c["var_k1"] - c["cov_k1_r"]**2 / c["var_r"]
+    assert best <= min(c["var_k1"], c["var_k3"]) * (1 + 1e-12)
+
+# %% [markdown]
+# **λ = 1 is the only member that is never negative.** As a function of r, −log r + λ(r − 1) has its minimum at r = 1/λ (for λ > 0), where it equals log λ + 1 − λ. That is zero for λ = 1 and negative for every other λ > 0 (for λ ≤ 0 the function goes negative as r grows). So the best λ* buys a little variance at the price of negative per-sample values, the very thing that makes logged KLs confusing:
+
+# %%
+r_grid = torch.logspace(-4, 4, 20001, dtype=torch.float64)
+for lam in (0.0, 0.58, 0.9, 1.0, 1.1):
+    g = -torch.log(r_grid) + lam * (r_grid - 1)
+    predicted = math.log(lam) + 1 - lam if lam > 0 else -math.inf
+    print(f"lambda = {lam:4}: smallest value {float(g.min()):+.5f}  (log lambda + 1 - lambda = {predicted:+.5f})")
+    if lam == 1.0:
+        assert float(g.min()) >= 0
+    else:
+        assert float(g.min()) < 0
+        if lam > 0:
+            assert abs(float(g.min()) - predicted) < 1e-6
+
+# %% [markdown]
+# **Panel (c).** The whole parabola for any pair q = N(0, 1), p = N(μ, σ²): the exact curve (black), the same curve estimated from N samples (red dashes), k1 at λ = 0, k3 at λ = 1, λ* (star). On the right: how often each member is negative, zero only at λ = 1. Move μ from 0.1 to 2 and watch λ* slide away from 1; set σ = 1.5 and every λ ≠ 0 has infinite variance, because Var r = χ²(p‖q) diverges.
+
+# %%
+lambda_panel = ControlVariatePanel(device=device)
+lambda_panel
+
+
+# %% [markdown]
+# ## Takeaways
+#
+# - **Direction:** the sampler fixes it. With x ∼ q and log r = log p(x) − log q(x), k1, k2, k3 all estimate KL(q‖p).
+# - **k1 = −log r** is unbiased but negative for almost half of the samples when p ≈ q; its relative spread 2/μ explodes as the policies get close.
+# - **k2 = ½(log r)²** is never negative and has low variance near p = q, but it is biased: bias/true = μ²/4 for the Gaussian pair (Schulman's 0.002 is 0.0025 plus Monte Carlo noise).
+# - **k3 = (r − 1) − log r** is unbiased *and* never negative; it is k1 plus the zero-mean control variate r − 1.
+# - **Cov(log r, r) = KL(q‖p) + KL(p‖q) ≥ 0**: this is why adding r − 1 to k1 cancels noise, and it gives the best coefficient λ* = (KL(q‖p) + KL(p‖q))/χ²(p‖q), which is μ²/(e^(μ²) − 1) for Gaussians.
+# - **Far apart, k1 wins:** Var k3 = e^(μ²) − 1 − μ² overtakes Var k1 = μ² at μ ≈ 1.12 (KL ≈ 0.63 nats), and is infinite when σ_p² ≥ 2σ_q².
+# - Every number in this lesson is exact (closed form or vocabulary sum) or a Monte Carlo measurement checked against it within 4 standard errors.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each exercise has a skeleton whose body is `...`: replace it and run the cell; `klviz.check` tests your answer on cases this lesson did not show and says what is wrong. A worked solution follows in a collapsed cell.
+#
+# ### Exercise 1 · k3 from the log-ratio
+#
+# Write `my_k3(log_r)` returning the per-sample k3 for `log_r = log p(x) − log q(x)` (x ∼ q). It must stay accurate in float32 for tiny |log r| (a policy and a reference that nearly agree).
+
+# %%
+def my_k3(log_r):
+    ...
+
+klviz.check.lesson02.k3_estimator(my_k3)
+
+
+# %%
+# Solution
+def my_k3(log_r):
+    # r - 1 via expm1: exp(x) - 1 would lose every digit of a tiny x in float32
+    return torch.expm1(log_r) - log_r
+
+assert klviz.check.lesson02.k3_estimator(my_k3)
+klviz.check.lesson02.k3_estimator(my_k3)
+
+
+# %% [markdown]
+# ### Exercise 2 · The direction in framework code
+#
+# A trainer gives you `logprob` (the policy's log-probabilities of the tokens *it sampled*) and `ref_logprob` (the reference model's log-probabilities of the same tokens). Write `my_penalty(logprob, ref_logprob)` returning per-token k3 estimates of **KL(π‖π_ref)**. The check evaluates your function on every token of a vocabulary and takes the exact average under π.
+
+# %%
+def my_penalty(logprob, ref_logprob):
+    ...
+
+klviz.check.lesson02.k3_direction(my_penalty)
+
+
+# %%
+# Solution
+def my_penalty(logprob, ref_logprob):
+    log_r = ref_logprob - logprob        # target (reference) minus sampler (policy)
+    return torch.expm1(log_r) - log_r
+
+assert klviz.check.lesson02.k3_direction(my_penalty)
+klviz.check.lesson02.k3_direction(my_penalty)
+
+
+# %% [markdown]
+# ### Exercise 3 · The best control variate
+#
+# For q = N(0, 1) and p = N(μ, 1), write `best_lambda(mu)` returning the λ that minimises Var(k1 + λ(r − 1)). (Use Var k1 = μ², Cov(k1, r) = −μ², Var r = e^(μ²) − 1.)
+
+# %%
+def best_lambda(mu):
+    ...
+
+klviz.check.lesson02.best_lambda(best_lambda)
+
+
+# %%
+# Solution: d/dlambda [mu^2 - 2 lambda mu^2 + lambda^2 (exp(mu^2) - 1)] = 0
+def best_lambda(mu):
+    return mu**2 / math.expm1(mu**2)
+
+assert klviz.check.lesson02.best_lambda(best_lambda)
+klviz.check.lesson02.best_lambda(best_lambda)
+
+# %% [markdown]
+# ### Exercise 4 · Where k1 overtakes k3
+#
+# Find the μ > 0 at which Var k1 = μ² equals Var k3 = e^(μ²) − 1 − μ² (to 3 decimals), without `klviz.tables.variance_crossing_mu`. Bisection on a few lines is enough.
+
+# %%
+crossing_mu = ...
+
+klviz.check.lesson02.variance_crossing(crossing_mu)
+
+# %%
+# Solution: bisection on f(mu) = exp(mu^2) - 1 - 2 mu^2, negative at mu = 1 and positive at mu = 2
+lo, hi = 1.0, 2.0
+for _ in range(60):
+    mid = 0.5 * (lo + hi)
+    lo, hi = (mid, hi) if math.expm1(mid**2) - 2 * mid**2 < 0 else (lo, mid)
+crossing_mu = 0.5 * (lo + hi)
+
+assert klviz.check.lesson02.variance_crossing(crossing_mu)
+klviz.check.lesson02.variance_crossing(crossing_mu)
+
+# %% [markdown]
+# ## References
+#
+# - J. Schulman, [Approximating KL Divergence](http://joschu.net/blog/kl-approx.html) (2020): the three estimators and the table reproduced in section 2.
+# - verl, [`kl_penalty` in `verl/trainer/ppo/core_algos.py`](https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py): `kl`/`k1`, `mse`/`k2`, `low_var_kl`/`k3` as used in PPO and GRPO training.
+# - A. B. Owen, [Monte Carlo theory, methods and examples](https://artowen.su.domains/mc/): control variates and the optimal coefficient −Cov/Var.
+# - Y. Tang and R. Munos, [On a few pitfalls in KL divergence gradient estimation for RL](https://arxiv.org/abs/2506.09477) (2025): what the *gradients* of these estimators do (lesson 05).
+# - Next: lesson 03 draws k3 as the gap between a convex curve and its tangent (f-divergences and Bregman divergences).

@@ -1,0 +1,644 @@
+# Generated from notebooks/04_worked_tokens.ipynb by `make sync-notebooks`: edit the notebook, not this file.
+
+# %% [markdown]
+# # 04 · Worked tokens: PPO's `approx_kl`, masks, and every framework's KL on one batch
+#
+# A PPO step on a language model computes two different KLs from the same sampled tokens, through a mask,
+# with an aggregation, and every framework does each of these a little differently. This lesson takes one
+# batch of real rollouts, from a tiny language model that ships with `klviz`, and follows it token by token.
+#
+# **What you will learn**
+# - the seed's two worked tokens (MiniMind's `approx_kl`), and why one token's $\frac12\Delta^2$ is not a KL;
+# - when $\frac12\Delta^2$ stops approximating $\mathrm{KL}(\pi_{old}\|\pi_\theta)$;
+# - the response mask: response tokens up to and including the first EOS, padding out, denominator at least 1,
+#   and what goes wrong without each part; token-mean vs sequence-mean vs sequence-sum;
+# - the two KLs of one PPO step: `approx_kl` (old vs current, for early stopping) and the reference penalty
+#   (current vs reference, in the loss), and which distribution sampled the tokens in each;
+# - verl's `low_var_kl` line by line: what each clamp protects, measured;
+# - one batch through verl, OpenRLHF, TRL (GRPO and PPO), NeMo-RL and MiniMind, beside the exact KL.
+#
+# **Time** about 40 minutes of reading. **Runs in** about 20 s on a 2-core CPU.
+#
+# The direction rule of the whole suite: tokens $x$ come from the **sampler** $q$, $\log r = \log p(x) - \log q(x)$
+# (target minus sampler), and $k_1=-\log r$, $k_2=\frac12(\log r)^2$, $k_3=(r-1)-\log r$ estimate
+# $\mathrm{KL}(q\|p)$, the divergence *from the sampler*.
+
+# %%
+import klviz
+device = klviz.setup_notebook()
+
+# %%
+import math
+
+import numpy as np
+import torch
+from IPython.display import HTML, display
+
+from klviz import frameworks as fw
+from klviz import lm
+from klviz import tokens as tk
+from klviz.plotting import COLORS, new_figure
+
+torch.set_num_threads(1)       # the tiny model's matrices are small: one thread is fastest
+
+# %% [markdown]
+# ## 1. The seed's two tokens, step by step
+#
+# MiniMind's PPO (`trainer/train_ppo.py`) rescoring a rollout token: the old actor gave it log-probability
+# $\log\pi_{old}(x)=-2.0$ when it sampled it; the current actor, a few gradient steps later, gives
+# $\log\pi_\theta(x)=-1.8$. The token was drawn from $\pi_{old}$, so $\pi_{old}$ is the sampler and $\pi_\theta$
+# the target:
+#
+# $$\Delta = \log r = \log\pi_\theta(x)-\log\pi_{old}(x),\qquad \text{ratio}=e^{\Delta},\qquad
+# \texttt{approx\_kl}_{\text{token}}=\tfrac12\Delta^2 = k_2 .$$
+#
+# `klviz.tokens.worked_token` does the arithmetic with the library's own `k1`, `k2`, `k3`:
+
+# %%
+seed_tokens = [tk.worked_token(old, new) for old, new in tk.SEED_EXAMPLES]
+rows = "".join(
+    f"<tr><td>{t.old_logprob:.1f}</td><td>{t.new_logprob:.1f}</td><td>{t.delta:.4f}</td><td>{t.ratio:.4f}</td>"
+    f"<td>{t.k2:.4f}</td><td>{t.k1:+.4f}</td><td>{t.k3:.4f}</td></tr>" for t in seed_tokens)
+display(HTML("<table><tr><th>log π_old</th><th>log π_θ</th><th>Δ = log r</th><th>ratio e^Δ</th>"
+             "<th>½Δ² (k2)</th><th>k1 = −Δ</th><th>k3 = (r−1)−Δ</th></tr>" + rows + "</table>"))
+
+# %%
+# the seed's numbers, exactly (to the 4 decimals it prints)
+small, large = seed_tokens
+assert abs(small.delta - 0.2) < 1e-12 and abs(small.ratio - 1.2214) < 5e-5 and abs(small.k2 - 0.02) < 1e-12
+assert abs(large.delta - 1.5) < 1e-12 and abs(large.ratio - 4.4817) < 5e-5 and abs(large.k2 - 1.125) < 1e-12
+assert abs(small.ratio - math.exp(0.2)) < 1e-12 and abs(large.k3 - (math.exp(1.5) - 1 - 1.5)) < 1e-12
+
+
+# %% [markdown]
+# The seed reads 0.02 and 1.125 as "how far the actor moved". They are not KL divergences: a KL is an
+# expectation over **all** tokens the old policy could have emitted, and one token only says how its own
+# probability moved. To see the KL, give these tokens a distribution. The smallest change that moves the
+# sampled token from $e^{-2}=0.135$ to $e^{-1.8}$ rescales every other token by the same factor, so the whole
+# vocabulary collapses to two outcomes, "$x$" and "not $x$" (`tk.one_token_push`). Exact sums over those two
+# outcomes, weighted by $\pi_{old}$:
+
+# %%
+def two_outcome_kl(old_logprob, new_logprob):
+    """KL(pi_old || pi_theta) written out by hand for the two-outcome push."""
+    p, q = math.exp(old_logprob), math.exp(new_logprob)
+    return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
+
+pushes = {ex: tk.push_expectations(*ex) for ex in tk.SEED_EXAMPLES}
+for (old, new), e in pushes.items():
+    print(f"{old} -> {new}:  exact KL(π_old‖π_θ) = {e['exact_kl']:.5f}   E[k1] = {e['E_k1']:.5f}   "
+          f"E[k3] = {e['E_k3']:.5f}   E[½Δ²] = {e['E_k2']:.5f} ({100 * e['E_k2_over_kl']:.1f}% of the KL)   "
+          f"this token's ½Δ² = {e['token_k2']:.4f}")
+
+# %%
+for (old, new), e in pushes.items():
+    assert abs(e["exact_kl"] - two_outcome_kl(old, new)) < 1e-12        # the library agrees with the hand formula
+    assert abs(e["E_k1"] - e["exact_kl"]) < 1e-12 and abs(e["E_k3"] - e["exact_kl"]) < 1e-12   # unbiased
+    assert e["E_k2"] < e["exact_kl"] < e["token_k2"]          # ½Δ² of the one token overstates; its mean understates
+assert 0.94 < pushes[(-2.0, -1.8)]["E_k2_over_kl"] < 0.95 and 0.87 < pushes[(-2.0, -0.5)]["E_k2_over_kl"] < 0.89
+assert 5 < pushes[(-2.0, -1.8)]["token_k2"] / pushes[(-2.0, -1.8)]["exact_kl"] < 7     # "six times the KL"
+
+# %% [markdown]
+# Two lessons in one table. First, the sampled token's $\frac12\Delta^2 = 0.02$ is six times the KL (0.0034):
+# the other tokens moved too, but less, and they are drawn most of the time. Only the *average* over many
+# tokens from $\pi_{old}$ estimates a KL. Second, even that average, $\mathbb{E}_{\pi_{old}}[\frac12\Delta^2]$, is
+# not the KL: $k_1$ and $k_3$ average to it exactly, $k_2$ only to second order in $\Delta$ (lesson 02):
+# 95% of it for the small step, 88% for the large one.
+#
+# **When does $\frac12\Delta^2$ stop being a good approximation?** Sweep the new log-probability of the
+# sampled token and compare $\mathbb{E}[k_2]$ with the exact KL:
+
+# %%
+N_GRID = 400                                      # points of the sweep
+new_grid = np.linspace(-4.0, -0.02, N_GRID)       # new log-prob of the sampled token; old is -2.0
+sweep = [tk.push_expectations(-2.0, float(n)) for n in new_grid]
+delta = new_grid + 2.0
+kl = np.array([s["exact_kl"] for s in sweep])
+ek2 = np.array([s["E_k2"] for s in sweep])
+rel = np.where(kl > 0, ek2 / np.where(kl > 0, kl, 1), np.nan)     # undefined where KL = 0 (Δ = 0)
+ok = ~(np.abs(rel - 1) > 0.10)
+lo_edge, hi_edge = delta[~ok & (delta < 0)].max(), delta[~ok & (delta > 0)].min()
+
+fig, (ax1, ax2) = new_figure(9.0, 3.2, ncols=2)
+ax1.plot(delta, kl, color=COLORS["exact"], lw=2, ls="--", label="exact KL(π_old‖π_θ) = E[k1] = E[k3]")
+ax1.plot(delta, ek2, color=COLORS["k2"], lw=1.8, label="E[½Δ²]: what approx_kl averages to")
+ax1.set_xlabel("Δ = log π_θ(x) − log π_old(x) of the sampled token (log π_old = −2)")
+ax1.set_ylabel("nats (log scale)")
+ax1.set_yscale("log")
+ax1.set_ylim(1e-4, 10)
+ax1.set_title("one-token push: KL and the mean of ½Δ²")
+ax1.legend()
+ax2.plot(delta, rel, color=COLORS["k2"], lw=1.8)
+ax2.axhspan(0.9, 1.1, color="#2ca02c", alpha=0.12, label="within ±10%")
+for t in seed_tokens:
+    ax2.axvline(t.delta, color="#555", lw=0.8, ls=":")
+ax2.set_xlabel("Δ (dotted: the seed's 0.2 and 1.5)")
+ax2.set_ylabel("E[½Δ²] / KL")
+ax2.set_title("relative accuracy of ½Δ²")
+ax2.set_ylim(0.5, 1.3)
+ax2.legend(loc="lower left")
+display(fig)
+at = {d: rel[np.argmin(np.abs(delta - d))] for d in (-2.0, -1.0, 0.2, 1.0, 1.5)}
+print(f"around Δ = 0, E[½Δ²] stays within 10% of the KL only for Δ between {lo_edge:.2f} and {hi_edge:.2f}; "
+      "E[½Δ²]/KL at Δ = " + ", ".join(f"{d:+.1f}: {v:.2f}" for d, v in at.items()))
+
+# %%
+assert -0.6 < lo_edge < -0.1 and 0.2 < hi_edge < 0.7        # the ±10% band is narrow: a fraction of a nat
+assert at[0.2] > 0.9 and at[1.0] < 0.9 and at[1.5] < 0.9       # pushed up: ½Δ² undershoots
+assert at[-1.0] > 1.1 and at[-2.0] > 1.5                       # pushed down: it overshoots
+
+# %% [markdown]
+# Near $\Delta=0$ the two curves touch (both are the same $\frac12$ Fisher quadratic). The band where
+# $\frac12\Delta^2$ is within 10% is narrow, printed above: less than half a nat either way. For a token
+# pushed *up* it undershoots the KL, for a token pushed *down* it overshoots, by a growing factor. An
+# early-stopping rule built on it is a heuristic threshold, not a measured KL. Takeaway: **one token's $\frac12\Delta^2$ is not
+# a KL; its batch mean is a second-order approximation of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$.**
+#
+# ## 2. A tiny real language model: reference, old, new
+#
+# `klviz.lm` ships a character-level model (a neural n-gram: the last 16 characters through one hidden layer,
+# 45k parameters) trained by `scripts/train_tiny_lm.py` on sentences like *"the cat sat on the happy mat."*,
+# in three states, as in RLHF:
+#
+# - **ref**: the model after supervised training (frozen reference);
+# - **old**: ref after a few policy-gradient steps on a programmatic reward (+1 per positive word such as
+#   *happy*, *kind*, *good*; −1 per negative word; −1 without an EOS): the policy that samples a batch;
+# - **new**: old after 10 more update steps on one batch of old's rollouts, as PPO's inner loop does.
+
+# %%
+ref, old, new = (lm.load_tiny_lm(state) for state in lm.STATES)
+show = lm.PROMPTS[:5]
+for name, model in (("ref", ref), ("old", old), ("new", new)):
+    ro = lm.sample_rollouts(model, show, klviz.make_generator(11), max_new_tokens=48)
+    print(f"{name:>3}  reward {lm.reward(ro.responses, ro.finished).mean():+.2f}  " +
+          " | ".join(f"{p}{r}" for p, r in zip(ro.prompts[:3], ro.responses[:3])))
+
+# %% [markdown]
+# A batch looks like a real rollout: prompts of different lengths, responses that end in EOS at different
+# places, padding. `lm.update_batch()` is the batch the shipped update steps were trained on (every prompt six
+# times, sampled from old). Its tensors are `[batch, T]`, one layout for everything: BOS, prompt, response,
+# EOS, PAD; `logprobs[b, t]` is the sampler's log-probability of token `t`, and
+# `lm.next_token_logprobs(model, ro)` gives the **full** next-token distribution at every position, so the
+# exact KL sits beside every estimate.
+
+# %%
+batch = lm.update_batch(old)
+b = 1
+print("tokens   :", " ".join(lm.token_strings(batch.input_ids[b])))
+print("resp mask:", " ".join(f"{int(m):>{len(s)}}" for m, s in zip(batch.response_mask[b], lm.token_strings(batch.input_ids[b]))))
+print(f"batch {tuple(batch.input_ids.shape)}; response lengths {batch.response_lengths[:8].tolist()} ...; "
+      f"{int(batch.finished.sum())} of {batch.batch_size} ended with EOS")
+
+# %%
+# rescoring the sampled tokens with the sampler reproduces its log-probs, and every row of the full
+# distributions is normalised: the log-probs are real
+rescored = lm.logprobs_of(old, batch)
+assert torch.allclose(rescored, batch.logprobs, atol=1e-5)
+full_old = lm.next_token_logprobs(old, batch)
+assert torch.allclose(full_old.logsumexp(-1), torch.zeros(()), atol=1e-5)
+assert int(batch.response_lengths.min()) < int(batch.response_lengths.max())     # EOS at different places
+
+# %% [markdown]
+# ## 3. Masks: which tokens count
+#
+# The frameworks store per-token tensors response-first: one column per generated token, `[batch, R]`
+# (`batch.response_layout(x)` moves our rows into that layout). MiniMind's mask is built in three moves:
+#
+# 1. a row's length is the position of its **first EOS + 1** (the EOS is kept: stopping is an action the policy
+#    chose), or all of its generated tokens if it never emitted EOS;
+# 2. padding positions are out;
+# 3. the denominator is `mask.sum().clamp(min=1)`, so a batch with no response token gives 0, not NaN.
+#
+# Some generation engines keep sampling every row until the longest is done. `stop_at_eos=False` imitates
+# that: the rows go on after their EOS.
+
+# %%
+klviz.show_source(tk.minimind_response_mask)
+
+# %%
+engine = lm.sample_rollouts(old, [p for p in lm.PROMPTS for _ in range(4)], klviz.make_generator(5),
+                            max_new_tokens=40, stop_at_eos=False)
+ids, produced = engine.response_layout(engine.input_ids), engine.response_layout_mask
+for row in range(3):
+    print(repr(lm.decode(ids[row], specials=True)))
+masks = tk.mask_variants(ids, produced, lm.EOS_ID)
+lp_old = engine.response_layout(engine.logprobs)
+lp_new = engine.response_layout(lm.logprobs_of(new, engine))
+print()
+for name, m in masks.items():
+    ak = fw.minimind_approx_kl(lp_new, lp_old, m)["approx_kl"]
+    print(f"{name:>13}: {int(m.sum()):5d} tokens counted, approx_kl(old → new) = {float(ak):.4f}")
+
+# %%
+right = masks["minimind"]
+first_eos = (ids == lm.EOS_ID).float().argmax(1)
+has_eos = (ids == lm.EOS_ID).any(1)
+assert torch.equal(right.sum(1), torch.where(has_eos, first_eos + 1, produced.sum(1).long()).float())
+after_eos = int(masks["no_eos_cut"].sum() - right.sum())
+assert after_eos > 0                                  # this engine produced tokens after EOS ...
+ak = {n: float(fw.minimind_approx_kl(lp_new, lp_old, m)["approx_kl"]) for n, m in masks.items()}
+assert ak["no_eos_cut"] != ak["minimind"]             # ... and counting them changes approx_kl
+print(f"{after_eos} of {int(masks['no_eos_cut'].sum())} generated tokens came after an EOS")
+
+# %% [markdown]
+# Counting tokens after EOS averages in what the model says *after it has stopped*, text that nobody reads
+# and no reward scored; dropping the EOS itself removes the one decision that ends a response from the
+# statistic and from the loss. And the denominator: a micro-batch whose responses were all truncated to
+# nothing has an all-zero mask.
+
+# %%
+values = torch.tensor([[0.3, 0.1, 0.0]])
+empty = torch.zeros(1, 3)
+no_clamp = (values * empty).sum() / empty.sum()
+with_clamp = (values * empty).sum() / empty.sum().clamp(min=1)
+print(f"without clamp: {no_clamp.item()}   with clamp(min=1): {with_clamp.item()}   klviz.masked_mean: "
+      f"{klviz.masked_mean(values, empty).item()}")
+assert math.isnan(no_clamp.item()) and with_clamp.item() == 0.0 == klviz.masked_mean(values, empty).item()
+
+# %% [markdown]
+# One NaN in a logged mean poisons every running average after it, and in a loss it poisons the weights.
+#
+# **Aggregation.** The same per-token matrix gives different numbers depending on how it is averaged
+# (`klviz.agg_loss` implements verl's modes). On the update batch, the per-token $k_1$ of
+# $\mathrm{KL}(\pi_{old}\|\pi_{ref})$ (KL in the reward is computed at rollout time, when the policy *is* old):
+
+# %%
+R_mask = batch.response_layout_mask
+lp_old_b = batch.response_layout(batch.logprobs)
+lp_ref_b = batch.response_layout(lm.logprobs_of(ref, batch))
+k1_old_ref = (lp_old_b - lp_ref_b) * R_mask          # k1 of KL(pi_old || pi_ref) per token
+agg = tk.aggregations(k1_old_ref, R_mask)
+who = {"token-mean": "verl loss default, MiniMind, TRL GRPO `kl`",
+       "seq-mean-token-mean": "verl `reward_kl_penalty`, OpenRLHF `kl`",
+       "seq-mean-token-sum": "TRL PPO `objective/kl` (a sequence KL)"}
+for mode, value in agg.items():
+    print(f"{mode:>20}: {value:8.4f}   logged by {who[mode]}")
+print(f"mean response length {float(R_mask.sum(1).mean()):.1f} tokens; "
+      f"seq-mean-token-sum / token-mean = {agg['seq-mean-token-sum'] / agg['token-mean']:.1f}")
+
+# %%
+seq_sum, seq_len = k1_old_ref.sum(1), R_mask.sum(1)
+assert abs(agg["token-mean"] - float(seq_sum.sum() / seq_len.sum())) < 1e-5          # long rows weigh more
+assert abs(agg["seq-mean-token-mean"] - float((seq_sum / seq_len).mean())) < 1e-5     # every row weighs 1
+assert abs(agg["seq-mean-token-sum"] - float(seq_sum.mean())) < 1e-4                  # chain rule: a sequence KL
+assert agg["seq-mean-token-sum"] > 10 * agg["token-mean"]
+
+# %% [markdown]
+# Same tokens, same estimator: a token mean and a per-sequence sum differ by roughly the mean response
+# length (printed above). Before comparing a KL curve from TRL's PPO with one from verl, check which of the
+# three it is.
+#
+# ## 4. Two KLs in one PPO step
+#
+# Inside one PPO step there are two KLs, and the sampled tokens are old's in both:
+#
+# | | compares | on whose tokens | estimates | used for |
+# |---|---|---|---|---|
+# | `approx_kl` (MiniMind), `ppo_kl` (verl), `approxkl` (TRL) | current π_θ vs old π_old | π_old's | $\mathrm{KL}(\pi_{old}\|\pi_\theta)$ | early stopping / monitoring |
+# | `kl_ref_penalty` (MiniMind), `kl_loss` (verl) | current π_θ vs reference | π_old's | $\mathrm{KL}(\pi_\theta\|\pi_{ref})$ when π_θ = π_old | a term in the loss |
+#
+# For `approx_kl` the sampler is π_old, so $\log r=\log\pi_\theta-\log\pi_{old}$ and it estimates the
+# divergence *from* π_old. For the reference penalty the code puts the policy first; it estimates
+# $\mathrm{KL}(\pi_\theta\|\pi_{ref})$ exactly only on the first minibatch, when π_θ still equals the sampler.
+# After that the tokens come from another policy and, without the ratio $\pi_\theta/\pi_{old}$ (TRL's
+# `use_bias_correction_kl`, NeMo-RL), it is off-policy.
+#
+# Follow both along the shipped update path, on the batch the steps were trained on, beside the exact values
+# from the full distributions:
+
+# %%
+path = lm.update_path()
+full_ref = batch.response_layout(lm.next_token_logprobs(ref, batch))
+full_old_b = batch.response_layout(full_old)
+trace = []
+for step, model in enumerate(path):
+    lp = batch.response_layout(lm.logprobs_of(model, batch))
+    full = batch.response_layout(lm.next_token_logprobs(model, batch))
+    trace.append({
+        "approx_kl": float(fw.minimind_approx_kl(lp, lp_old_b, R_mask)["approx_kl"]),
+        "ppo_kl": float(fw.verl_ppo_kl(lp, lp_old_b, R_mask)["ppo_kl"]),
+        "exact_old_theta": float(klviz.masked_mean(klviz.exact_kl(full_old_b, full), R_mask)),
+        "kl_ref": float(fw.minimind_kl_ref_penalty(lp, lp_ref_b, R_mask)["kl_ref_penalty"]),
+        "exact_theta_ref": float(klviz.masked_mean(klviz.exact_kl(full, full_ref), R_mask)),
+    })
+stop = next((s for s, t in enumerate(trace) if t["approx_kl"] > 0.25), None)
+print(" step  approx_kl  ppo_kl  exact KL(old‖θ)   kl_ref   exact KL(θ‖ref)")
+for s, t in enumerate(trace):
+    print(f"{s:5d}  {t['approx_kl']:9.4f}  {t['ppo_kl']:6.4f}  {t['exact_old_theta']:15.4f}  "
+          f"{t['kl_ref']:7.4f}  {t['exact_theta_ref']:15.4f}" + ("   <- MiniMind stops" if s == stop else ""))
+
+# %%
+assert trace[0]["approx_kl"] == 0.0 and trace[0]["ppo_kl"] == 0.0          # step 0: pi_theta is pi_old
+assert all(a["approx_kl"] < b["approx_kl"] for a, b in zip(trace, trace[1:]))   # the policy drifts monotonically
+assert stop is not None and 3 <= stop <= 10
+assert trace[0]["kl_ref"] > 0                                              # old already differs from ref
+assert trace[-1]["kl_ref"] > 10 * trace[-1]["exact_theta_ref"]              # unclamped k3 off-policy explodes
+
+# %% [markdown]
+# At step 0 the current policy *is* old and `approx_kl` is exactly 0, while the reference penalty is already
+# positive: old has moved away from ref in earlier iterations. MiniMind stops this batch at the step printed
+# above (threshold 0.25), and zeroes the loss of the remaining minibatches. Without that stop, the unclamped
+# $k_3$ of `kl_ref` explodes while the exact $\mathrm{KL}(\pi_\theta\|\pi_{ref})$ barely moves: a few of old's
+# tokens whose probability the updates crushed have $\pi_{ref}/\pi_\theta$ in the thousands, and $k_3$ grows
+# like that ratio (section 5). Early stopping on `approx_kl` also keeps the reference penalty meaningful.
+#
+# Notice also that on this batch $\frac12\Delta^2$ and even $k_1$ run **above** the exact KL. That is not
+# noise: these are the very tokens the update steps were fitted to, so they are the tokens whose
+# probability moved most. On a **fresh** batch from old, $k_1$ is unbiased for the exact per-position KL,
+# token by token ($\mathbb{E}[k_1 \mid \text{prefix}]$ is the exact KL at that prefix, so the differences are
+# uncorrelated and the plain standard error applies):
+
+# %%
+N_FRESH_REPEATS = 20     # fresh responses per prompt (more: tighter check, slower)
+fresh = lm.sample_rollouts(old, [p for p in lm.PROMPTS for _ in range(N_FRESH_REPEATS)], klviz.make_generator(99),
+                           max_new_tokens=48)
+F_mask = fresh.response_layout_mask
+f_old = fresh.response_layout(fresh.logprobs)
+f_new = fresh.response_layout(lm.logprobs_of(new, fresh))
+f_exact = klviz.exact_kl(fresh.response_layout(lm.next_token_logprobs(old, fresh)),
+                         fresh.response_layout(lm.next_token_logprobs(new, fresh)))
+sel = F_mask.bool()
+diff = (f_old - f_new - f_exact)[sel]                     # k1 minus the exact KL at each position
+se = float(diff.std() / math.sqrt(diff.numel()))
+print(f"fresh batch, {diff.numel()} tokens: mean k1 = {float((f_old - f_new)[sel].mean()):.4f}, "
+      f"exact = {float(f_exact[sel].mean()):.4f}, difference {float(diff.mean()):+.4f} ± {se:.4f} (1 SE)")
+print(f"training batch at the last step: ppo_kl = {trace[-1]['ppo_kl']:.4f}, exact = {trace[-1]['exact_old_theta']:.4f}")
+
+# %%
+assert abs(float(diff.mean())) < 4 * se                                     # unbiased on fresh tokens
+assert trace[-1]["approx_kl"] > trace[-1]["exact_old_theta"]                # the fitted batch overstates
+
+# %% [markdown]
+# ## 5. verl's `low_var_kl`, line by line
+#
+# verl's $k_3$ (`kl_penalty(logprob, ref_logprob, "low_var_kl")`) is reproduced by `klviz.kl_penalty`; this
+# is the one copy of it:
+
+# %%
+import klviz.estimators
+klviz.show_source(klviz.estimators._penalty_value)
+
+# %% [markdown]
+# - `d = ref_logprob - logprob`: $\log r$ with the policy as the sampler, so it estimates
+#   $\mathrm{KL}(\pi\|\pi_{ref})$.
+# - **Input clamp to $[-20, 20]$.** $e^{d}$ overflows float32 above $d\approx 88.7$: a token to which the
+#   policy gives a probability below $10^{-38}$ but the reference does not. The forward value would still be clamped to 10 at the end;
+#   the *gradient* is the problem: the output clamp's zero gradient times the infinite gradient of `exp` is
+#   NaN, and one NaN gradient destroys the weights. Clamping $d$ first keeps everything finite.
+
+# %%
+d_values = torch.tensor([0.5, 3.0, 25.0, 100.0])
+with_clamp = tk.low_var_kl_gradient(d_values, input_clamp=True)
+without = tk.low_var_kl_gradient(d_values, input_clamp=False)
+for d, v, g1, g2 in zip(d_values.tolist(), with_clamp["value"].tolist(), with_clamp["grad"].tolist(),
+                        without["grad"].tolist()):
+    print(f"log r = {d:6.1f}: value {v:8.4f}   gradient with input clamp {g1:+.4f}   without {g2:+.4f}")
+
+# %%
+assert bool(torch.isfinite(with_clamp["grad"]).all()) and math.isnan(without["grad"][3].item())
+assert math.isfinite(torch.exp(torch.tensor(88.7)).item()) and math.isinf(torch.exp(torch.tensor(88.8)).item())
+assert math.exp(-88.7) < 1e-38
+assert torch.equal(with_clamp["value"], without["value"])         # same forward value: only the backward differs
+
+# %% [markdown]
+# - **Output clamp to $[-10, 10]$.** Its lower half can never act: $k_3=e^{d}-d-1\ge 0$ because
+#   $e^{d}\ge 1+d$ (the tangent line lies under the convex curve). Computed verl's way,
+#   `exp(d) - d - 1` in float32, rounding can at worst leave values a hair below 0 near $d=0$ (of the order
+#   of float32's spacing $10^{-7}$), nowhere near $-10$. The upper half acts when $d$ passes the crossing point printed below, a token the reference
+#   finds about 13.6 times likelier than the policy does; there it also sets the gradient to 0.
+
+# %%
+tiny = torch.logspace(-9, -1, 2_001)
+grid = torch.cat([torch.linspace(-30, 30, 200_001), tiny, -tiny])     # float32, as in training
+k3_verl_way = torch.exp(grid) - grid - 1
+d_star = tk.k3_crossing_point()
+print(f"smallest k3 over log r in [-30, 30]: {k3_verl_way.min().item():.3g} (verl's formula), "
+      f"{klviz.k3(grid).min().item():.3g} (klviz's expm1); k3 reaches 10 at log r = {d_star:.4f}, "
+      f"a ratio of {math.exp(d_star):.1f}")
+assert k3_verl_way.min().item() > -1e-6 and klviz.k3(grid).min().item() > -1e-6
+assert abs(d_star - 2.6109) < 1e-4 and abs(math.exp(d_star) - 13.6) < 0.05
+
+# %% [markdown]
+# How much value does the upper clamp remove on a real batch? Take the policy after the last update step
+# against the reference, on the update batch:
+
+# %%
+lp_new_b = batch.response_layout(lm.logprobs_of(new, batch))
+effect = tk.low_var_kl_clamp_effect(lp_new_b, lp_ref_b, R_mask)
+print(f"{100 * effect['fraction_clamped']:.2f}% of {effect['tokens']} tokens clamped; token mean of k3 "
+      f"{effect['mean_unclamped']:.4f} unclamped vs {effect['mean_clamped']:.4f} clamped: the clamp removes "
+      f"{100 * effect['removed_share']:.0f}% of the value (largest single k3: {effect['largest_k3']:.1f})")
+
+# %%
+manual = klviz.k3(lp_ref_b - lp_new_b)
+assert abs(effect["mean_unclamped"] - float(klviz.masked_mean(manual, R_mask))) < 1e-5
+assert effect["fraction_clamped"] < 0.05 and effect["removed_share"] > 0.1    # a few tokens, much of the value
+assert effect["smallest_k3"] > -1e-6
+
+# %% [markdown]
+# A handful of tokens, each with a ratio above 13.6, carry a large share of the unclamped mean: $k_3$'s
+# variance is dominated by its tail (lesson 02), and the clamp trades that variance for a bias, on exactly the
+# tokens where policy and reference disagree most. `ppo_kl`, finally, is the other KL:
+# `masked_mean(old_log_prob - log_prob)`, the $k_1$ of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$, unclamped, and it
+# can come out negative on a single minibatch.
+#
+# ## 6. One batch through every framework
+#
+# `klviz.frameworks` re-derives, from their published formulas, what each framework computes and what it
+# logs. Each function's docstring names the repository and file. One fresh batch from old, the policy after
+# six update steps, and the reference:
+
+# %%
+theta = path[6]
+T_mask = F_mask
+t_old, t_ref = f_old, fresh.response_layout(lm.logprobs_of(ref, fresh))
+t_theta = fresh.response_layout(lm.logprobs_of(theta, fresh))
+full = {name: fresh.response_layout(lm.next_token_logprobs(m, fresh)) for name, m in (("old", old), ("ref", ref), ("theta", theta))}
+table = fw.side_by_side(t_theta, t_old, t_ref, T_mask,
+                        exact_policy_ref=klviz.exact_kl(full["theta"], full["ref"]),
+                        exact_old_policy=klviz.exact_kl(full["old"], full["theta"]),
+                        exact_old_ref=klviz.exact_kl(full["old"], full["ref"]))
+html_rows = "".join(f"<tr><td>{r['framework']}</td><td><code>{r['logged as']}</code></td><td>{r['estimates']}</td>"
+                    f"<td>{r['how']}</td><td style='text-align:right'>{r['value']:.4f}</td></tr>" for r in table)
+display(HTML("<table><tr><th>framework</th><th>logged as</th><th>estimates</th><th>how</th><th>value</th></tr>"
+             + html_rows + "</table>"))
+
+# %%
+val = {(r["framework"], r["logged as"], r["estimates"]): r["value"] for r in table}
+ex_tok = {r["estimates"]: r["value"] for r in table if r["framework"] == "exact" and r["logged as"] == "per-token mean"}
+# identical formulas give identical numbers
+assert val[("TRL GRPO", "kl", "KL(π_θ‖π_ref)")] == val[("MiniMind", "kl_ref", "KL(π_θ‖π_ref)")]
+assert abs(val[("verl", "actor/kl_loss", "KL(π_θ‖π_ref)")]
+           - val[("OpenRLHF", "kl (use_kl_loss, k3)", "KL(π_θ‖π_ref)")]) < 1e-6
+# TRL's approxkl is MiniMind's approx_kl diluted by padding: times (valid tokens) / (all entries)
+trl_ak, mm_ak = val[("TRL PPO", "approxkl", "KL(π_old‖π_θ)")], val[("MiniMind", "approx_kl", "KL(π_old‖π_θ)")]
+assert abs(trl_ak - mm_ak * float(T_mask.sum()) / T_mask.numel()) < 1e-5
+# unbiased estimators of the KL from the sampler agree with the exact value within their standard error
+k1_tok = (t_old - t_theta)[T_mask.bool()]
+se_k1 = float((k1_tok - klviz.exact_kl(full["old"], full["theta"])[T_mask.bool()]).std() / math.sqrt(k1_tok.numel()))
+assert abs(val[("verl", "actor/ppo_kl", "KL(π_old‖π_θ)")] - ex_tok["KL(π_old‖π_θ)"]) < 4 * se_k1
+
+# %% [markdown]
+# How to read the table:
+#
+# - **Directions.** Rows that compare old with the reference (verl and OpenRLHF in the reward, TRL PPO's
+#   `objective/kl`) estimate $\mathrm{KL}(\pi_{old}\|\pi_{ref})$; the loss terms compare π_θ with the
+#   reference on old's tokens. `ppo_kl`, `approx_kl` and `approxkl` estimate $\mathrm{KL}(\pi_{old}\|\pi_\theta)$.
+# - **Clamps.** verl, OpenRLHF and NeMo-RL clamp $k_3$ at 10; TRL and MiniMind do not. On the same tokens
+#   the unclamped token mean is larger (the tail of section 5).
+# - **Off-policy.** π_θ did not sample these tokens. $k_3$ of π_θ vs ref on old's tokens is biased for
+#   $\mathrm{KL}(\pi_\theta\|\pi_{ref})$; multiplying by $\pi_\theta/\pi_{old}$ (TRL `use_bias_correction_kl`,
+#   NeMo-RL) is the importance weight that removes the bias, at the price of variance (next cell).
+# - **Scale.** TRL PPO's `objective/kl` is a per-sequence sum, tens of times larger than the token means, and
+#   its `approxkl` is diluted by padding (a plain mean over all `batch × R` entries).
+#
+# Is the ratio-corrected $k_3$ really unbiased here, and how noisy is it? Per position,
+# $\mathbb{E}_{\pi_{old}}[\rho\,k_3 \mid \text{prefix}]$ is the exact $\mathrm{KL}(\pi_\theta\|\pi_{ref})$ at that prefix, so the
+# differences have mean 0 and the plain standard error applies:
+
+# %%
+sel_t = T_mask.bool()
+exact_tr = klviz.exact_kl(full["theta"], full["ref"])[sel_t]
+d_tr = (t_ref - t_theta)[sel_t]
+plain_k3 = klviz.k3(d_tr)
+corrected = torch.exp((t_theta - t_old)[sel_t]) * plain_k3
+for name, est in (("k3 on old's tokens", plain_k3), ("k3 × π_θ/π_old", corrected)):
+    gap = est - exact_tr
+    print(f"{name:>19}: mean {float(est.mean()):.4f} vs exact {float(exact_tr.mean()):.4f}, "
+          f"difference {float(gap.mean()):+.4f} ± {float(gap.std() / math.sqrt(gap.numel())):.4f} (1 SE)")
+for est in (plain_k3, corrected):
+    gap = est - exact_tr
+    assert abs(float(gap.mean())) < 4 * float(gap.std() / math.sqrt(gap.numel()))
+
+# %% [markdown]
+# On this batch both are within a few standard errors of the exact value: the correction removes a bias that
+# is small next to the noise of a heavy-tailed estimator. The weights matter more as π_θ drifts further from
+# the sampler (on the training batch at the last update step the uncorrected $k_3$ is far above the exact
+# KL: the trace of section 4), and they change the *gradient* even where the value barely moves (lesson 05).
+#
+# ## 7. The panel: one response, token by token
+#
+# The response strip shows old's tokens coloured by the chosen quantity at the chosen update step (hover a
+# token for its log-probabilities and all four values). The left plot shows the batch means against the
+# update step with MiniMind's early-stop threshold; the right one the chosen response's per-token values.
+# Move **update step** and watch which tokens light up; switch the colouring between $k_1$ (signed: blue
+# tokens became more likely), $k_2$, $k_3$ and the exact KL at each position.
+
+# %%
+from klviz.widgets.lesson04 import WorkedTokensPanel
+
+panel = WorkedTokensPanel(device="cpu")
+panel
+
+# %%
+# the panel's numbers are the lesson's numbers
+for s in (0, 4, panel.num_steps):
+    d = panel.set(step=s)
+    assert panel.last_error is None and abs(d["approx_kl"] - trace[s]["approx_kl"]) < 1e-6
+assert panel.last["stop_step"] == stop
+panel.set(step=4);
+
+
+# %% [markdown]
+# Things to try: find a token where $k_1$ is negative but the exact KL at that position is large (the
+# update moved *other* tokens at that position); set the threshold to 0.1 and see how much earlier PPO would
+# stop; compare $k_2$ and $k_3$ colourings on the tokens of *good*, *kind*, *happy*, which the reward pushed up.
+#
+# ## Takeaways
+#
+# - One token's $\frac12\Delta^2$ (0.02, 1.125 in the seed) is not a KL. The batch mean of $\frac12\Delta^2$ is
+#   a second-order approximation of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$, within 10% only for
+#   $|\Delta|$ well below 1; $k_1$ and $k_3$ are unbiased for it.
+# - The mask: response tokens up to and including the first EOS, no padding, denominator at least 1.
+# - Token mean, sequence mean and sequence sum are three different numbers from the same tokens.
+# - `approx_kl`/`ppo_kl` (old vs current, old's tokens) guard the PPO update; the reference penalty
+#   (current vs reference) shapes the objective. The sampler decides each direction.
+# - verl's input clamp protects gradients from NaN; the output clamp's lower half never acts, its upper half
+#   removes the heavy tail of $k_3$ (a biased but stable penalty).
+# - Measured on the batch the update was fitted to, sampled-token KLs overstate the drift; on fresh tokens
+#   $k_1$ is unbiased for the exact per-position KL.
+#
+# ## Exercises
+
+# %% [markdown]
+# **Exercise 1: MiniMind's `approx_kl`.** Given the current log-probabilities `new_logp`, the rollout ones
+# `old_logp` and a 0/1 `mask`, all `[batch, R]`, return the scalar MiniMind uses for early stopping.
+
+# %%
+def my_approx_kl(new_logp, old_logp, mask):
+    ...
+
+klviz.check.lesson04.approx_kl(my_approx_kl)
+
+
+# %%
+# solution
+def my_approx_kl(new_logp, old_logp, mask):
+    log_ratio = new_logp - old_logp                  # target (current) minus sampler (old)
+    return (0.5 * log_ratio ** 2 * mask).sum() / mask.sum().clamp(min=1)
+
+assert klviz.check.lesson04.approx_kl(my_approx_kl)
+
+
+# %% [markdown]
+# **Exercise 2: the response mask.** `completion_ids` `[batch, R]` are generated tokens, `completion_mask` is 1
+# where the engine produced a token and 0 on padding. Return the float mask that keeps each response up to and
+# including its first `eos_id` (a row without EOS keeps all its tokens).
+
+# %%
+def my_response_mask(completion_ids, completion_mask, eos_id):
+    ...
+
+klviz.check.lesson04.response_mask(my_response_mask)
+
+
+# %%
+# solution
+def my_response_mask(completion_ids, completion_mask, eos_id):
+    is_eos = (completion_ids == eos_id) & completion_mask.bool()
+    first = is_eos.int().argmax(1)
+    length = torch.where(is_eos.any(1), first + 1, completion_mask.sum(1))
+    cols = torch.arange(completion_ids.shape[1])[None, :]
+    return ((cols < length[:, None]) & completion_mask.bool()).float()
+
+assert klviz.check.lesson04.response_mask(my_response_mask)
+
+
+# %% [markdown]
+# **Exercise 3: verl's `low_var_kl`.** Return the per-token $k_3$ penalty from the policy's `logprob` and the
+# reference's `ref_logprob`, with verl's two clamps, so that both its value and its gradient stay finite.
+
+# %%
+def my_low_var_kl(logprob, ref_logprob):
+    ...
+
+klviz.check.lesson04.low_var_kl(my_low_var_kl)
+
+
+# %%
+# solution
+def my_low_var_kl(logprob, ref_logprob):
+    log_r = (ref_logprob - logprob).clamp(-20, 20)       # tokens from the policy: ref minus policy
+    return (torch.exp(log_r) - log_r - 1).clamp(-10, 10)
+
+assert klviz.check.lesson04.low_var_kl(my_low_var_kl)
+
+# %% [markdown]
+# ## References
+#
+# - MiniMind, [`trainer/train_ppo.py`](https://github.com/jingyaogong/minimind/blob/master/trainer/train_ppo.py):
+#   `approx_kl`, `early_stop_kl`, `kl_ref_penalty`, `resp_policy_mask`.
+# - verl, [`verl/trainer/ppo/core_algos.py`](https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py):
+#   `kl_penalty` (`low_var_kl` and its clamps), `agg_loss`, `compute_policy_loss` (`ppo_kl`); issues
+#   [#2928](https://github.com/volcengine/verl/issues/2928) (why clamp at −10), [#891](https://github.com/volcengine/verl/issues/891)
+#   and [#751](https://github.com/volcengine/verl/issues/751) (NaN from `low_var_kl`).
+# - OpenRLHF, [`openrlhf/models/utils.py`](https://github.com/OpenRLHF/OpenRLHF/blob/main/openrlhf/models/utils.py):
+#   `compute_approx_kl`, `compute_reward`.
+# - TRL, [`trl/trainer/grpo_trainer.py`](https://github.com/huggingface/trl/blob/main/trl/trainer/grpo_trainer.py)
+#   (`per_token_kl`, `use_bias_correction_kl`) and [`trl/trainer/ppo_trainer.py`](https://github.com/huggingface/trl/blob/main/trl/trainer/ppo_trainer.py)
+#   (`kl_estimator`, `objective/kl`, `approxkl`); issues [#2914](https://github.com/huggingface/trl/issues/2914) (direction)
+#   and [#925](https://github.com/huggingface/trl/issues/925) (negative KL with k1).
+# - NeMo-RL, [`nemo_rl/algorithms/utils.py`](https://github.com/NVIDIA-NeMo/RL/blob/main/nemo_rl/algorithms/utils.py)
+#   (`calculate_kl`) and `nemo_rl/algorithms/loss_functions.py` (the importance-weighted KL term).
+# - J. Schulman, [Approximating KL Divergence](http://joschu.net/blog/kl-approx.html) (2020).
+# - Y. Bengio et al., *A Neural Probabilistic Language Model*, JMLR 2003: the architecture of `klviz.lm`.

@@ -1,0 +1,527 @@
+# Generated from notebooks/08_sampler_vs_trainer.ipynb by `make sync-notebooks`: edit the notebook, not this file.
+
+# %% [markdown]
+# # 08 · When the sampler is not the trainer
+#
+# In a PPO or GRPO run the tokens are sampled by a **rollout engine** (vLLM, SGLang: bf16 kernels, its own
+# temperature, top-p, top-k) and then rescored by the **trainer** (FSDP, Megatron). Even with identical weights these
+# are two different policies, and every importance ratio the trainer forms silently assumes they are one. This
+# lesson builds a second "engine" of the tiny language model, measures where its log-probs part from the trainer's,
+# and measures what each correction in use does about it.
+#
+# **What you will learn**
+# - the three policies and four log-probs of one update, which pair each logged number compares, and which KL it
+#   estimates given who sampled; why `ppo_kl` can be non-zero on the first minibatch;
+# - where the mismatch comes from, measured: bf16 compute, a temperature not divided out, top-p/top-k truncation
+#   (every ratio carries the kept mass $S$) and the replayed sampling mask that removes it; batch dependence;
+# - how to measure it: k1/k2/k3 per token and per sequence, $\chi^2$, the perplexity ratio, the mean-ratio test;
+# - how it is corrected: truncated token IS, masking, sequence IS and its length trap, geometric-mean rejection,
+#   with bias and variance measured exactly on an enumerable case and by sampling on the tiny LM;
+# - what verl, TRL, OpenRLHF, NeMo-RL and open-instruct call each of these.
+#
+# **Time:** 40 minutes of reading and playing · **Runs in:** about 15 s on a 2-core CPU.
+#
+# Direction rule, as in every lesson: tokens $x$ come from the **sampler** $q$, $\log r=\log p(x)-\log q(x)$ (target
+# minus sampler), and k1, k2, k3 estimate $\mathrm{KL}(q\,\|\,p)$. Here the sampler is the engine: $q=\pi_\text{rollout}$.
+
+# %%
+import klviz
+device = klviz.setup_notebook()
+
+# %%
+import math
+
+import numpy as np
+import torch
+from IPython.display import HTML, display
+
+from klviz import lm
+from klviz import mismatch as mm
+from klviz.plotting import COLORS, new_figure
+
+torch.set_num_threads(1)       # the tiny model's matrices are small: one thread is fastest
+
+# %% [markdown]
+# ## 1 · Three policies, four log-probs <a id="policies"></a>
+#
+# **Question.** One RL step logs `rollout_log_prob`, `old_log_prob`, `log_prob` and `ref_log_prob`. Which policy is
+# behind each, and which KL does each logged difference estimate?
+#
+# | log-prob | policy | computed by |
+# |---|---|---|
+# | `rollout_log_prob` | $\pi_\text{rollout}$ | the engine, while sampling: **the sampler** |
+# | `old_log_prob` | $\pi_\text{old}$ | the trainer, recomputing the same tokens before the update |
+# | `log_prob` | $\pi_\theta$ | the trainer, during the update (equals $\pi_\text{old}$ on the first minibatch) |
+# | `ref_log_prob` | $\pi_\text{ref}$ | the frozen reference |
+#
+# **Intuition.** The tokens were drawn by the engine, so only averages of the form $\mathbb{E}_{\pi_\text{rollout}}[\cdot]$
+# are what they appear to be. A difference of two *trainer* log-probs on engine tokens is a KL estimate only if the
+# engine and the trainer agree. The common mistake is to assume $\pi_\text{old}=\pi_\text{rollout}$: PPO's ratio
+# $\pi_\theta/\pi_\text{old}$ then corrects from the wrong behaviour policy.
+#
+# **Math.** With $\log r=\log\pi_\text{old}-\log\pi_\text{rollout}$ on engine tokens, $\mathbb{E}[k_1]=\mathbb{E}[k_3]=
+# \mathrm{KL}(\pi_\text{rollout}\|\pi_\text{old})$: the mismatch. `ppo_kl` $=\overline{\log\pi_\text{old}-\log\pi_\theta}$
+# "estimates" $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$ as if $\pi_\text{old}$ had sampled. A trainer that skips the
+# recompute and uses the engine's numbers as `old_log_prob` (verl's bypass mode, open-instruct's `use_vllm_logprobs`)
+# logs, on its first minibatch, $\overline{\log\pi_\text{rollout}-\log\pi_\theta}$: the mismatch itself, not zero.
+#
+# Here is a batch sampled by a bf16 engine of the tiny LM (same weights as the float32 trainer):
+
+# %%
+N_REPEATS = 12                       # responses per prompt; more: slower, tighter
+trainer = lm.load_tiny_lm("old")     # π_old: the float32 trainer's weights (π_θ = π_old before the update)
+prompts = [p for p in lm.PROMPTS for _ in range(N_REPEATS)]
+bf16 = mm.sample_engine(trainer, prompts, klviz.make_generator(8), mm.EngineSpec("bfloat16"), max_new_tokens=40)
+rollout_lp = bf16.engine_logprob                       # what the engine reports
+old_lp = mm.trainer_logprobs(trainer, bf16)            # the recompute
+theta_lp = old_lp.clone()                              # first minibatch: nothing updated yet
+mask = bf16.mask
+
+def token_mean(x):
+    return float(x[mask].double().mean())
+
+ppo_kl_recompute = token_mean(old_lp - theta_lp)       # verl's actor/ppo_kl with the recompute
+ppo_kl_bypass = token_mean(rollout_lp - theta_lp)      # the same with old_log_prob := rollout_log_prob
+rollout_kl, rollout_kl_se = klviz.statistics.clustered_mean_se(klviz.k1(old_lp - rollout_lp), mask)
+print(f"{int(mask.sum())} tokens in {mask.shape[0]} responses")
+print(f"ppo_kl, trainer recompute as old:     {ppo_kl_recompute:+.2e}")
+print(f"ppo_kl, engine log-probs as old:      {ppo_kl_bypass:+.2e}")
+print(f"k1 of KL(π_rollout ‖ π_old), engine vs recompute: {rollout_kl:+.2e} ± {2 * rollout_kl_se:.1e}")
+assert ppo_kl_recompute == 0.0
+assert abs(ppo_kl_bypass - rollout_kl) < 1e-9 and ppo_kl_bypass != 0.0
+
+# %% [markdown]
+# The first-minibatch `ppo_kl` is exactly 0 with a recompute and equals the engine–trainer k1 without one. Note the
+# mismatch's k1 is a small number of either sign: the per-token differences are rounding noise whose mean is close to
+# zero (section [3](#measuring) measures it with estimators that do not cancel).
+#
+# **Takeaway.** Name the sampler first: only numbers averaged over the engine's tokens with the engine in the
+# denominator are KL estimates as written. `rollout_corr/kl` measures the mismatch; `ppo_kl` measures the update
+# *if* the mismatch is zero.
+
+# %% [markdown]
+# ## 2 · Where the mismatch comes from <a id="sources"></a>
+#
+# **Question.** The engine has the trainer's weights. What makes its log-probs differ?
+#
+# **Intuition.** Four things, measured one at a time below: (a) low precision: the engine computes in bf16, which
+# rounds logits to 8 significant bits; (b) temperature: the engine samples from $\text{softmax}(z/T)$; a trainer that
+# scores $\text{softmax}(z)$ compares two different distributions; (c) truncation: top-p/top-k sample from the
+# renormalised distribution $p(x)/S$ on the kept set, where $S=\sum_{x\text{ kept}}p(x)$, so for every sampled token
+# $\pi_\text{train}/\pi_\text{engine}=S$; (d) batch or chunk dependence: the same logits computed in a different batch
+# shape or one position at a time (decode) instead of all at once (prefill).
+#
+# **Math.** With tokens from $q$: $\mathbb{E}_q[p/q]=\sum_{x:\,q(x)>0}p(x)$, the mass $p$ puts where $q$ can sample. For
+# truncation it is $\mathbb{E}[S]<1$; for rounding and temperature the support is the same and it is exactly 1. Replaying
+# the engine's sampling mask on the trainer side (DeepSeek-V3.2's "keep sampling mask") renormalises the trainer over
+# the same kept set, and the factor $S$ disappears.
+
+# %%
+engines = {
+    "bf16 compute": mm.EngineSpec("bfloat16"),
+    "temperature 0.8 (trainer at 1)": mm.EngineSpec(temperature=0.8),
+    "top-p 0.9": mm.EngineSpec(top_p=0.9),
+    "top-p 0.8": mm.EngineSpec(top_p=0.8),
+    "top-k 5": mm.EngineSpec(top_k=5),
+    "bf16 + top-p 0.8": mm.EngineSpec("bfloat16", top_p=0.8),
+}
+rows, measured = [], {}
+for name, spec in engines.items():
+    er = bf16 if name == "bf16 compute" else mm.sample_engine(trainer, prompts, klviz.make_generator(8), spec, 40)
+    m = mm.mismatch_metrics(mm.trainer_logprobs(trainer, er), er.engine_logprob, er.mask)
+    fixed = mm.trainer_logprobs(trainer, er, temperature=spec.temperature, replay_mask=True)
+    mf = mm.mismatch_metrics(fixed, er.engine_logprob, er.mask)
+    S = float(er.kept_mass[er.mask].double().mean())
+    measured[name] = {"m": m, "fixed": mf, "S": S, "er": er}
+    rows.append(f"<tr><td>{name}</td><td>{m['mean_ratio']:.4f} ± {2 * m['mean_ratio_se']:.4f}</td><td>{S:.4f}</td>"
+                f"<td>{m['k3']:.2e}</td><td>{m['abs_diff_max']:.3f}</td><td>{mf['mean_ratio']:.6f}</td>"
+                f"<td>{mf['k3']:.1e}</td></tr>")
+display(HTML("<table><tr><th>engine</th><th>mean ratio π_old/π_rollout ± 2 SE</th><th>mean kept mass S</th>"
+             "<th>k3 per token</th><th>max |log r|</th><th>mean ratio, trainer divides by T and replays the mask</th>"
+             "<th>k3 then</th></tr>" + "".join(rows) + "</table>"))
+
+# %%
+for name in ("top-p 0.9", "top-p 0.8", "top-k 5"):           # truncation: every ratio is S, exactly
+    d = measured[name]
+    assert abs(d["m"]["mean_ratio"] - d["S"]) < 1e-5 and d["S"] < 0.995
+    assert abs(d["fixed"]["mean_ratio"] - 1) < 1e-5 and d["fixed"]["k3"] < 1e-10
+d = measured["bf16 + top-p 0.8"]                             # with rounding on top: about S
+assert abs(d["m"]["mean_ratio"] - d["S"]) < 4 * d["m"]["mean_ratio_se"] + 1e-3
+assert abs(d["fixed"]["mean_ratio"] - 1) < 4 * d["fixed"]["mean_ratio_se"]
+for name in ("bf16 compute", "temperature 0.8 (trainer at 1)"):  # same support: the mean ratio stays 1
+    d = measured[name]
+    assert abs(d["m"]["mean_ratio"] - 1) < 4 * d["m"]["mean_ratio_se"]
+    assert d["m"]["k3"] > 4 * d["m"]["k3_se"]                # ... although there is a mismatch
+temp = measured["temperature 0.8 (trainer at 1)"]
+assert temp["fixed"]["k3"] < 1e-10                           # dividing by T removes it
+assert measured["top-p 0.8"]["S"] < measured["top-p 0.9"]["S"]
+assert 0.96 < measured["top-p 0.8"]["S"] and measured["top-p 0.9"]["S"] < 0.99          # "near 0.97-0.98"
+assert 1e-5 < measured["bf16 compute"]["m"]["k3"] < 4e-5 < temp["m"]["k3"]               # "k3 ≈ 2e-5"; T is larger
+print(f"bf16: k3 = {measured['bf16 compute']['m']['k3']:.1e} per token, max |log r| = "
+      f"{measured['bf16 compute']['m']['abs_diff_max']:.3f};  top-p 0.8: ratio {measured['top-p 0.8']['m']['mean_ratio']:.4f}"
+      f" = S {measured['top-p 0.8']['S']:.4f}")
+
+# %% [markdown]
+# Read the table by rows. **Truncation** puts the kept mass into every ratio: the mean ratio *is* the mean $S$ (to
+# float32 rounding), and replaying the mask brings it to 1 exactly. With bf16 rounding on top the ratio is *about* $S$.
+# **bf16** and **temperature** leave the mean ratio at 1 within its standard error although k3 is clearly above zero:
+# the mean-ratio test only sees mass the engine cannot sample. The tiny LM is confident, so its $S$ stays near 0.97–0.98 at
+# top-p 0.8–0.9; a large model's sampling at top-p 0.8 drops more, and huggingface/trl PR #7269 measured a mean ratio
+# of 0.896 with $S=0.895$, 1.001 after replaying the mask.
+#
+# **Batch and chunk dependence.** GPU kernels pick different reduction orders for different batch shapes, so the same
+# row can get different logits in a different batch. Measured here, on this CPU:
+
+# %%
+inv = {p: mm.batch_invariance(trainer, bf16.rollouts, p) for p in ("float32", "bfloat16")}
+for p, v in inv.items():
+    print(f"{p:9s}: whole batch vs row by row {v['batch_vs_row']:.1e} nats, prefill vs decode {v['batch_vs_decode']:.1e}"
+          f" ({v['tokens']} tokens)")
+float32_engine = mm.sample_engine(trainer, prompts, klviz.make_generator(8), mm.EngineSpec(), 40)
+same = mm.mismatch_metrics(mm.trainer_logprobs(trainer, float32_engine), float32_engine.engine_logprob, float32_engine.mask)
+print(f"float32 engine vs float32 trainer: max |log r| = {same['abs_diff_max']:.1e}")
+assert same["abs_diff_max"] < 1e-5
+
+# %% [markdown]
+# On this machine the tiny model's results do not depend on the batch or on decoding position by position (the
+# differences print as 0 or at float32 rounding): the CPU kernels used here are batch-invariant for these shapes. That
+# is a property of this machine, not a guarantee: on GPUs, batch-dependent reductions are a documented source of
+# engine–trainer gaps, and the float32 "engine" here agrees with the trainer only because both run the same arithmetic.
+#
+# **Takeaway.** Rounding and temperature change *which* tokens are likely; truncation changes *which tokens exist*.
+# Divide by the engine's temperature, replay its sampling mask, and what remains is rounding.
+
+# %% [markdown]
+# ## 3 · Measuring the mismatch <a id="measuring"></a>
+#
+# **Question.** Which numbers should a run log, and what does each threshold mean?
+#
+# **Math.** On engine tokens with $\log r=\log\pi_\text{old}-\log\pi_\text{rollout}$ and a response's weight
+# $W=\prod_t r_t$: token-mean k1 and k3 estimate $\mathrm{KL}(\pi_\text{rollout}\|\pi_\text{old})$ per token; their
+# per-sequence sums estimate it per response; $\overline{r^2}-1$ and $\overline{W^2}-1$ estimate
+# $\chi^2(\pi_\text{old}\|\pi_\text{rollout})$ per token and per response; verl's perplexity ratio is
+# $\exp(\text{batch mean of the per-sequence mean }k_1)$; NeMo-RL's `token_mult_prob_error` is the mean of
+# $e^{|\log r|}$, 1 only without any mismatch. `klviz.mismatch.mismatch_metrics` computes them all:
+
+# %%
+klviz.show_source(mm.mismatch_metrics)
+
+# %%
+both = measured["bf16 + top-p 0.8"]["m"]
+bf = measured["bf16 compute"]["m"]
+names = ["k1", "k3", "seq_sum_k3", "seq_max_k3", "chi2_token", "chi2_seq", "ppl_ratio", "mean_ratio",
+         "token_mult_prob_error", "abs_diff_mean"]
+display(HTML("<table><tr><th>metric</th><th>bf16 engine</th><th>bf16 + top-p 0.8 engine</th></tr>" + "".join(
+    f"<tr><td>{n}</td><td>{bf[n]:.3e}</td><td>{both[n]:.3e}</td></tr>" for n in names) + "</table>"))
+for m in (bf, both):
+    assert m["token_mult_prob_error"] >= 1 and m["k3"] >= 0
+    assert abs(m["ppl_ratio"] - math.exp(m["seq_mean_k1"])) < 1e-12
+assert both["chi2_token"] < 0          # E[r²] − 1 < 0 is possible only when mass is missing
+assert bf["token_mult_prob_error"] < 1.01
+print(f"token_mult_prob_error: bf16 engine {bf['token_mult_prob_error']:.4f}, bf16 + top-p 0.8 {both['token_mult_prob_error']:.4f}")
+
+# %% [markdown]
+# What the thresholds mean, in these units. NeMo-RL flags `token_mult_prob_error` above 1.05: since
+# $e^{|\Delta|}\approx1+|\Delta|$, that is a mean absolute log-prob gap of about 0.05 nats per token; the bf16 engine here
+# is far below it (printed above). A truncation-only engine has a constant $|\log r|=-\log S$ and no randomness at all; $\chi^2$ then goes
+# *negative*, which no pair of distributions with the same support can produce. verl's and TRL's truncation caps
+# (`rollout_is_threshold` 2.0, `vllm_importance_sampling_clip_max` 3.0) are caps on $r$ or $W$: they act on
+# tokens with $|\log r|$ above $\log 2=0.69$ or $\log 3=1.10$, far beyond bf16 rounding, and on *sequences* whose summed
+# log-ratio passes the same bound, which long responses reach by accumulation (next section).
+#
+# **Takeaway.** Log k3 (never negative, low variance) and the mean ratio together: k3 sees any mismatch, the mean ratio
+# sees lost support. k1's mean can be negative and noisy for small gaps.
+
+# %% [markdown]
+# ## 4 · Correcting it <a id="correcting"></a>
+#
+# **Question.** The trainer wants $J=\mathbb{E}_{\pi_\text{old}}[\sum_t g(y_t)]$ (for the policy gradient, $g_t$ is
+# $A\,\nabla\log\pi(y_t)$) but has responses from $\pi_\text{rollout}$. What do the corrections in use estimate?
+#
+# **Math.** Each correction gives every token a weight $w_t$; a response contributes $\sum_t w_t g_t$
+# (`mm.correction_weights`): none ($w_t=1$, assumes $\pi_\text{old}=\pi_\text{rollout}$); **token TIS**
+# $w_t=\min(r_t, C)$; **token masking** (IcePop) $w_t=r_t\,\mathbf 1[1/C\le r_t\le C]$; **sequence IS** $w_t=W$
+# (unbiased, variance $\mathbb{E}[W^2]-1$, which grows like $(1+\chi^2)^T$); **sequence TIS** $\min(W,C)$;
+# **geometric-mean rejection** $w_t=r_t\,\mathbf 1[1/C\le (\prod_t r_t)^{1/T}\le C]$, a band on the per-token *average*
+# log-ratio, hence the same for short and long responses. Token-level weights ignore that the *prefix* was also drawn
+# from the engine: they are biased, by at most a total-variation term, and their variance does not compound.
+#
+# **Exact, on an enumerable case.** A trainer and an engine over 3 tokens, each a Markov chain (the next token depends on
+# the previous one); the engine adds logit noise of std 0.6, like rounding but larger. All $3^T$ responses are summed:
+
+# %%
+pair = mm.MarkovPair.make("noise", 0.6)
+LENGTHS = (2, 8)
+exact = {(T, meth): mm.exact_correction_stats(pair, T, meth, cap=2.0, band=(0.5, 2.0))
+         for T in LENGTHS for meth in mm.CORRECTIONS}
+display(HTML("<table><tr><th>correction</th>" + "".join(f"<th>bias, T={T}</th><th>std, T={T}</th>" for T in LENGTHS)
+             + "</tr>" + "".join("<tr><td>" + meth + "</td>" + "".join(
+                 f"<td>{exact[(T, meth)]['bias']:+.4f}</td><td>{exact[(T, meth)]['std']:.3f}</td>" for T in LENGTHS)
+                 + "</tr>" for meth in mm.CORRECTIONS) + "</table>"))
+for T in LENGTHS:
+    assert abs(exact[(T, "sequence_is")]["bias"]) < 1e-9                                   # unbiased, exactly
+    assert abs(exact[(T, "token_tis")]["bias"]) < abs(exact[(T, "none")]["bias"])         # token IS: most of the way
+    assert exact[(T, "sequence_is")]["std"] > exact[(T, "token_tis")]["std"]              # ... at lower variance
+assert abs(exact[(8, "token_tis")]["bias"]) > 1e-3                                         # but not unbiased
+
+# a Monte Carlo check of one entry of the table
+g = klviz.make_generator(0)
+T = 8
+tr_all, en_all, g_all = pair.enumerate(T)
+q_seq = en_all.sum(-1).exp()
+idx = torch.multinomial(q_seq, 200_000, replacement=True, generator=g)
+est = mm.corrected_estimates(g_all[idx], tr_all[idx] - en_all[idx], torch.ones(len(idx), T, dtype=torch.bool), "token_tis")
+mc_mean, mc_se = klviz.statistics.mean_se(est)
+assert abs(mc_mean - exact[(T, "token_tis")]["mean"]) < 4 * mc_se
+
+# %% [markdown]
+# **The length trap.** The sequence weight's variance, exactly (transfer matrices, no enumeration), against length,
+# and the fraction of responses whose $|\log W|$ passes verl's safety clamp of 20, for the per-token moments of $\log r$
+# measured on the tiny LM's engines (normal approximation, $\log W\sim\mathcal N(T\mu, T\sigma^2)$):
+
+# %%
+Ts = np.unique(np.logspace(0, 3, 40).astype(int))
+fig, (ax_v, ax_c) = new_figure(10.0, 3.6, ncols=2)
+for label, (kind, s), colour in (("logit noise 0.3", ("noise", 0.3), COLORS["k1"]),
+                                 ("logit noise 0.6", ("noise", 0.6), COLORS["k2"]),
+                                 ("temperature 0.8", ("temperature", 0.8), COLORS["k3"])):
+    pr = mm.MarkovPair.make(kind, s)
+    ax_v.semilogy(Ts, [mm.sequence_weight_moments(pr, int(t))["var_W"] for t in Ts], color=colour, label=label)
+ax_v.set_xscale("log")
+ax_v.set_xlabel("response length T [tokens]")
+ax_v.set_ylabel("Var W = E[W²] − 1")
+ax_v.set_title("Sequence weights: variance grows like (1 + χ²)^T")
+ax_v.legend()
+T_long = np.logspace(1, 7, 200)
+trap = {}
+for name, short, colour in (("bf16 compute", "bf16", COLORS["k1"]), ("temperature 0.8 (trainer at 1)", "T 0.8", COLORS["k3"]),
+                            ("top-p 0.8", "top-p 0.8", COLORS["mu"])):
+    er = measured[name]["er"]
+    lr = (mm.trainer_logprobs(trainer, er) - er.engine_logprob)[er.mask].double()
+    mu, sd = float(lr.mean()), float(lr.std())
+    rate = mm.log_weight_clamp_rate(mu, sd, torch.as_tensor(T_long))
+    trap[name] = (mu, sd, float(T_long[int(torch.searchsorted(rate, torch.tensor(0.5, dtype=rate.dtype)))]))
+    ax_c.semilogx(T_long, rate.numpy(), color=colour, label=f"{short} (μ {mu:.1e}, σ {sd:.1e})")
+ax_c.axhline(0.5, color="black", ls=":", lw=1)
+ax_c.set_xlabel("response length T [tokens]")
+ax_c.set_ylabel("P(|log W| > 20): clamp binds")
+ax_c.set_title("Where a clamp of log W at ±20 starts to bind")
+ax_c.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(0.0, 0.3), title="per-token log r", title_fontsize=7.5)
+display(fig)
+for name, (mu, sd, t50) in trap.items():
+    print(f"{name:32s} per-token mean log r {mu:+.2e}, std {sd:.2e}: half the responses clamped at T ≈ {t50:,.0f}")
+mu, sd, t50 = trap["top-p 0.8"]
+assert abs(t50 - 20 / abs(mu)) / (20 / abs(mu)) < 0.1      # drift dominates: T ≈ 20 / |μ|
+assert trap["bf16 compute"][2] > 100 * t50 and 200 < t50 < 1000        # "a few hundred tokens"
+
+# %% [markdown]
+# With truncation the log-weight drifts by $\log S$ per token and the clamp binds on typical responses once
+# $T\,|\log S|\approx 20$: a few hundred tokens here. bf16 rounding drifts far more slowly, but its variance term still
+# compounds: $\mathrm{Var}\,W$ grows exponentially in $T$ for any mismatch. The geometric mean $\exp(\overline{\log r})$ has
+# mean $\mu$ and std $\sigma/\sqrt T$ whatever the length, so one band fits every response: that is why rejection on it is
+# length-invariant while a band on $W$ rejects long responses wholesale.
+#
+# **By sampling, on the tiny LM.** Take $g_t=-\log\pi_\text{old}(y_t)$: then $J$ is the trainer's expected response
+# surprisal in nats. Its true value comes from responses the trainer itself samples (a float32 engine, identical to the
+# trainer as measured above); each engine's responses give each correction's estimate:
+
+# %%
+N_MC = 20                      # responses per prompt for each engine; more: slower, tighter
+mc_prompts = [p for p in lm.PROMPTS for _ in range(N_MC)]
+own = mm.sample_engine(trainer, mc_prompts, klviz.make_generator(1), mm.EngineSpec(), 40)
+truth, truth_se = klviz.statistics.mean_se((-mm.trainer_logprobs(trainer, own)).sum(-1))
+results = {}
+for name, spec in (("temperature 0.8", mm.EngineSpec(temperature=0.8)), ("top-p 0.8", mm.EngineSpec(top_p=0.8))):
+    er = mm.sample_engine(trainer, mc_prompts, klviz.make_generator(2), spec, 40)
+    tr = mm.trainer_logprobs(trainer, er)
+    lr = torch.where(er.mask, tr - er.engine_logprob, torch.zeros_like(tr))
+    gv = torch.where(er.mask, -tr, torch.zeros_like(tr))
+    for meth in mm.CORRECTIONS:
+        e = mm.corrected_estimates(gv, lr, er.mask, meth, cap=2.0, band=(0.5, 2.0))
+        results[(name, meth)] = (*klviz.statistics.mean_se(e), float(e.std()))
+print(f"truth J = {truth:.3f} ± {2 * truth_se:.3f} nats per response")
+display(HTML("<table><tr><th>correction</th><th>T 0.8 engine: estimate ± 2 SE</th><th>std</th>"
+             "<th>top-p 0.8 engine: estimate ± 2 SE</th><th>std</th></tr>" + "".join(
+    f"<tr><td>{meth}</td>" + "".join(f"<td>{results[(n, meth)][0]:.2f} ± {2 * results[(n, meth)][1]:.2f}</td>"
+                                     f"<td>{results[(n, meth)][2]:.2f}</td>" for n in ("temperature 0.8", "top-p 0.8"))
+    + "</tr>" for meth in mm.CORRECTIONS) + "</table>"))
+
+def off_by(key):
+    m, se, _ = results[key]
+    return abs(m - truth) / math.hypot(se, truth_se)
+
+assert off_by(("temperature 0.8", "none")) > 4                 # no correction: biased
+assert off_by(("temperature 0.8", "sequence_is")) < 4          # sequence IS: unbiased ...
+assert results[("temperature 0.8", "sequence_is")][2] > 3 * results[("temperature 0.8", "token_tis")][2]  # ... noisy
+assert all(off_by(("top-p 0.8", m)) > 4 for m in mm.CORRECTIONS)  # truncation: no weight brings back lost tokens
+
+# %% [markdown]
+# Same support (temperature engine): no correction is clearly biased, sequence IS is unbiased within its error but its
+# spread is several times larger (a few responses carry most of the weight), and the token-level weights sit in
+# between. Lost support (top-p engine): *every* weighting is biased, because tokens the engine never samples cannot be
+# reweighted into existence; weights below 1 only shrink the estimate. The fix there is not a weight but a
+# different target: replay the sampling mask, so that $\pi_\text{old}$ *is* the truncated policy (section [2](#sources))
+# and the ratio is 1.
+#
+# **Takeaway.** Token TIS: small bias, bounded variance. Sequence IS: unbiased, variance exponential in length.
+# Geometric-mean rejection: a length-invariant band. Truncation: replay the mask; no weight repairs it.
+
+# %% [markdown]
+# ## 5 · The panel <a id="panel"></a>
+#
+# One batch of 60 responses per engine setting (sampled once when the panel is built); the controls reweight it. Try:
+# top-p 0.7 and watch the histogram's spike at $\log S$; switch the trainer to "replay the sampling mask"; compare
+# `sequence_is` and `geo_reject` at $C=1.2$.
+
+# %%
+from klviz.widgets.lesson08 import EngineMismatchPanel
+
+panel = EngineMismatchPanel(device="cpu")
+panel
+
+# %%
+a = panel.set(precision="float32", top_p=0.8, trainer="recompute as is", correction="token_tis")
+assert abs(a["metrics"]["mean_ratio"] - a["kept_mass"]) < 1e-5
+b = panel.set(trainer="replay the sampling mask")
+assert abs(b["metrics"]["mean_ratio"] - 1) < 1e-5
+panel.set(precision="bfloat16", top_p=0.9, trainer="recompute as is")
+print(f"panel update: {panel.last_compute_ms:.1f} ms")
+
+# %% [markdown]
+# ## 6 · What your framework calls these <a id="frameworks"></a>
+#
+# Read from the sources named (verl-project/verl, huggingface/trl @ f2cd577, OpenRLHF @ 3c3be62, NVIDIA-NeMo/RL
+# @ 7ea279a, allenai/open-instruct @ e6c3044). Direction: with tokens from the engine, "log r" is trainer minus engine.
+#
+# | framework (file) | name | what it is, in this lesson's terms |
+# |---|---|---|
+# | verl (`verl/trainer/ppo/rollout_corr_helper.py`, `docs/algo/rollout_corr.md`) | `rollout_corr/kl`, `rollout_corr/k3_kl` | token-mean k1, k3: KL(π_rollout ‖ π_old) |
+# | | `rollout_corr/chi2_token`, `chi2_seq` | $\overline{r^2}-1$, $\overline{W^2}-1$ |
+# | | `rollout_corr/ppl_ratio`, `log_ppl_abs_diff` | $\exp$(batch mean of per-sequence mean k1); mean $\lvert$per-sequence mean log r$\rvert$ |
+# | | `rollout_corr/rollout_is_mean`, `rollout_is_eff_sample_size` | mean weight (the mean-ratio test when untruncated); ESS |
+# | | `rollout_is: token` / `sequence`, `rollout_is_threshold` (default 2.0) | token TIS / sequence TIS with cap C; weights safety-bounded at exp(±20) |
+# | | `rollout_rs: token_k1 … seq_sum_k3, seq_mean_k3, seq_max_k3` | rejection on per-token, per-sequence sum, mean or max of k1/k2/k3 |
+# | | `bypass_mode` | old_log_prob := rollout_log_prob (skips the recompute) |
+# | TRL (`trl/trainer/grpo_config.py`, `grpo_trainer.py`) | `vllm_importance_sampling_correction` (default True), `vllm_importance_sampling_mode` (default `sequence_mask`; also `token_truncate`, `token_mask`, `sequence_truncate`), `vllm_importance_sampling_clip_max` (3.0), `…_clip_min` | the corrections above with $r=\exp(\text{old}-\text{sampling})$, per token or per sequence |
+# | | `sampling/sampling_logp_difference/mean`, `/max`; `sampling/importance_sampling_ratio/min`, `/mean`, `/max` | mean and max $\lvert\log r\rvert$; the weights after the correction |
+# | | vLLM `logprobs_mode="processed_logprobs"` (`trl/generation/vllm_generation.py`) | the engine reports log-probs after temperature and truncation: π_rollout itself |
+# | OpenRLHF (`openrlhf/models/loss.py`, `cli/train_ppo_ray.py`) | `--algo.advantage.is_correction_enable`, `…_threshold` (default [0.5, 5.0]), `…_type` `tis` / `icepop` / `seq-mask-tis` | token TIS clamped to [low, high]; token masking; geometric-mean rejection with token IS |
+# | | `vllm_kl` | token mean of rollout − old: k1 of KL(π_rollout ‖ π_old) |
+# | NeMo-RL (`nemo_rl/algorithms/loss/loss_functions.py`) | `token_mult_prob_error` | mean $e^{\lvert\log r\rvert}$; NeMo-RL plots samples above 1.05 |
+# | | `gen_kl_error` | `calculate_kl(generation, prev)`: KL(π_rollout ‖ π_old) with the configured estimator |
+# | | `policy_kl_error` | the same with the arguments swapped: on the engine's tokens that is the inverted ratio of lesson [06](06_pitfalls_and_your_rollouts.ipynb), not KL(π_old ‖ π_rollout) |
+# | | `use_importance_sampling_correction`, `truncated_importance_sampling_type` `tis` / `icepop` / `seq-mask-tis`, `…_ratio`, `…_ratio_min` | token IS, TIS, masking, geometric-mean rejection |
+# | open-instruct (`open_instruct/grpo_utils.py`) | `debug/vllm_vs_local_logprob_diff_mean`, `_max`, `_std` | mean, max, std of $\lvert\log r\rvert$ |
+# | | `debug/vllm_local_reverse_kl` | mean of $\pi_\text{rollout}(y)\,(\log\pi_\text{rollout}-\log\pi_\text{old})$ over sampled tokens: the $q(y)$ factor counted a second time (lesson [01](01_sampling_as_weighting.ipynb)), not a KL estimate |
+# | | `use_rho_correction` (default True), `rho_clamp_upper_bound` (2.0), `rho_mask_*_bound`, `rho_mask_sequence_level`, `use_vllm_logprobs` | ρ = π_old/π_rollout truncated, masked (per token or on the geometric mean); or skip the recompute |
+#
+# Two of these rows are checked here on the bf16 + top-p 0.8 batch: verl's `ppl_ratio` formula is
+# `mismatch_metrics`' `ppl_ratio`, and NeMo-RL's `policy_kl_error` (k3 with the arguments swapped) is not the KL it is
+# labelled with: with truncation, $\mathrm{KL}(\pi_\text{old}\|\pi_\text{rollout})$ is infinite ($\pi_\text{old}$ puts
+# mass on tokens the engine cannot sample), yet the logged number is finite; it averages $\chi^2-\mathrm{KL}$ of the other
+# direction, as lesson 06's inverted ratio does, and comes out larger than `gen_kl_error`:
+
+# %%
+er = measured["bf16 + top-p 0.8"]["er"]
+old_b, eng_b, mk = mm.trainer_logprobs(trainer, er), er.engine_logprob, er.mask
+seq_mean = lambda x: (torch.where(mk, x, torch.zeros_like(x)).sum(-1) / mk.sum(-1).clamp(min=1))[mk.any(-1)]  # noqa: E731
+# verl: training_ppl / rollout_ppl per response = exp(mean log π_rollout − mean log π_old); then exp of the batch mean of logs
+verl_ppl_ratio = float(torch.exp((seq_mean(eng_b.double()) - seq_mean(old_b.double())).mean()))
+assert abs(verl_ppl_ratio - both["ppl_ratio"]) < 1e-9
+gen_kl = float(klviz.k3(old_b - eng_b)[mk].double().mean())      # calculate_kl(logprobs=generation, reference=prev)
+policy_kl = float(klviz.k3(eng_b - old_b)[mk].double().mean())   # calculate_kl(logprobs=prev, reference=generation)
+print(f"gen_kl_error (k3) {gen_kl:.2e}   policy_kl_error (k3) {policy_kl:.2e}   k1 of the same tokens {both['k1']:.2e}")
+assert abs(gen_kl - both["k3"]) < 1e-6 and policy_kl > gen_kl
+assert bool((er.kept_mass[er.mask] < 1).any())      # π_old has mass the engine cannot sample: KL(π_old ‖ π_rollout) = ∞
+
+
+# %% [markdown]
+# ## Takeaways
+#
+# - Three trainer-side policies plus the engine: only the engine sampled. `rollout_corr/kl`-style numbers estimate
+#   KL(π_rollout ‖ π_old); `ppo_kl` is 0 on the first minibatch only if `old_log_prob` is a recompute.
+# - Sources, measured on the tiny LM: bf16 compute gives a small, symmetric gap (k3 ≈ 2e-5 per token here); a
+#   temperature not divided out gives a larger one; top-p/top-k put the kept mass $S$ into every ratio, exactly, and
+#   replaying the mask removes it. On this CPU the results are batch-invariant (measured 0).
+# - The mean-ratio test $\mathbb{E}[\pi_\text{old}/\pi_\text{rollout}]=1$ fails only for lost support; k3 sees every mismatch.
+# - Corrections: token TIS (small bias, bounded variance); sequence IS (unbiased, variance exponential in $T$, clamped log
+#   weights after $T\,|\mu|\approx20$); geometric-mean rejection (length-invariant); truncation needs the mask, not a weight.
+
+# %% [markdown]
+# ## Exercises
+#
+# **Exercise 1.** For each logged number, give the pair `(sampler, other)` from `"rollout"`, `"old"`, `"theta"`, `"ref"`:
+# the KL it estimates is KL(sampler ‖ other), where the sampler is the policy whose tokens (or whose role) the formula
+# assumes.
+
+# %%
+def my_pairs():
+    ...   # your code: return {"rollout_corr/kl": (..., ...), "actor/ppo_kl": ..., "actor/kl_loss": ..., "gen_kl_error": ...}
+
+klviz.check.lesson08.policy_pairs(my_pairs)
+
+
+# %%
+# Solution: the engine samples; ppo_kl treats π_old as if it had; the KL loss is on the policy's own tokens
+def my_pairs():
+    return {"rollout_corr/kl": ("rollout", "old"), "actor/ppo_kl": ("old", "theta"),
+            "actor/kl_loss": ("theta", "ref"), "gen_kl_error": ("rollout", "old")}
+
+assert klviz.check.lesson08.policy_pairs(my_pairs)
+klviz.check.lesson08.policy_pairs(my_pairs)
+
+
+# %% [markdown]
+# **Exercise 2.** Given a next-token log-distribution `logp` (shape `[V]`) and `top_p`, return the kept mass $S$ of a
+# top-p sampler: the mass of the smallest set of most likely tokens whose probability reaches `top_p`.
+
+# %%
+def my_kept_mass(logp, top_p):
+    ...   # your code: one number, S
+
+klviz.check.lesson08.kept_mass(my_kept_mass)
+
+
+# %%
+# Solution: sort, keep a token while the mass ranked above it is below top_p, sum what is kept
+def my_kept_mass(logp, top_p):
+    p = logp.exp().sort(descending=True).values
+    above = p.cumsum(0) - p
+    return float(p[above < top_p].sum())
+
+assert klviz.check.lesson08.kept_mass(my_kept_mass)
+klviz.check.lesson08.kept_mass(my_kept_mass)
+
+
+# %% [markdown]
+# **Exercise 3.** Tokens sampled by the engine; return the per-token truncated importance weights that correct them
+# towards the trainer, with cap `cap`.
+
+# %%
+def my_tis_weights(train_logprob, rollout_logprob, cap):
+    ...   # your code: one weight per token
+
+klviz.check.lesson08.tis_weights(my_tis_weights)
+
+
+# %%
+# Solution: target over sampler, truncated from above only
+def my_tis_weights(train_logprob, rollout_logprob, cap):
+    return torch.exp(train_logprob - rollout_logprob).clamp(max=cap)
+
+assert klviz.check.lesson08.tis_weights(my_tis_weights)
+klviz.check.lesson08.tis_weights(my_tis_weights)
+
+# %% [markdown]
+# ## References
+#
+# - verl, [Rollout Correction](https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr.md) and
+#   [its mathematics](https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr_math.md);
+#   [`rollout_corr_helper.py`](https://github.com/verl-project/verl/blob/main/verl/trainer/ppo/rollout_corr_helper.py).
+# - F. Yao, L. Liu et al., [Your Efficient RL Framework Secretly Brings You Off-Policy RL Training](https://fengyao.notion.site/off-policy-rl) (2025): TIS.
+# - J. Liu, Y. Li et al., [When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch](https://richardli.xyz/rl-collapse) (2025): bias and variance bounds, the length trap, geometric-mean rejection.
+# - P. Qi et al., [Defeating the Training-Inference Mismatch via FP16](https://arxiv.org/abs/2510.26788) (2025).
+# - DeepSeek-AI, [DeepSeek-V3.2](https://arxiv.org/abs/2512.02556) (2025): keep sampling mask; huggingface/trl [PR #7269](https://github.com/huggingface/trl/pull/7269).
+# - TRL [`grpo_config.py`](https://github.com/huggingface/trl/blob/main/trl/trainer/grpo_config.py); OpenRLHF [`models/loss.py`](https://github.com/OpenRLHF/OpenRLHF/blob/main/openrlhf/models/loss.py); NeMo-RL [`loss_functions.py`](https://github.com/NVIDIA-NeMo/RL/blob/main/nemo_rl/algorithms/loss/loss_functions.py) and [PR #1767](https://github.com/NVIDIA-NeMo/RL/pull/1767); open-instruct [`grpo_utils.py`](https://github.com/allenai/open-instruct/blob/main/open_instruct/grpo_utils.py).
+# - Questions this lesson answers: [trl#6789](https://github.com/huggingface/trl/issues/6789), [verl#6240](https://github.com/verl-project/verl/issues/6240), [verl#2996](https://github.com/verl-project/verl/issues/2996), [open-instruct#1473](https://github.com/allenai/open-instruct/issues/1473), [NeMo-RL#2100](https://github.com/NVIDIA-NeMo/RL/issues/2100), [OpenRLHF#931](https://github.com/OpenRLHF/OpenRLHF/issues/931).
+# - Previous: [06 Pitfalls](06_pitfalls_and_your_rollouts.ipynb), [07 Mini RLHF lab](07_mini_rlhf_lab.ipynb).
