@@ -1,13 +1,18 @@
 """Monte Carlo statistics of the k1, k2, k3 estimators: bias, spread, and the reproduced tables.
 
 :func:`estimator_stats` streams over samples in chunks: each chunk of Gaussian draws is turned
-into k1, k2, k3 in scratch buffers and reduced to sums of deviations from a fixed shift (the first
-chunk's mean), accumulated in float64; so 10^7 samples cost little more than drawing them, no
-array of size n is ever made, and the variance never suffers from catastrophic cancellation.
+into k1, k2, k3 by :mod:`klviz.kernel` (k3 with its series near r = 1, written into scratch
+buffers by :func:`klviz.kernel.k3_into`) and reduced to sums of deviations from a fixed shift
+(the first chunk's mean), accumulated in float64; on the CPU a second thread draws the next chunk
+meanwhile. So 10^7 samples cost little more than drawing them, no array of size n is ever made,
+and the variance never suffers from catastrophic cancellation.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -15,9 +20,9 @@ import torch
 from torch.distributions import Categorical, Distribution, Normal
 
 from . import kernel
+from .devices import check_generator, resolve_device, single_thread
 from .statistics import RunningMoments
 from .validation import check_positive_int
-from .devices import check_generator, resolve_device
 
 __all__ = ["estimator_stats", "categorical_counts", "moments_from_counts", "summarize", "ESTIMATORS"]
 
@@ -38,8 +43,8 @@ class _ShiftedSums:
     The shift K is the mean of the first chunk, so it sits within a few standard errors of the
     final mean: M2 = sum d² - (sum d)² / n then subtracts a term that is tiny next to sum d², and no
     digits are lost to cancellation (the textbook E[x²] - E[x]² would lose them all when the mean
-    is large next to the spread). Each chunk's two sums are float32 pairwise sums (error of order
-    log2(chunk) ulp), added to float64 totals.
+    is large next to the spread). Each chunk's two sums are float32 sums in torch (``sum``, a
+    cascade sum, and ``dot(d, d)``, both vectorised reads of d), added to float64 totals.
     """
 
     def __init__(self) -> None:
@@ -48,32 +53,34 @@ class _ShiftedSums:
         self.s1 = 0.0
         self.s2 = 0.0
 
-    def add(self, x: Any, scratch: Any) -> None:
-        """Add a chunk ``x`` (NumPy array or torch tensor), using ``scratch`` of the same size."""
-        if self.shift is None:
-            self.shift = float(x.mean(dtype=np.float64) if isinstance(x, np.ndarray) else x.mean(dtype=torch.float64))
+    def add(self, x: Any, d: torch.Tensor) -> None:
+        """Add a chunk ``x`` (NumPy array or torch tensor), using the tensor ``d`` of its size as scratch.
+
+        For a NumPy ``x``, ``d`` is a CPU tensor: the subtraction runs in NumPy on d's memory.
+        """
         if isinstance(x, np.ndarray):
-            d = np.subtract(x, x.dtype.type(self.shift), out=scratch)
-            s1 = float(d.sum())
-            s2 = float(np.square(d, out=d).sum())
+            if self.shift is None:
+                self.shift = float(x.mean(dtype=np.float64))
+            np.subtract(x, x.dtype.type(self.shift), out=d.numpy())
         else:
-            d = torch.sub(x, self.shift, out=scratch)
-            s1 = d.sum()
-            s2 = d.square_().sum()
-            s1, s2 = (float(v) for v in torch.stack([s1, s2]).tolist())
+            if self.shift is None:
+                self.shift = float(x.mean(dtype=torch.float64))
+            torch.sub(x, self.shift, out=d)
+        s1, s2 = d.sum().item(), torch.dot(d, d).item()
         self.n += x.shape[0]
         self.s1 += s1
         self.s2 += s2
 
-    def moments(self, scale: float = 1.0) -> RunningMoments:
-        """The moments of ``scale * x`` (an exact rescaling: k1 = -log r, k2 = (log r)² / 2)."""
+    def moments(self) -> RunningMoments:
+        assert self.shift is not None, "no chunk was added"
         mean = self.shift + self.s1 / self.n
         m2 = max(self.s2 - self.s1 * self.s1 / self.n, 0.0)
-        return RunningMoments(self.n, scale * mean, scale * scale * m2)
+        return RunningMoments(self.n, mean, m2)
 
 
 def _normal_stats(q: Normal, p: Normal, n: int, gen: torch.Generator | None, dev: torch.device,
-                  chunk: int, use_numpy: bool | None = None) -> dict[str, RunningMoments]:
+                  chunk: int, use_numpy: bool | None = None,
+                  draw_ahead: bool | None = None) -> dict[str, RunningMoments]:
     mq, sq = q.loc.to(dev, torch.float64), q.scale.to(dev, torch.float64)
     mp, sp = p.loc.to(dev, torch.float64), p.scale.to(dev, torch.float64)
     # With x = mq + sq z, log r = log p(x) - log q(x) is a quadratic a + b z + c z² in z ~ N(0, 1).
@@ -81,44 +88,60 @@ def _normal_stats(q: Normal, p: Normal, n: int, gen: torch.Generator | None, dev
     b = float(-(mq - mp) * sq / sp.square())
     c = float(0.5 - sq.square() / (2 * sp.square()))
     dtype = torch.promote_types(torch.promote_types(q.loc.dtype, p.loc.dtype), torch.float32)
-    # One streaming pass: each chunk of z ~ N(0, 1) is drawn into the same buffer (with the torch
-    # generator), turned into log r in place and reduced to sums for k1, k2, k3; two more
-    # chunk-sized scratch buffers, nothing of size n. On the CPU the arithmetic runs in NumPy on
-    # the same memory: its kernels are single-threaded, so a chunk costs no thread hand-offs (torch
-    # would start its thread pool for every exp) and the cost stays close to that of drawing z.
-    size = min(chunk, n)
-    z_t = torch.empty(size, device=dev, dtype=dtype)
+    # One streaming pass: each chunk of z ~ N(0, 1) is drawn into a buffer (with the torch
+    # generator), turned into log r in place, and k1, k2, k3 of it (klviz.kernel; k3 stable near
+    # r = 1) are reduced to sums: chunk-sized buffers only, nothing of size n. On the CPU the
+    # elementwise arithmetic runs in NumPy on the buffers' memory (with AVX-512 its expm1 is five
+    # times faster than torch's) and the sums in torch, on one thread (a chunk fits in cache; a
+    # thread pool's hand-offs would cost more than the work), while a second thread draws the
+    # next chunk into a second buffer: the draw is a third of the work, and the generator is used
+    # by that thread alone, chunk after chunk, so the samples are those of a plain loop.
+    sizes = [min(chunk, n - i) for i in range(0, n, chunk)]
     cpu = dev.type == "cpu" if use_numpy is None else use_numpy
-    if cpu:
-        z_all = z_t.numpy()
-        t_all, u_all = np.empty_like(z_all), np.empty_like(z_all)
-    else:
-        t_all, u_all = torch.empty_like(z_t), torch.empty_like(z_t)
+    if draw_ahead is None:
+        draw_ahead = dev.type == "cpu" and len(sizes) > 1 and _cpu_count() > 1
+    zs = [torch.empty(sizes[0], device=dev, dtype=dtype) for _ in range(2 if draw_ahead else 1)]
+    v_t, d_t, s_t, w_t = (torch.empty_like(zs[0]) for _ in range(4))   # k3; deviations; k3's scratch
+    v_all, s_all, w_all = (x.numpy() for x in (v_t, s_t, w_t)) if cpu else (v_t, s_t, w_t)
+
+    def draw(z: torch.Tensor, m: int) -> torch.Tensor:
+        """The next chunk of draws: log r itself when c = 0 (a + |b| z: z and -z have one
+        distribution), else z."""
+        return z[:m].normal_(generator=gen) if c != 0.0 else z[:m].normal_(a, abs(b), generator=gen)
+
     sums = {k: _ShiftedSums() for k in ESTIMATORS}
-    done = 0
-    while done < n:
-        m = min(chunk, n - done)
-        z_t[:m].normal_(generator=gen)
-        log_r, t, u = (z_all[:m], t_all[:m], u_all[:m]) if cpu else (z_t[:m], t_all[:m], u_all[:m])
-        if c != 0.0:
-            u[...] = log_r
-            u *= c
-            u += b
-            log_r *= u
-        else:
-            log_r *= b
-        log_r += a                                            # log r = a + b z + c z²
-        sums["k1"].add(log_r, t)                              # k1 = -log r   (sign applied at the end)
-        if cpu:
-            sums["k2"].add(np.square(log_r, out=u), t)        # 2 k2 = (log r)²
-            np.expm1(log_r, out=u)
-        else:
-            sums["k2"].add(torch.square(log_r, out=u), t)
-            torch.expm1(log_r, out=u)
-        u -= log_r
-        sums["k3"].add(u, t)                                  # k3 = (r - 1) - log r
-        done += m
-    return {"k1": sums["k1"].moments(-1.0), "k2": sums["k2"].moments(0.5), "k3": sums["k3"].moments()}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(single_thread())
+        stack.enter_context(np.errstate(over="ignore", invalid="ignore"))
+        pool = stack.enter_context(ThreadPoolExecutor(1, "klviz-draw")) if draw_ahead else None
+        pending = pool.submit(draw, zs[0], sizes[0]) if pool else None
+        for i, m in enumerate(sizes):
+            if pool is not None and pending is not None:
+                z = pending.result()
+                if i + 1 < len(sizes):
+                    pending = pool.submit(draw, zs[(i + 1) % 2], sizes[i + 1])
+            else:
+                z = draw(zs[0], m)
+            log_r: Any = z.numpy() if cpu else z
+            v, s, w, d = v_all[:m], s_all[:m], w_all[:m], d_t[:m]
+            if c != 0.0:
+                v[...] = log_r
+                v *= c
+                v += b
+                log_r *= v
+                log_r += a                                        # log r = a + b z + c z²
+            sums["k1"].add(kernel.k1(log_r), d)
+            sums["k2"].add(kernel.k2(log_r), d)
+            sums["k3"].add(kernel.k3_into(log_r, v, s, w), d)
+    return {k: sums[k].moments() for k in ESTIMATORS}
+
+
+def _cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def categorical_counts(probs: torch.Tensor, num_samples: int, *, generator: torch.Generator | None = None,
@@ -206,8 +229,10 @@ def estimator_stats(
     (default for Normal: 65,536 on the CPU, where a chunk stays in cache, 16 million on CUDA;
     262,144 for Categorical) and never all held at once: each Normal chunk is reduced to sums of
     the deviations of k1, k2, k3 from a fixed shift near their means (no cancellation in the
-    variance); Categorical draws are reduced to counts per category. Results repeat exactly for a
-    given seed, device and chunk size.
+    variance), with k1, k2, k3 from :mod:`klviz.kernel` (k3 stable near r = 1); on the CPU a second
+    thread draws the next chunk while one is reduced, from the same generator in the same order.
+    Categorical draws are reduced to counts per category. Results repeat exactly for a given seed,
+    device and chunk size.
     """
     n = check_positive_int(num_samples, "num_samples")
     chunk = None if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
@@ -219,21 +244,21 @@ def estimator_stats(
                              f"{tuple(dist.batch_shape)}")
     if type(q) is not type(p):
         raise ValueError(f"q is a {type(q).__name__} but p is a {type(p).__name__}; both must be of one kind")
-    if isinstance(q, Categorical) and q.probs.numel() != p.probs.numel():
+    if isinstance(q, Categorical) and isinstance(p, Categorical) and q.probs.numel() != p.probs.numel():
         raise ValueError(f"q has {q.probs.numel()} categories but p has {p.probs.numel()}")
-    params = q.loc if isinstance(q, Normal) else q.probs
+    params = q.loc if isinstance(q, Normal) else q.probs  # type: ignore[attr-defined]
     dev = resolve_device(device) if device is not None else params.device
     check_generator(generator, dev)
     for dist, name in ((q, "q"), (p, "p")):
-        vals = (dist.loc, dist.scale) if isinstance(dist, Normal) else (dist.probs,)
+        vals = (dist.loc, dist.scale) if isinstance(dist, Normal) else (dist.probs,)  # type: ignore[attr-defined]
         if not all(bool(torch.isfinite(v).all()) for v in vals):
             raise ValueError(f"{name} has NaN or inf parameters")
 
-    true_kl = float(torch.distributions.kl_divergence(
-        type(q)(**_params64(q)), type(p)(**_params64(p))))
-    if isinstance(q, Normal):
+    true_kl = float(torch.distributions.kl_divergence(_float64_copy(q), _float64_copy(p)))
+    if isinstance(q, Normal) and isinstance(p, Normal):
         moments = _normal_stats(q, p, n, generator, dev, chunk or _NORMAL_CHUNK.get(dev.type, _CHUNK))
     else:
+        assert isinstance(q, Categorical) and isinstance(p, Categorical)
         if not math.isfinite(true_kl):
             raise ValueError("p gives zero probability to a token that q can sample: KL(q||p) is infinite")
         moments = _categorical_stats(q, p, n, generator, dev, chunk or _CHUNK)
@@ -241,7 +266,9 @@ def estimator_stats(
     return summarize(moments, true_kl)
 
 
-def _params64(d: Distribution) -> dict[str, torch.Tensor]:
+def _float64_copy(d: Distribution) -> Distribution:
+    """The same Normal or Categorical with float64 parameters on the CPU (for the exact KL)."""
     if isinstance(d, Normal):
-        return {"loc": d.loc.double().cpu(), "scale": d.scale.double().cpu()}
-    return {"probs": d.probs.double().cpu()}
+        return Normal(d.loc.double().cpu(), d.scale.double().cpu())
+    assert isinstance(d, Categorical)
+    return Categorical(probs=d.probs.double().cpu())

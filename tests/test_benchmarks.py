@@ -1,8 +1,9 @@
 """The benchmark scripts keep working: each runs at a tiny size in a subprocess (not a timed test).
 
 The figures themselves are not checked here (a tiny size measures overheads, and the machine is
-shared); the scripts' own correctness checks are: the exact KL agrees with ``F.kl_div`` and the
-estimator statistics agree with the closed forms, otherwise the script exits with status 1.
+shared); the scripts' own correctness checks are: the exact KL agrees with ``F.kl_div``, the
+estimator statistics agree with the closed forms and ``klviz --help`` loads no torch, otherwise the
+script exits with status 1.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def test_estimator_stats_script_tiny():
     for method in ("randn", "schulman", "klviz"):
         assert f"\n   {method}" in out
     assert "klviz / randn" in out and "klviz / schulman" in out
+    for mu in ("1", "0.1"):                       # both pairs, timed in the same rounds
+        assert f"mu={mu}: klviz / randn" in out and f"\n   klviz mu={mu}" in out
     assert "of the closed forms (ok)" in out
 
 
@@ -38,6 +41,14 @@ def test_exact_kl_script_tiny():
     out = run_script("exact_kl.py", "--rows", "16", "--vocab", "300", "--repeat", "1", "--no-memory")
     assert "F.kl_div" in out and "klviz" in out
     assert "largest relative difference" in out and ": ok" in out.split("largest relative difference")[1]
+
+
+def test_startup_script_tiny():
+    out = run_script("startup.py", "--repeat", "1")
+    for command in ("import numpy", "klviz --help", "klviz diagnose --help", "import klviz"):
+        assert f"\n   {command}" in out
+    assert "klviz --help / import numpy" in out
+    assert "check: klviz --help loads none of torch, matplotlib, ipywidgets (ok)" in out
 
 
 def test_panels_script_tiny():
