@@ -8,7 +8,10 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy as np
 import torch
+
+from .validation import ArgumentTypeError
 
 
 def default_device() -> torch.device:
@@ -31,6 +34,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def make_generator(seed: int = 0, device: str | torch.device | None = "cpu") -> torch.Generator:
     """A ``torch.Generator`` on ``device`` seeded with ``seed``: same seed, same samples (per device)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ArgumentTypeError(f"seed must be a non-negative integer, got {type(seed).__name__} {seed!r}")
+    if not 0 <= int(seed) < 2**64:
+        raise ValueError(f"seed must lie in [0, 2**64), got {seed!r}")
     gen = torch.Generator(device=resolve_device(device))
     gen.manual_seed(int(seed))
     return gen

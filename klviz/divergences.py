@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .validation import Tensor, as_float_tensor, check_finite_values, check_positive_int, common_dtype
+from .validation import Tensor, as_float_tensor, check_dim, check_finite_values, check_positive_int, common_dtype
 
 __all__ = ["exact_kl", "gaussian_kl", "categorical_kl"]
 
@@ -72,9 +72,7 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
         raise ValueError("q_logits must have a vocabulary axis; got a scalar")
     if q.device != p.device:
         raise ValueError(f"q_logits is on {q.device} but p_logits is on {p.device}")
-    if not isinstance(dim, int) or isinstance(dim, bool) or not -q.dim() <= dim < q.dim():
-        raise ValueError(f"dim={dim!r} is out of range for logits with {q.dim()} dimensions")
-    dim = dim % q.dim()
+    dim = check_dim(dim, q.dim())
     if chunk_elements is None:
         chunk_elements = _CHUNK_ELEMENTS.get(q.device.type, _DEFAULT_CHUNK)
     chunk_elements = check_positive_int(chunk_elements, "chunk_elements")
@@ -84,6 +82,11 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
     if vocab == 0:
         raise ValueError("q_logits has an empty vocabulary axis")
     qm, pm = qm.reshape(-1, vocab), pm.reshape(-1, vocab)   # a view when the layout allows it
+    if torch.is_grad_enabled() and (qm.requires_grad or pm.requires_grad):
+        # Logits that carry a gradient (a model's outputs): the differentiable path, one autograd
+        # graph per chunk of rows (the buffered kernels below write into scratch with out=, which
+        # autograd cannot follow). Same values; memory then grows with the graph, as for any loss.
+        return _exact_kl_autograd(qm, pm, out_dtype, chunk_elements).reshape(batch_shape)
     rows = qm.shape[0]
     out = torch.empty(rows, dtype=out_dtype, device=q.device)
     step = min(rows, max(1, chunk_elements // vocab))
@@ -105,6 +108,16 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
             kl = _kl_rows_with_zeros(qc, pc)
         out[start:start + m] = kl.clamp_min_(0.0)  # KL >= 0; removes rounding below zero
     return out.reshape(batch_shape)
+
+
+def _exact_kl_autograd(qm: Tensor, pm: Tensor, dtype: torch.dtype, chunk_elements: int) -> Tensor:
+    """Row KLs of [rows, V] logits with autograd (see :func:`exact_kl`)."""
+    check_finite_values(qm.detach(), "q_logits", allow_neg_inf=True)
+    check_finite_values(pm.detach(), "p_logits", allow_neg_inf=True)
+    step = max(1, chunk_elements // qm.shape[-1])
+    parts = [_kl_rows_with_zeros(qm[i:i + step].to(dtype), pm[i:i + step].to(dtype)).clamp_min(0.0)
+             for i in range(0, qm.shape[0], step)]
+    return torch.cat(parts)
 
 
 def gaussian_kl(mu_q: Tensor | float, sigma_q: Tensor | float, mu_p: Tensor | float, sigma_p: Tensor | float) -> Tensor:
@@ -137,6 +150,9 @@ def categorical_kl(q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:
     p = as_float_tensor(p_probs, "p_probs")
     if q.shape != p.shape:
         raise ValueError(f"q_probs has shape {tuple(q.shape)} but p_probs has shape {tuple(p.shape)}")
+    if q.dim() == 0:
+        raise ValueError("q_probs must have a category axis; got a scalar")
+    dim = check_dim(dim, q.dim())
     for t, name in ((q, "q_probs"), (p, "p_probs")):
         if bool((t < 0).any()):
             raise ValueError(f"{name} has negative probabilities")

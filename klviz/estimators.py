@@ -10,7 +10,16 @@ import torch
 
 from . import kernel
 from .framework_rules import VERL_LOW_VAR_KL
-from .validation import Tensor, as_float_tensor, check_choice, check_finite_values, check_same_shape, common_dtype
+from .validation import (
+    Tensor,
+    as_float_tensor,
+    as_mask,
+    check_choice,
+    check_dim,
+    check_finite_values,
+    check_same_shape,
+    common_dtype,
+)
 
 __all__ = ["k1", "k2", "k3", "kl_penalty", "KL_PENALTY_KINDS", "masked_mean", "agg_loss", "AGG_MODES"]
 
@@ -104,19 +113,8 @@ AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mea
 
 def _checked_values_and_mask(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     v = as_float_tensor(values, "values", check_finite=False)
-    if isinstance(mask, Tensor):
-        m = mask
-    else:
-        m = torch.as_tensor(mask)
-    if m.dtype == torch.bool:
-        m = m.to(v.dtype)
-    elif not m.is_floating_point():
-        m = m.to(v.dtype)
-    else:
-        m = as_float_tensor(m, "mask").to(v.dtype)
+    m = as_mask(mask, v, "mask")
     check_same_shape(v, m, "values", "mask")
-    if bool((m < 0).any()):
-        raise ValueError("mask has negative entries; a mask weights tokens by 0 (out) or 1 (in)")
     check_finite_values(v, "values", where=m != 0)
     return torch.where(m != 0, v, torch.zeros((), dtype=v.dtype, device=v.device)), m
 
@@ -130,9 +128,13 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     ``clamp(min=1)`` denominator and verl's ``+ 1e-8`` denominator produce.
     """
     v, m = _checked_values_and_mask(values, mask)
-    total = (v * m).sum() if dim is None else (v * m).sum(dim)
-    count = m.sum() if dim is None else m.sum(dim)
-    return torch.where(count > 0, total / count.clamp_min(torch.finfo(v.dtype).tiny), torch.zeros_like(total))
+    axis = None if dim is None else check_dim(dim, v.dim())
+    # sums in float64, so a float32 batch of large values cannot overflow before the division
+    vm = (v * m).double() if v.dtype != torch.float64 else v * m
+    total = vm.sum() if axis is None else vm.sum(axis)
+    count = m.double().sum() if axis is None else m.double().sum(axis)
+    mean = torch.where(count > 0, total / count.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(total))
+    return mean.to(v.dtype)
 
 
 def agg_loss(values: Tensor, mask: Tensor, mode: str, loss_scale_factor: float | None = None, *,

@@ -35,7 +35,16 @@ import torch
 from . import kernel
 from .estimators import KL_PENALTY_KINDS, agg_loss, masked_mean
 from .framework_rules import NEMO_RL, OPENRLHF, VERL_LOW_VAR_KL, VERL_PPO_KL
-from .validation import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
+from .validation import (
+    Tensor,
+    as_float_tensor,
+    as_mask,
+    check_choice,
+    check_finite_values,
+    check_positive_int,
+    check_same_shape,
+    common_dtype,
+)
 
 __all__ = [
     "verl_kl_loss", "verl_kl_in_reward", "verl_ppo_kl", "verl_kl_penalty",
@@ -55,26 +64,28 @@ TRL_COMMIT = "huggingface/trl @ f2cd577 (2026-07-24)"
 # ---------------------------------------------------------------------------------------------
 # shared input handling
 # ---------------------------------------------------------------------------------------------
-def _pair(a: Tensor, b: Tensor, name_a: str, name_b: str) -> tuple[Tensor, Tensor]:
-    x = as_float_tensor(a, name_a)
-    y = as_float_tensor(b, name_b)
+def _pair(a: Tensor, b: Tensor, name_a: str, name_b: str, *, finite: bool = True) -> tuple[Tensor, Tensor]:
+    """Two checked log-prob tensors of one shape and dtype. ``finite=False`` leaves the NaN/inf check
+    to :func:`_mask`, which makes it on counted tokens only (padding may hold anything)."""
+    x = as_float_tensor(a, name_a, check_finite=finite)
+    y = as_float_tensor(b, name_b, check_finite=finite)
     check_same_shape(x, y, name_a, name_b)
     dt = common_dtype(x, y)
     return x.to(dt), y.to(dt)
 
 
-def _mask(mask: Tensor, like: Tensor, name: str = "mask") -> Tensor:
-    m = mask if isinstance(mask, Tensor) else torch.as_tensor(mask)
-    if m.dtype == torch.bool or not m.is_floating_point():
-        m = m.to(like.dtype)
-    else:
-        m = as_float_tensor(m, name).to(like.dtype)
+def _mask(mask: Tensor, like: Tensor, name: str = "mask", **counted: Tensor) -> Tensor:
+    """The 0/1 ``mask`` as a tensor like ``like``; each tensor in ``counted`` (by its argument's
+    name) must be finite where the mask counts a token: NaN or inf in padding is ignored."""
+    m = as_mask(mask, like, name)
     check_same_shape(like, m, "the log-probabilities", name)
     if like.dim() != 2:
         raise ValueError("the log-probabilities must be a [batch, response_length] matrix, "
                          f"got shape {tuple(like.shape)}")
     if bool(((m != 0) & (m != 1)).any()):
         raise ValueError(f"{name} must hold only 0 and 1 (valid response token or not)")
+    for arg, t in counted.items():
+        check_finite_values(t, arg, where=m != 0)
     return m.to(like.device)
 
 
@@ -159,8 +170,8 @@ def verl_kl_loss(logprob: Tensor, ref_logprob: Tensor, response_mask: Tensor, kl
     (``kl_loss_coef * kl_loss``, added to the policy loss).
     """
     kind = check_choice(kl_loss_type, "kl_loss_type", _VERL_KINDS)
-    lp, ref = _pair(logprob, ref_logprob, "logprob", "ref_logprob")
-    m = _mask(response_mask, lp, "response_mask")
+    lp, ref = _pair(logprob, ref_logprob, "logprob", "ref_logprob", finite=False)
+    m = _mask(response_mask, lp, "response_mask", **{"logprob": lp, "ref_logprob": ref})
     per_token = _verl_penalty(lp, ref, kind)
     kl_loss = agg_loss(per_token, m, loss_agg_mode, loss_scale_factor, legacy_norm=legacy_norm)
     return {"per_token": _masked(per_token, m), "kl_loss": kl_loss, "loss_term": kl_loss_coef * kl_loss,
@@ -181,8 +192,8 @@ def verl_kl_in_reward(old_logprob: Tensor, ref_logprob: Tensor, response_mask: T
     token's reward) and ``logged`` (the mean of per-sequence token means).
     """
     kind = check_choice(kl_penalty_kind, "kl_penalty_kind", _VERL_KINDS)
-    old, ref = _pair(old_logprob, ref_logprob, "old_logprob", "ref_logprob")
-    m = _mask(response_mask, old, "response_mask")
+    old, ref = _pair(old_logprob, ref_logprob, "old_logprob", "ref_logprob", finite=False)
+    m = _mask(response_mask, old, "response_mask", **{"old_logprob": old, "ref_logprob": ref})
     kld = _masked(_verl_penalty(old, ref, kind), m)
     per_seq = masked_mean(kld, m, dim=-1)
     logged = per_seq.mean()
@@ -202,8 +213,8 @@ def verl_ppo_kl(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor, *
     single minibatch. ``clamp_log_ratio=False`` gives the unclamped mean (verl before PR #1779, and
     the gspo, clip_cov, geo_mean and dro losses today).
     """
-    lp, old = _pair(log_prob, old_log_prob, "log_prob", "old_log_prob")
-    m = _mask(response_mask, lp, "response_mask")
+    lp, old = _pair(log_prob, old_log_prob, "log_prob", "old_log_prob", finite=False)
+    m = _mask(response_mask, lp, "response_mask", **{"log_prob": lp, "old_log_prob": old})
     neg_approx_kl = lp - old
     if clamp_log_ratio:
         neg_approx_kl = VERL_PPO_KL.clamp_input(neg_approx_kl, "k1")
@@ -228,6 +239,10 @@ def openrlhf_compute_approx_kl(log_probs: Tensor, log_probs_base: Tensor, kl_est
     """
     kind = check_choice(kl_estimator, "kl_estimator", kernel.ESTIMATORS)
     lp, base = _pair(log_probs, log_probs_base, "log_probs", "log_probs_base")
+    return _openrlhf_approx_kl(lp, base, kind, clamp, float32)
+
+
+def _openrlhf_approx_kl(lp: Tensor, base: Tensor, kind: str, clamp: bool, float32: bool) -> Tensor:
     if float32:
         lp, base = lp.float(), base.float()
     log_ratio = lp - base                  # = -log r, r = pi_base / pi
@@ -253,9 +268,9 @@ def openrlhf_kl(action_log_probs: Tensor, base_action_log_probs: Tensor, action_
     :func:`openrlhf_compute_approx_kl` for ``clamp`` and ``float32``). OpenRLHF hands the unmasked
     ``kl`` to ``compute_reward``; here padding positions are 0.
     """
-    lp, base = _pair(action_log_probs, base_action_log_probs, "action_log_probs", "base_action_log_probs")
-    m = _mask(action_mask, lp, "action_mask")
-    kl = openrlhf_compute_approx_kl(lp, base, kl_estimator, clamp=clamp, float32=float32)
+    lp, base = _pair(action_log_probs, base_action_log_probs, "action_log_probs", "base_action_log_probs", finite=False)
+    m = _mask(action_mask, lp, "action_mask", **{"action_log_probs": lp, "base_action_log_probs": base})
+    kl = _openrlhf_approx_kl(lp, base, check_choice(kl_estimator, "kl_estimator", kernel.ESTIMATORS), clamp, float32)
     m = m.to(kl.dtype)
     kl = _masked(kl, m)
     per_seq = _mean(kl, m, dim=-1)
@@ -301,8 +316,10 @@ def trl_grpo_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor, completion
     (per-sequence sums, batch mean). ``use_bias_correction_kl=False`` is TRL's behaviour before the
     default changed (TRL main @ f2cd577 still has False).
     """
-    lp, ref = _pair(per_token_logps, ref_per_token_logps, "per_token_logps", "ref_per_token_logps")
-    m = _mask(completion_mask, lp, "completion_mask")
+    lp, ref = _pair(per_token_logps, ref_per_token_logps, "per_token_logps", "ref_per_token_logps", finite=False)
+    m = _mask(completion_mask, lp, "completion_mask", **{"per_token_logps": lp, "ref_per_token_logps": ref})
+    if max_completion_length is not None:
+        max_completion_length = check_positive_int(max_completion_length, "max_completion_length")
     loss_type = check_choice(loss_type, "loss_type", _TRL_LOSS_TYPES)
     level = check_choice(importance_sampling_level, "importance_sampling_level", ("token", "sequence"))
     d = ref - lp
@@ -312,10 +329,11 @@ def trl_grpo_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor, completion
         if old_per_token_logps is None:
             old = lp.detach()
         else:
-            old, _ = _pair(old_per_token_logps, lp, "old_per_token_logps", "per_token_logps")
+            old, _ = _pair(old_per_token_logps, lp, "old_per_token_logps", "per_token_logps", finite=False)
+            check_finite_values(old, "old_per_token_logps", where=m != 0)
         log_ratio = lp - old
         if level == "sequence":
-            log_ratio = ((log_ratio * m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+            log_ratio = (_masked(log_ratio, m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
         weights = torch.exp(log_ratio)
         per_token_kl = per_token_kl * weights
     per_token_kl = _masked(per_token_kl, m)
@@ -327,7 +345,7 @@ def trl_grpo_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor, completion
     elif loss_type == "luspo":
         kl_in_loss = per_token_kl.sum(-1).mean()
     else:
-        width = lp.shape[-1] if max_completion_length is None else int(max_completion_length)
+        width = lp.shape[-1] if max_completion_length is None else max_completion_length
         kl_in_loss = per_token_kl.sum() / (lp.shape[0] * width)
     out: dict[str, Any] = {"per_token": per_token_kl, "logged": logged, "logged_name": "kl",
                            "kl_in_loss": kl_in_loss, "loss_term": beta * kl_in_loss}
@@ -353,15 +371,16 @@ def trl_ppo_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_estimato
     entries, padding included (where the difference is 0): padding dilutes it (logged averaged as
     ``policy/approxkl_avg``).
     """
-    lp, ref = _pair(logprobs, ref_logprobs, "logprobs", "ref_logprobs")
-    m = _mask(mask, lp, "mask")
+    lp, ref = _pair(logprobs, ref_logprobs, "logprobs", "ref_logprobs", finite=False)
+    m = _mask(mask, lp, "mask", **{"logprobs": lp, "ref_logprobs": ref})
     kind = check_choice(kl_estimator, "kl_estimator", ("k1", "k3"))
     logr = _masked(ref - lp, m)                            # filler positions: equal values -> 0
     kl = kernel.k1(logr) if kind == "k1" else (torch.exp(logr) - 1) - logr     # TRL's own k3, as written there
     out: dict[str, Any] = {"per_token": kl, "reward_delta": -kl_coef * kl, "per_sequence": kl.sum(1),
                            "logged": kl.sum(1).mean(), "logged_name": "objective/kl"}
     if new_logprobs is not None:
-        new, _ = _pair(new_logprobs, lp, "new_logprobs", "logprobs")
+        new, _ = _pair(new_logprobs, lp, "new_logprobs", "logprobs", finite=False)
+        check_finite_values(new, "new_logprobs", where=m != 0)
         diff = _masked(new - lp, m)
         out["approxkl"] = kernel.k2(diff).mean()
     return out
@@ -443,12 +462,13 @@ def nemo_rl_kl_loss(curr_logprobs: Tensor, reference_policy_logprobs: Tensor, ma
     nothing, the mean of ``per_token``) and ``loss_term`` (the mean of ``coef`` times the weighted k).
     """
     kind = check_choice(kl_type, "kl_type", kernel.ESTIMATORS)
-    lp, ref = _pair(curr_logprobs, reference_policy_logprobs, "curr_logprobs", "reference_policy_logprobs")
-    m = _mask(mask, lp, "mask")
+    lp, ref = _pair(curr_logprobs, reference_policy_logprobs, "curr_logprobs", "reference_policy_logprobs", finite=False)
+    m = _mask(mask, lp, "mask", **{"curr_logprobs": lp, "reference_policy_logprobs": ref})
     if use_on_policy_kl_approximation:
         if generation_logprobs is None:
             raise ValueError("generation_logprobs is needed when use_on_policy_kl_approximation=True")
-        gen, _ = _pair(generation_logprobs, lp, "generation_logprobs", "curr_logprobs")
+        gen, _ = _pair(generation_logprobs, lp, "generation_logprobs", "curr_logprobs", finite=False)
+        check_finite_values(gen, "generation_logprobs", where=m != 0)
         w = torch.exp(lp - gen)
     else:
         w = torch.exp(lp - lp.detach())
@@ -491,11 +511,11 @@ def minimind_approx_kl(mb_resp_logp: Tensor, old_resp_logp: Tensor, resp_policy_
     only to second order in the log-ratio. Returns ``approx_kl``, ``stop`` (bool tensor) and the
     per-token values.
     """
-    new, old = _pair(mb_resp_logp, old_resp_logp, "mb_resp_logp", "old_resp_logp")
-    m = _mask(resp_policy_mask, new, "resp_policy_mask")
+    new, old = _pair(mb_resp_logp, old_resp_logp, "mb_resp_logp", "old_resp_logp", finite=False)
+    m = _mask(resp_policy_mask, new, "resp_policy_mask", **{"mb_resp_logp": new, "old_resp_logp": old})
     if not float(early_stop_kl) > 0:
         raise ValueError(f"early_stop_kl must be positive, got {early_stop_kl!r}")
-    per_token = kernel.k2(new - old) * m
+    per_token = _masked(kernel.k2(new - old), m)   # MiniMind multiplies by the mask; padding here may hold inf
     approx_kl = per_token.sum() / m.sum().clamp(min=1.0)
     return {"per_token": per_token, "approx_kl": approx_kl, "stop": approx_kl > early_stop_kl,
             "logged": approx_kl, "logged_name": "approx_kl"}
@@ -510,10 +530,10 @@ def minimind_kl_ref_penalty(mb_resp_logp: Tensor, ref_resp_logp: Tensor, resp_po
     masked, summed, divided by ``mask.sum().clamp(min=1)``, no clamp; ``policy_loss = clipped
     surrogate + kl_coef * kl_ref_penalty`` (``kl_coef`` 0.02); logged as ``kl_ref``.
     """
-    lp, ref = _pair(mb_resp_logp, ref_resp_logp, "mb_resp_logp", "ref_resp_logp")
-    m = _mask(resp_policy_mask, lp, "resp_policy_mask")
+    lp, ref = _pair(mb_resp_logp, ref_resp_logp, "mb_resp_logp", "ref_resp_logp", finite=False)
+    m = _mask(resp_policy_mask, lp, "resp_policy_mask", **{"mb_resp_logp": lp, "ref_resp_logp": ref})
     d = ref - lp
-    per_token = (torch.exp(d) - d - 1.0) * m       # MiniMind's own k3 (exp, not expm1; no clamp)
+    per_token = _masked(torch.exp(d) - d - 1.0, m)   # MiniMind's own k3 (exp, not expm1; no clamp)
     pen = per_token.sum() / m.sum().clamp(min=1.0)
     return {"per_token": per_token, "kl_ref_penalty": pen, "loss_term": kl_coef * pen, "logged": pen,
             "logged_name": "kl_ref"}
@@ -543,9 +563,9 @@ def side_by_side(policy_logprob: Tensor, old_logprob: Tensor, ref_logprob: Tenso
     update, compare pi_theta with the reference on pi_old's tokens: unbiased for
     KL(pi_theta || pi_ref) only on-policy or with the ratio correction.
     """
-    lp, old = _pair(policy_logprob, old_logprob, "policy_logprob", "old_logprob")
-    ref, _ = _pair(ref_logprob, lp, "ref_logprob", "policy_logprob")
-    m = _mask(mask, lp, "mask")
+    lp, old = _pair(policy_logprob, old_logprob, "policy_logprob", "old_logprob", finite=False)
+    ref, _ = _pair(ref_logprob, lp, "ref_logprob", "policy_logprob", finite=False)
+    m = _mask(mask, lp, "mask", policy_logprob=lp, old_logprob=old, ref_logprob=ref)
     ref_dir, ppo_dir, old_ref_dir = "KL(π_θ‖π_ref)", "KL(π_old‖π_θ)", "KL(π_old‖π_ref)"
     rows: list[dict[str, Any]] = []
 

@@ -81,6 +81,30 @@ def _as_use(estimator: str | EstimatorUse, placement: str | None, weighting: str
     return EstimatorUse(estimator, placement, weighting)
 
 
+def weighted_coefficient(log_pi: Tensor, log_ref: Tensor, use: EstimatorUse) -> Tensor:
+    """``pi(x) · c(x)`` for every token, computed without forming r = pi_ref/pi where it could overflow.
+
+    Where c holds r (k3's 1 - r and r - 1 - log r), pi · r is written as pi_ref: a token the policy
+    almost never takes (pi ≈ e^-120, so r ≈ e^120 overflows float32) still gives a finite term.
+    The expected gradient is then ``w - pi · sum(w)`` (see :func:`expected_kl_gradient`).
+    """
+    pi, ref = log_pi.exp(), log_ref.exp()
+    log_r = log_ref - log_pi
+    k1_term = pi * kernel.k1(log_r)                            # pi · (-log r)
+
+    def value_term(estimator: str) -> Tensor:                  # pi · k
+        if estimator == "k3":
+            return (ref - pi) + k1_term                        # pi (r - 1 - log r)
+        return pi * kernel.estimate(estimator, log_r)
+
+    if use.placement == "reward":
+        return value_term(use.estimator)
+    if use.weighting == "straight-through":
+        return k1_term
+    loss_term = {"k1": pi, "k2": k1_term, "k3": pi - ref}[use.estimator]     # pi · d k / d log pi
+    return loss_term + value_term(use.estimator) if use.weighting == "rho" else loss_term
+
+
 def gradient_coefficient(log_r: Tensor, estimator: str | EstimatorUse, placement: str | None = None,
                          weighting: str = "none") -> Tensor:
     """The coefficient c(x) with per-sample gradient ``c(x) · grad log pi(x)`` (see the module table).
@@ -110,8 +134,8 @@ def expected_kl_gradient(policy_logits: Tensor, ref_logits: Tensor, estimator: s
     th, ref = _policy_pair(policy_logits, ref_logits)
     log_pi = torch.log_softmax(th, -1)
     pi = log_pi.exp()
-    c = use_coefficient(torch.log_softmax(ref, -1) - log_pi, use)
-    w = pi * c                          # E[c s] = sum_x pi(x) c(x) (e_x - pi) = w - pi · sum(w)
+    w = weighted_coefficient(log_pi, torch.log_softmax(ref, -1), use)   # pi · c, in log space where r is
+    # E[c s] = sum_x pi(x) c(x) (e_x - pi) = w - pi · sum(w)
     return w - pi * w.sum()
 
 

@@ -22,11 +22,15 @@ from torch.distributions import Categorical, Distribution, Normal
 from . import kernel
 from .devices import check_generator, resolve_device, single_thread
 from .statistics import RunningMoments
-from .validation import check_positive_int
+from .validation import as_float_tensor, check_positive_int
 
-__all__ = ["estimator_stats", "categorical_counts", "moments_from_counts", "summarize", "ESTIMATORS"]
+__all__ = ["estimator_stats", "categorical_counts", "check_probabilities", "moments_from_counts", "summarize",
+           "ESTIMATORS", "MAX_SAMPLES"]
 
 ESTIMATORS = kernel.ESTIMATORS
+#: The most samples one call draws: 10^10 Gaussian draws take about 20 minutes on a 2-core CPU;
+#: beyond that a typo (10**30) would run for years instead of failing.
+MAX_SAMPLES = 10**10
 _CHUNK = 1 << 18            # categorical draws per chunk (float64 uniforms: 2 MiB)
 _NORMAL_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}   # Gaussian draws per chunk, by device type
 
@@ -144,6 +148,22 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def check_probabilities(probs: Any, name: str) -> torch.Tensor:
+    """``probs`` as a float64 1-D tensor of non-negative, finite weights with a positive sum.
+
+    Unnormalised weights are accepted (they are divided by their sum); NaN, inf, negative entries,
+    an all-zero or empty vector and more than one axis raise ``ValueError`` naming ``name``.
+    """
+    pr = as_float_tensor(probs, name).to(torch.float64)
+    if pr.dim() != 1:
+        raise ValueError(f"{name} must be 1-D (one probability per category), got shape {tuple(pr.shape)}")
+    if bool((pr < 0).any()):
+        raise ValueError(f"{name} has negative entries (smallest {float(pr.min()):g}); probabilities are ≥ 0")
+    if not float(pr.sum()) > 0:
+        raise ValueError(f"{name} is all zero: there is no category to draw")
+    return pr
+
+
 def categorical_counts(probs: torch.Tensor, num_samples: int, *, generator: torch.Generator | None = None,
                        chunk_size: int = _CHUNK) -> torch.Tensor:
     """How many of ``num_samples`` draws from the categorical ``probs`` landed on each category.
@@ -152,8 +172,8 @@ def categorical_counts(probs: torch.Tensor, num_samples: int, *, generator: torc
     counts: for any function g, ``sum(counts * g) / n`` is the sample mean of g(x_i), which is
     why a sampled average needs no explicit factor q(x): the weight is in how often x is drawn.
     """
-    n = check_positive_int(num_samples, "num_samples")
-    pr = torch.as_tensor(probs).to(torch.float64)
+    n = check_positive_int(num_samples, "num_samples", maximum=MAX_SAMPLES)
+    pr = check_probabilities(probs, "probs")
     cdf = torch.cumsum(pr, 0)
     cdf = cdf / cdf[-1]
     counts = torch.zeros_like(pr)
@@ -234,7 +254,7 @@ def estimator_stats(
     Categorical draws are reduced to counts per category. Results repeat exactly for a given seed,
     device and chunk size.
     """
-    n = check_positive_int(num_samples, "num_samples")
+    n = check_positive_int(num_samples, "num_samples", maximum=MAX_SAMPLES)
     chunk = None if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
     for dist, name in ((q, "q"), (p, "p")):
         if not isinstance(dist, (Normal, Categorical)):
@@ -253,6 +273,11 @@ def estimator_stats(
         vals = (dist.loc, dist.scale) if isinstance(dist, Normal) else (dist.probs,)  # type: ignore[attr-defined]
         if not all(bool(torch.isfinite(v).all()) for v in vals):
             raise ValueError(f"{name} has NaN or inf parameters")
+        if isinstance(dist, Normal) and not bool((dist.scale > 0).all()):
+            raise ValueError(f"{name} has scale {float(dist.scale):g}; a Normal's scale must be positive "
+                             "(it was built with validate_args=False, which let it through)")
+        if isinstance(dist, Categorical):
+            check_probabilities(dist.probs, f"{name}.probs")
 
     true_kl = float(torch.distributions.kl_divergence(_float64_copy(q), _float64_copy(p)))
     if isinstance(q, Normal) and isinstance(p, Normal):
