@@ -17,8 +17,8 @@ Every function here takes ``log_r`` (or ``log t``) rather than r, so that ratios
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -83,7 +83,8 @@ GENERATORS: dict[str, FGenerator] = {
     "hellinger": FGenerator(
         "hellinger", "(√t - 1)²", "Σ(√p − √q)² (twice the squared Hellinger)",
         f=lambda u: torch.expm1(u / 2).square(), df=lambda u: -torch.expm1(-u / 2),
-        d2f=lambda u: 0.5 * torch.exp(-1.5 * u), df1=0.0, convex=True, estimator_name="(√r - 1)²", slope_at_infinity=1.0),
+        d2f=lambda u: 0.5 * torch.exp(-1.5 * u), df1=0.0, convex=True, estimator_name="(√r - 1)²",
+        slope_at_infinity=1.0),
 }
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .statistics import mean_se
-from .validation import Tensor, as_float_tensor, check_positive_int, check_same_shape
 from .devices import check_generator
 from .policies import zipf_logits
+from .statistics import mean_se
+from .validation import Tensor, as_float_tensor, check_positive_int, check_same_shape
 
 __all__ = [
     "draw_tokens", "importance_weights", "effective_sample_size", "ess_fraction", "expected_ess_fraction",

@@ -7,7 +7,7 @@ Two kinds of ground truth sit beside every Monte Carlo number in lesson 02:
   moment of k1 and k2 is then a finite sum of Gaussian moments E[z^k], and E_q[r²] is a Gaussian
   integral that converges exactly when ``sigma_p² < 2 sigma_q²``: :func:`gaussian_moments`.
   :func:`gaussian_closed_forms` states the equal-scale special case (q = N(0,1), p = N(mu,1)) in
-  the form of REFERENCE section 2, the form the lesson prints.
+  the form the lesson prints.
 - **Token distributions.** Sums over the vocabulary, no sampling: :func:`categorical_moments`.
 
 :func:`monte_carlo_row` measures the same numbers with :func:`klviz.estimator_stats` over
@@ -30,16 +30,17 @@ import numpy as np
 import torch
 from torch.distributions import Categorical, Normal
 
-from .validation import as_float_tensor, check_positive_int
 from .divergences import categorical_kl, gaussian_kl
 from .estimators import k1, k2, k3
 from .montecarlo import ESTIMATORS, _relative, estimator_stats
 from .statistics import RunningMoments, batch_means_se, control_variate_lambda
+from .validation import as_float_tensor, check_positive_int
 
 __all__ = [
     "EstimatorMoments", "gaussian_moments", "gaussian_closed_forms", "categorical_moments",
     "monte_carlo_row", "schulman_table", "SCHULMAN_PUBLISHED", "table_html",
     "k1_negative_probability", "variance_crossing_mu", "control_variate_samples", "sample_log_ratio", "exact_moments",
+    "k1_negative_mass", "k2_bias_series", "k3_variance_parts", "format_mc",
 ]
 
 #: The numbers printed in Schulman's blog post (bias/true and std/true of one sample), by mu.
@@ -180,10 +181,11 @@ def gaussian_moments(mu_q: float, sigma_q: float, mu_p: float, sigma_p: float) -
 
 
 def gaussian_closed_forms(mu: float) -> dict[str, float]:
-    """REFERENCE section 2's closed forms for q = N(0, 1), p = N(mu, 1), written out literally.
+    """The closed forms for q = N(0, 1), p = N(mu, 1), written out literally (lesson 02 shows this code).
 
     ``log r = mu x - mu²/2``, so KL = mu²/2, Var k1 = mu², E k2 = mu²/2 + mu⁴/8 (bias/true = mu²/4),
-    Var k2 = mu⁴/2 + mu⁶/4, Var k3 = e^{mu²} - 1 - mu², Var(r) = e^{mu²} - 1 and the best
+    Var k2 = mu⁴/2 + mu⁶/4, Var k3 = Var r + Var log r - 2 Cov(r, log r) = (e^{mu²} - 1) + mu² - 2 mu²
+    = e^{mu²} - 1 - mu², Var(r) = e^{mu²} - 1 and the best
     control-variate coefficient lambda* = mu² / (e^{mu²} - 1). Relative values divide by the KL
     (they are ``inf`` at mu = 0, where the KL is 0).
     """
@@ -197,6 +199,8 @@ def gaussian_closed_forms(mu: float) -> dict[str, float]:
         "true_kl": kl, "mean_k1": kl, "mean_k2": m2 / 2 + m2 * m2 / 8, "mean_k3": kl,
         "var_k1": m2, "var_k2": m2 * m2 / 2 + m2 ** 3 / 4, "var_k3": em1 - m2, "var_r": em1,
         "cov_k1_r": -m2, "lambda_star": m2 / em1 if m2 > 0 else 1.0,
+        # Var k3 = Var r + Var log r - 2 Cov(r, log r), piece by piece (Cov(Y, e^Y) = s² E[e^Y], Stein)
+        "var_log_r": m2, "cov_r_log_r": m2,
     }
     out["bias_rel_k2"] = m2 / 4
     for k in ESTIMATORS:
@@ -318,9 +322,27 @@ def schulman_table(mus: tuple[float, ...] = (0.1, 1.0), num_samples: int = 10**7
 
 
 def _fmt(x: float, digits: int = 4) -> str:
+    """An exact value to ``digits`` decimals; an exact zero (or rounding noise below 1e-12) prints as 0."""
     if math.isinf(x):
         return "inf"
+    if abs(x) < 1e-12:
+        return "0"
     return f"{round(x, digits) + 0.0:.{digits}f}"   # + 0.0 turns a rounded -0.0 into 0.0
+
+
+def format_mc(value: float, se: float, *, signed: bool = False) -> str:
+    """A Monte Carlo value with its ± 2 SE, rounded to the precision its standard error allows.
+
+    The half-width 2 SE keeps two significant digits and the value is rounded to the same decimal
+    place: ``format_mc(0.02134, 0.00152)`` is ``"0.0213 ± 0.0030"``. A non-finite SE prints the value
+    to four significant digits alone.
+    """
+    sign = "+" if signed else ""
+    if not (math.isfinite(value) and math.isfinite(se)) or se <= 0:
+        return "inf" if math.isinf(value) else f"{value:{sign}.4g}"
+    half = 2 * se
+    decimals = max(0, 1 - math.floor(math.log10(half)))
+    return f"{round(value, decimals) + 0.0:{sign}.{decimals}f} ± {half:.{decimals}f}"
 
 
 def table_html(rows: list[dict[str, Any]], label: str = "mu") -> str:
@@ -331,8 +353,8 @@ def table_html(rows: list[dict[str, Any]], label: str = "mu") -> str:
     """
     head = ("<tr><th rowspan=2>" + html.escape(label) + "</th><th rowspan=2>true KL</th><th rowspan=2>"
             "estimator</th><th colspan=3>bias / true</th><th colspan=3>std / true (one sample)</th></tr>"
-            "<tr><th>Monte Carlo ± SE</th><th>exact</th><th>published</th>"
-            "<th>Monte Carlo ± SE</th><th>exact</th><th>published</th></tr>")
+            "<tr><th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th>"
+            "<th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th></tr>")
     body = []
     for row in rows:
         ex, mc, pub = row["exact"], row["mc"], row.get("published")
@@ -343,9 +365,9 @@ def table_html(rows: list[dict[str, Any]], label: str = "mu") -> str:
             pb = pub[k] if pub else None
             body.append(
                 f"<tr>{first}<td><b>{k}</b></td>"
-                f"<td>{c['bias_rel']:+.4f} ± {c['se_bias_rel']:.4f}</td><td>{_fmt(ex.bias_rel(k))}</td>"
+                f"<td>{format_mc(c['bias_rel'], c['se_bias_rel'], signed=True)}</td><td>{_fmt(ex.bias_rel(k))}</td>"
                 f"<td>{'' if pb is None else pb[0]}</td>"
-                f"<td>{c['std_rel']:.4f} ± {c['se_std_rel']:.4f}</td><td>{_fmt(ex.std_rel(k))}</td>"
+                f"<td>{format_mc(c['std_rel'], c['se_std_rel'])}</td><td>{_fmt(ex.std_rel(k))}</td>"
                 f"<td>{'' if pb is None else pb[1]}</td></tr>")
     pad = " style='padding:2px 8px'"
     return ("<table class='klviz-table' style='border-collapse:collapse;font-size:90%'>"
@@ -447,3 +469,75 @@ def control_variate_samples(q: Normal, p: Normal, num_samples: int, *, num_batch
     cov = pooled[4] / total - ma * mc
     return {"lambda_star": control_variate_lambda(cov, var_r), "se": batch_means_se(lams), "var_k1": var_k1,
             "var_r": var_r, "cov_k1_r": cov, "num_samples": total}
+
+
+def k1_negative_mass(q_probs: Any, p_probs: Any) -> float:
+    """P_{x~q}(k1 < 0) = P_q(p(x) > q(x)) = the q-mass of the tokens the target likes more.
+
+    The token counterpart of :func:`k1_negative_probability`: for two close Gaussians it is almost
+    one half, on a token distribution it is whatever mass q puts on the tokens p favours (a push
+    toward one rare token makes it small).
+    """
+    q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
+    p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
+    if q.shape != p.shape or q.dim() != 1:
+        raise ValueError(f"q_probs and p_probs must be probability vectors of one shape, got "
+                         f"{tuple(q.shape)} and {tuple(p.shape)}")
+    return float(q[p > q].sum())
+
+
+def k2_bias_series(q_probs: Any, p_probs: Any, max_order: int = 10) -> dict[str, Any]:
+    """k2's exact bias E_q[k2] - KL(q||p) on a token distribution, beside its series in u = log r.
+
+    ``E_q[e^u] = E_q[r] = 1`` expands to ``E[u] + E[u²]/2 + E[u³]/6 + ... = 0``, and KL(q||p) = -E[u], so
+
+        E_q[k2] - KL = E[u²]/2 + E[u] = -E[u³]/3! - E[u⁴]/4! - E[u⁵]/5! - ...
+
+    exactly (p must be positive wherever q is, and put no mass where q has none). Returns ``true_kl``,
+    ``mean_k2``, ``bias`` (exact, by summing over the vocabulary), ``orders`` (3..max_order),
+    ``terms`` (-E[u^n]/n! for each order), ``partial`` (their running sums, which converge to
+    ``bias``), the central ``skewness`` of u, and ``third_central`` = E[(u - E u)³], whose sign sets
+    the sign of the leading term when p is close to q (E[u] = -KL is then of second order).
+    """
+    check_positive_int(max_order, "max_order")
+    if max_order < 3:
+        raise ValueError(f"max_order must be at least 3 (the series starts at the cube), got {max_order}")
+    q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
+    p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
+    true_kl = float(categorical_kl(q, p))           # validates shapes and normalisation
+    support = q > 0
+    if bool((p[support] <= 0).any()):
+        raise ValueError("p_probs is zero on a token that q_probs can sample: KL(q||p) is infinite")
+    if abs(float(p[support].sum()) - 1.0) > 1e-9:
+        raise ValueError("p_probs puts mass where q_probs has none: E_q[r] < 1 and the series does not apply")
+    w, u = q[support], torch.log(p[support]) - torch.log(q[support])
+    orders = np.arange(3, int(max_order) + 1)
+    terms = np.array([-float((w * u ** int(n)).sum()) / math.factorial(int(n)) for n in orders])
+    mean_k2 = float((w * 0.5 * u * u).sum())
+    m1 = float((w * u).sum())
+    c2 = float((w * (u - m1) ** 2).sum())
+    c3 = float((w * (u - m1) ** 3).sum())
+    return {"true_kl": true_kl, "mean_k2": mean_k2, "bias": mean_k2 - true_kl, "orders": orders, "terms": terms,
+            "partial": np.cumsum(terms), "third_central": c3,
+            "skewness": c3 / c2 ** 1.5 if c2 > 0 else 0.0}
+
+
+def k3_variance_parts(q_probs: Any, p_probs: Any) -> dict[str, float]:
+    """Var k3 = Var r + Var log r - 2 Cov(r, log r) on a token distribution, each piece by enumeration.
+
+    k3 = (r - 1) - log r, so its variance is that of r, plus that of log r (= Var k1), minus twice
+    their covariance, Cov(r, log r) = KL(q||p) + KL(p||q). Near p = q, r - 1 ≈ log r and the three
+    pieces nearly cancel: what is left is of the size of the KL itself.
+    """
+    q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
+    p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
+    categorical_kl(q, p)                             # validates
+    support = q > 0
+    w, u = q[support], torch.log(p[support]) - torch.log(q[support])
+    r = u.exp()
+
+    def cov(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((w * (a - (w * a).sum()) * (b - (w * b).sum())).sum())
+
+    k3v = torch.expm1(u) - u
+    return {"var_r": cov(r, r), "var_log_r": cov(u, u), "cov_r_log_r": cov(r, u), "var_k3": cov(k3v, k3v)}

@@ -56,3 +56,55 @@ def test_lesson_ends_with_checked_exercises(path):
         for module, name in calls:
             check = getattr(importlib.import_module(f"klviz.check.{module}"), name, None)
             assert callable(check), f"cell {i}: klviz.check.{module}.{name} does not exist"
+
+
+# ---- lessons 00-03: a check answers every kind of wrong answer in one sentence, and never raises
+
+def _lesson00_03_checks():
+    from klviz.check import lesson00, lesson01, lesson02, lesson03
+
+    answers = [lesson00.direction, lesson02.variance_crossing, lesson03.concave_from]
+    functions = [lesson00.k1_from_logprobs, lesson01.estimate_from_draws, lesson01.weighted_estimate,
+                 lesson01.effective_sample_size, lesson02.k3_estimator, lesson02.k3_direction, lesson02.best_lambda,
+                 lesson03.kl_pq_estimator, lesson03.k2_curvature, lesson03.bregman_estimator]
+    return answers, functions
+
+
+def test_lesson00_03_checks_never_raise():
+    import math
+
+    import torch
+
+    from klviz.check import CheckResult
+
+    answers, functions = _lesson00_03_checks()
+    odd = [None, "abc", {}, {"a": 1}, torch.tensor(1.0, requires_grad=True), (1, 2), [1, 2, 3],
+           torch.ones(3, requires_grad=True), float("nan"), True]
+    for check in answers:
+        for value in odd:
+            result = check(value)
+            assert isinstance(result, CheckResult) and not result.ok and result.message
+    learner_fns = [lambda *a, v=v: v for v in odd] + [
+        lambda *a: (a[0], a[0]), lambda *a: 1 / 0, lambda *a: torch.exp(2.0), lambda *a: math.exp(a[0])]
+    for check in functions:
+        for fn in learner_fns + odd:
+            result = check(fn)
+            assert isinstance(result, CheckResult) and not result.ok and result.message, (check.__name__, fn)
+
+
+def test_lesson00_03_checks_hint_tensors_clamps_and_accept_e():
+    import math
+
+    import torch
+
+    from klviz.check import lesson02, lesson03
+
+    assert lesson03.concave_from(2.718) and lesson03.concave_from(torch.tensor(math.e, requires_grad=True))
+    msg = lesson02.best_lambda(lambda mu: mu**2 / torch.expm1(mu**2)).message
+    assert "plain Python number" in msg
+    msg = lesson02.k3_estimator(lambda lr: math.expm1(lr) - lr).message
+    assert "torch.exp" in msg
+    assert "clamps" in lesson02.k3_estimator(lambda lr: (torch.expm1(lr) - lr).clamp(-10, 10)).message
+    clamped = lesson02.k3_estimator(lambda lr: torch.expm1(lr.clamp(-20, 20)) - lr.clamp(-20, 20))
+    assert "clamps log r" in clamped.message
+    assert "clamps" in lesson03.kl_pq_estimator(lambda lr: (lr.exp() * lr - torch.expm1(lr)).clamp(max=10)).message

@@ -5,13 +5,15 @@ displays as one sentence.
 """
 from __future__ import annotations
 
+import functools
 import html
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, TypeVar
 
 __all__ = ["CheckResult", "passed", "failed", "not_attempted", "call_learner", "WrongAnswer", "as_answer_tensor",
-           "as_answer_number", "learner_answer", "learner_tensor"]
+           "as_answer_number", "learner_answer", "learner_tensor", "never_raises", "raised_message", "clamp_hint"]
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,15 @@ def as_answer_tensor(value: Any, shape: tuple[int, ...], what: str, *, finite: b
     """``value`` as a float64 tensor of ``shape``, or :class:`WrongAnswer` saying what is off."""
     import torch
 
+    if isinstance(value, (str, bytes, dict)) or callable(value):
+        raise WrongAnswer(f"{what} should be a tensor of numbers, got {type(value).__name__}")
     if not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
             raise WrongAnswer(f"{what} should be a tensor of numbers, got {type(value).__name__}") from None
+    if value.is_complex() or value.dtype == torch.bool:
+        raise WrongAnswer(f"{what} should be real numbers, got a tensor of {value.dtype}")
     if value.shape != shape:
         raise WrongAnswer(f"{what} should have shape {tuple(shape)} (one value per input), got {tuple(value.shape)}")
     value = value.detach().to(torch.float64)
@@ -93,10 +99,14 @@ def as_answer_number(value: Any, what: str, *, finite: bool = False) -> float:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise WrongAnswer(f"{what} should be one number, got a tensor of shape {tuple(value.shape)}")
+        if value.is_complex():
+            raise WrongAnswer(f"{what} should be a real number, got a complex tensor")
         value = value.detach().double().item()
+    if isinstance(value, (str, bytes, bool)):
+        raise WrongAnswer(f"{what} should be a number, got {type(value).__name__} {value!r}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):
         raise WrongAnswer(f"{what} should be a number, got {type(value).__name__}") from None
     if finite and not math.isfinite(number):
         raise WrongAnswer(f"{what} is {number}; it should be a finite number")
@@ -116,7 +126,79 @@ def learner_answer(fn: Callable[..., Any], *args: Any, convert: Callable[[Any], 
     except WrongAnswer as err:
         return failed(str(err))
     except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; say what
-        return failed(f"your function raised {type(err).__name__}: {err}")
+        return failed(raised_message(err))
+
+
+def raised_message(err: BaseException, when: str = "") -> str:
+    """One sentence for an exception raised by a learner's function, with a hint when the cause is
+    mixing torch and plain numbers (``torch.exp`` on a float, ``math.exp`` on a tensor)."""
+    text = str(err).splitlines()[0] if str(err) else ""
+    where = f" {when}" if when else ""
+    hint = ""
+    if isinstance(err, TypeError) and "must be Tensor" in text:
+        hint = (" (a torch function got a plain Python number: use math.exp/math.log/math.expm1 on numbers, "
+                "or wrap the number with torch.tensor(...))")
+    elif isinstance(err, (TypeError, RuntimeError, ValueError)) and (
+            "only one element tensors" in text or "converted to Python scalars" in text
+            or "must be real number, not Tensor" in text):
+        hint = (" (a math-module function got a tensor: your function receives tensors here, so use "
+                "torch.exp, torch.log, torch.expm1, which work elementwise)")
+    return f"Your function raised {type(err).__name__}{where}: {text}{hint}."
+
+
+def clamp_hint(got: Any, right: Any, formula: Callable[[Any], Any], log_r: Any) -> str | None:
+    """Say so when a learner's values are the right formula with a clamp, as frameworks apply one.
+
+    ``got`` and ``right`` are float64 tensors of the learner's and the exact values at ``log_r``;
+    ``formula(log_r)`` computes the exact values. Detects a clamp of the input log r to ±b (b in
+    5, 10, 20, 40) and a clamp of the result to at most the value where the two first differ.
+    Returns the sentence, or None.
+    """
+    import torch
+
+    close = torch.isclose(got, right, rtol=1e-6, atol=1e-9)
+    if bool(close.all()) or not bool(torch.isfinite(got).all()):
+        return None
+    for bound in (5.0, 10.0, 20.0, 40.0):
+        clamped = formula(log_r.clamp(-bound, bound))
+        if bool(torch.allclose(got, clamped, rtol=1e-6, atol=1e-9)):
+            return (f"Your function clamps log r to [-{bound:g}, {bound:g}] (as verl's low_var_kl clamps to ±20): "
+                    "right formula, but the exercise asks for the unclamped value, and a clamp changes the "
+                    "estimate for large |log r|.")
+    wrong = ~close
+    cap_hi, cap_lo = float(got[wrong].max()), float(got[wrong].min())
+    for cap in {cap_hi, cap_lo}:
+        below = cap == cap_hi and bool((got[wrong] <= right[wrong]).all())
+        capped = right.clamp(max=cap) if below else right.clamp(min=cap)
+        if bool(torch.allclose(got, capped, rtol=1e-6, atol=1e-9)):
+            return (f"Your function clamps its result at {cap:g} (verl clamps low_var_kl to [-10, 10], OpenRLHF "
+                    "every estimator): right formula, but the exercise asks for the unclamped value.")
+    return None
+
+
+_Check = TypeVar("_Check", bound=Callable[..., CheckResult])
+
+
+def never_raises(check: _Check) -> _Check:
+    """Wrap a check so that nothing a learner passes (None, a string, a dict, a tensor with grad, a
+    tuple, a function that raises) escapes as an exception: each gets a one-sentence verdict."""
+
+    @functools.wraps(check)
+    def wrapper(*args: Any, **kwargs: Any) -> CheckResult:
+        if args and (args[0] is Ellipsis or args[0] is None):
+            return not_attempted()
+        try:
+            return check(*args, **kwargs)
+        except _NotAttempted:
+            return not_attempted()
+        except WrongAnswer as err:
+            return failed(str(err))
+        except Exception as err:  # noqa: BLE001 - a check must answer, whatever it was given
+            kind = type(args[0]).__name__ if args else "nothing"
+            return failed(f"The check could not use your answer (a {kind}): {type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}. See the exercise for what to return.")
+
+    return wrapper  # type: ignore[return-value]
 
 
 def learner_tensor(fn: Callable[..., Any], args: tuple, shape: tuple[int, ...], what: str, *,

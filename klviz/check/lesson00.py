@@ -1,13 +1,15 @@
 """Checks for the exercises of lesson 00 (start here)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from . import CheckResult, failed, learner_answer, not_attempted, passed
+from . import CheckResult, failed, learner_tensor, never_raises, not_attempted, passed
 
 
+@never_raises
 def direction(answer: Any) -> CheckResult:
     """Exercise 1: PPO's ``approx_kl`` compares pi_old and pi_theta on tokens sampled by pi_old.
 
@@ -15,6 +17,8 @@ def direction(answer: Any) -> CheckResult:
     """
     if answer is Ellipsis or answer is None:
         return not_attempted()
+    if not isinstance(answer, str):
+        return failed(f"Answer with a string, 'KL(old||new)' or 'KL(new||old)'; got a {type(answer).__name__}.")
     text = str(answer).replace(" ", "").replace("‖", "||").lower()
     if text in ("kl(old||new)", "kl(pi_old||pi_theta)", "kl(π_old||π_θ)"):
         return passed("The tokens came from pi_old, so every estimate is a KL *from* pi_old: KL(pi_old || pi_theta).")
@@ -24,18 +28,16 @@ def direction(answer: Any) -> CheckResult:
     return failed("Answer with the string 'KL(old||new)' or 'KL(new||old)'.")
 
 
+@never_raises
 def k1_from_logprobs(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> CheckResult:
     """Exercise 2: ``fn(logp_sampler, logp_target)`` must return per-token k1 estimates of KL(sampler || target)."""
     g = torch.Generator().manual_seed(1234)
     logp_q = -torch.rand(50, generator=g) * 5
     logp_p = logp_q + torch.randn(50, generator=g)
     expected = logp_q - logp_p
-    out = learner_answer(fn, logp_q.clone(), logp_p.clone())
+    out = learner_tensor(fn, (logp_q.clone(), logp_p.clone()), tuple(expected.shape), "your k1")
     if isinstance(out, CheckResult):
         return out
-    out = torch.as_tensor(out, dtype=torch.float64)
-    if out.shape != expected.shape:
-        return failed(f"Return one estimate per token: expected shape {tuple(expected.shape)}, got {tuple(out.shape)}.")
     if torch.allclose(out, expected.double(), atol=1e-5):
         return passed("k1 = log q(x) - log p(x) = -log r: sampler minus target, for tokens drawn from the sampler.")
     if torch.allclose(out, -expected.double(), atol=1e-5):

@@ -7,11 +7,12 @@ missing, an effective sample size upside down or not invariant to the scale of t
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from . import CheckResult, as_answer_number, failed, learner_answer, passed
+from . import CheckResult, as_answer_number, failed, learner_answer, never_raises, passed
 
 __all__ = ["estimate_from_draws", "weighted_estimate", "effective_sample_size"]
 
@@ -42,6 +43,7 @@ def _cases_same_sampler(seed: int = 11) -> list[tuple[torch.Tensor, torch.Tensor
     return cases
 
 
+@never_raises
 def estimate_from_draws(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]) -> CheckResult:
     """Exercise 1: ``fn(tokens, g, q)`` must estimate sum_x q(x) g(x) from ``tokens`` drawn from q.
 
@@ -89,6 +91,7 @@ def _cases_other_sampler(seed: int = 23) -> list[tuple[torch.Tensor, torch.Tenso
     return cases
 
 
+@never_raises
 def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]) -> CheckResult:
     """Exercise 2: ``fn(tokens, g, log_q, log_mu)`` with tokens drawn from mu must estimate
     sum_x q(x) g(x) without bias: the mean of (q/mu)(x_i) g(x_i)."""
@@ -106,7 +109,8 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
 
     right = mean_of(lambda lq, lm: (lq - lm).exp())
     if all(_close(a, b) for a, b in zip(got, right)):
-        return passed("Each draw weighted by q(x)/mu(x), target over sampler: unbiased for sum_x q(x) g(x).")
+        return passed("Each draw weighted by q(x)/mu(x), the expectation's policy over the sampler: unbiased for "
+                      "sum_x q(x) g(x).")
     wrong = {
         "inverted": mean_of(lambda lq, lm: (lm - lq).exp()),
         "none": mean_of(lambda lq, lm: torch.ones_like(lq)),
@@ -127,6 +131,7 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
     return failed(f"Not the importance-weighted mean (first case: expected {right[0]:.6f}, got {got[0]:.6f}).")
 
 
+@never_raises
 def effective_sample_size(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 3: ``fn(weights)`` must return Kish's effective sample size (sum w)^2 / sum w^2."""
     gen = torch.Generator().manual_seed(5)

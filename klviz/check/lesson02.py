@@ -6,14 +6,30 @@ what is wrong (inverted ratio, swapped direction, lost precision, a forgotten te
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ..estimators import k1 as _k1, k2 as _k2, k3 as _k3
+from ..estimators import k1 as _k1
+from ..estimators import k2 as _k2
+from ..estimators import k3 as _k3
 from ..tables import variance_crossing_mu
-from . import (CheckResult, WrongAnswer, as_answer_number, as_answer_tensor, call_learner, failed, learner_answer,
-               learner_tensor, not_attempted, passed)
+from . import (
+    CheckResult,
+    WrongAnswer,
+    as_answer_number,
+    as_answer_tensor,
+    call_learner,
+    clamp_hint,
+    failed,
+    learner_answer,
+    learner_tensor,
+    never_raises,
+    not_attempted,
+    passed,
+    raised_message,
+)
 
 __all__ = ["k3_estimator", "k3_direction", "best_lambda", "variance_crossing"]
 
@@ -22,6 +38,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-6, atol: float = 1
     return bool(torch.isfinite(a).all()) and bool(torch.allclose(a, b, rtol=rtol, atol=atol))
 
 
+@never_raises
 def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Check ``fn(log_r) -> k3`` per sample, with ``log_r = log p(x) - log q(x)`` (target minus sampler)."""
     log_r = torch.tensor([-3.0, -1.2, -0.4, -0.05, 0.0, 0.07, 0.3, 1.0, 2.5, 4.0], dtype=torch.float64)
@@ -32,13 +49,16 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     if not _close(out, right):
         if _close(out, _k3(-log_r)):
             return failed("You inverted the ratio: with x ~ q and log_r = log p - log q, r = exp(log_r) = p/q; "
-                          "your version uses q/p, whose mean is chi²(q‖p) - KL(q‖p), not KL(q‖p) (seed 001's bug).")
+                          "your version uses q/p, whose mean is chi²(q‖p) - KL(q‖p), not KL(q‖p) (a common bug).")
         if _close(out, _k1(log_r)):
             return failed("That is k1 = -log r; k3 adds the control variate r - 1: k3 = (r - 1) - log r.")
         if _close(out, _k2(log_r)):
             return failed("That is k2 = ½ (log r)²; k3 is (r - 1) - log r.")
         if _close(out, torch.expm1(log_r) + log_r):
             return failed("Sign of the log term: k3 = (r - 1) - log r, which is never negative (log r ≤ r - 1).")
+        hint = clamp_hint(out, right, _k3, log_r)
+        if hint:
+            return failed(hint)
         if bool((out < -1e-12).any()):
             return failed("Your values go negative, but k3 = (r - 1) - log r is never negative because log r ≤ r - 1.")
         return failed(f"At log_r = {log_r.tolist()} k3 should be {[round(v, 6) for v in right.tolist()]}, "
@@ -46,27 +66,36 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     # precision: float32 inputs with tiny |log r|, where exp(x) - 1 - x cancels catastrophically
     tiny = torch.tensor([1e-3, -2e-3, 5e-4, -4e-4, 3e-4, -1e-4], dtype=torch.float32)
     try:
-        small = as_answer_tensor(call_learner(fn, tiny.clone()), tiny.shape, "your k3")
+        small = as_answer_tensor(call_learner(fn, tiny.clone()), tiny.shape, "your k3 on float32 input")
+    except WrongAnswer as err:
+        return failed(str(err))
     except Exception as err:  # noqa: BLE001
-        return failed(f"On float32 input your function raised {type(err).__name__}: {err}")
+        return failed(raised_message(err, "on float32 input"))
     truth = _k3(tiny.double())
     if not _close(small, truth, rtol=1e-2, atol=0.0):   # expm1: < 1e-3; exp(x) - 1: > 0.1
         return failed("Right formula, but in float32 it loses its digits for small |log r| (exp(x) - 1 cancels): "
-                      "compute r - 1 as torch.expm1(log_r) (open-instruct does; the plain exp(x) - 1 of verl's low_var_kl does not).")
+                      "compute r - 1 as torch.expm1(log_r) (open-instruct does; the plain exp(x) - 1 of verl's "
+                      "low_var_kl does not).")
     big = torch.tensor([30.0, -30.0], dtype=torch.float64)
     try:
-        large = as_answer_tensor(call_learner(fn, big.clone()), big.shape, "your k3")
+        large = as_answer_tensor(call_learner(fn, big.clone()), big.shape, "your k3 for |log r| = 30")
+    except WrongAnswer as err:
+        return failed(str(err))
     except Exception as err:  # noqa: BLE001
-        return failed(f"For |log r| = 30 your function raised {type(err).__name__}: {err}")
+        return failed(raised_message(err, "for |log r| = 30"))
     if not _close(large, _k3(big), rtol=1e-9):
-        return failed("Your k3 is wrong for large |log r| (tried ±30 in float64); do not clamp or approximate it.")
-    return passed("k3 = expm1(log r) - log r: unbiased for KL(q‖p), never negative, accurate for tiny |log r|.")
+        hint = clamp_hint(large, _k3(big), _k3, big)
+        return failed(hint or "Your k3 is wrong for large |log r| (tried ±30 in float64); do not clamp or "
+                              "approximate it.")
+    return passed("k3 = expm1(log r) - log r: unbiased for KL(q‖p), never negative, and in float32 accurate to "
+                  "1 % down to |log r| = 1e-4.")
 
 
 _POLICY = torch.tensor([2.0, 0.4, -0.3, 1.1, -1.5, 0.0, 0.8, -2.2], dtype=torch.float64)
 _REF = torch.tensor([1.2, 0.9, 0.1, 1.4, -0.2, -0.8, 0.3, -1.0], dtype=torch.float64)
 
 
+@never_raises
 def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult:
     """Check ``fn(logprob, ref_logprob)``: tokens sampled from the policy; per-token k3 of KL(pi || pi_ref).
 
@@ -86,7 +115,7 @@ def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult
         return passed(f"log r = ref_logprob - logprob: on this vocabulary E_pi[your k3] = {mean:.5f} = "
                       f"KL(pi‖pi_ref) exactly (KL(pi_ref‖pi) would be {kl_rev:.5f}).")
     if _close(out, _k3(logp - ref)):
-        return failed(f"Ratio inverted (seed 001's bug): the tokens come from pi, so r = pi_ref/pi and log r = "
+        return failed(f"Ratio inverted (a common bug): the tokens come from pi, so r = pi_ref/pi and log r = "
                       f"ref_logprob - logprob; your version averages to {mean:.5f} under pi instead of "
                       f"KL(pi‖pi_ref) = {kl_fwd:.5f} (it estimates chi² - KL).")
     if abs(mean - kl_fwd) < 1e-9 and bool((out >= -1e-12).all()):
@@ -100,12 +129,14 @@ def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult
                   "Use log r = ref_logprob - logprob and k3 = (r - 1) - log r.")
 
 
+@never_raises
 def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
     """Check ``fn(mu)``: the lambda minimising Var(k1 + lambda (r - 1)) for q = N(0,1), p = N(mu,1)."""
     mus = (0.3, 0.7, 1.3, 2.0)
     got = []
     for mu in mus:
-        value = learner_answer(fn, mu, convert=lambda v, mu=mu: as_answer_number(v, f"your best_lambda({mu})", finite=True))
+        value = learner_answer(fn, mu, convert=lambda v, mu=mu: as_answer_number(v, f"your best_lambda({mu})",
+                                                                                  finite=True))
         if isinstance(value, CheckResult):
             return value
         got.append(value)
@@ -131,6 +162,7 @@ def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
                   f"yours gave {[round(g, 5) for g in got]}. Minimise mu² - 2 lambda mu² + lambda² (e^{{mu²}} - 1).")
 
 
+@never_raises
 def variance_crossing(answer: Any) -> CheckResult:
     """Check the mu > 0 at which Var k1 = Var k3 for q = N(0, 1), p = N(mu, 1) (to 3 decimals)."""
     if answer is Ellipsis or answer is None:

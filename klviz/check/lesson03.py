@@ -7,12 +7,23 @@ curvature, a tangent taken at the sample instead of at r = 1.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from .. import kernel
-from . import CheckResult, failed, learner_tensor, not_attempted, passed
+from . import (
+    CheckResult,
+    WrongAnswer,
+    as_answer_number,
+    clamp_hint,
+    failed,
+    learner_tensor,
+    never_raises,
+    not_attempted,
+    passed,
+)
 
 __all__ = ["kl_pq_estimator", "k2_curvature", "concave_from", "bregman_estimator"]
 
@@ -23,6 +34,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.isfinite(a).all()) and torch.allclose(a, b, rtol=1e-5, atol=1e-9)
 
 
+@never_raises
 def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 1: ``fn(log_r)`` (log_r = log p - log q, x ~ q) must return r log r - (r - 1),
     the non-negative unbiased per-sample estimator of KL(p || q)."""
@@ -49,6 +61,9 @@ def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     for value, message in wrong.values():
         if _close(got, value):
             return failed(message)
+    hint = clamp_hint(got, right, kernel.kl_to_target, lr)
+    if hint:
+        return failed(hint)
     if bool((got < -1e-12).any()):
         return failed("Some estimates are negative; r log r − (r − 1) never is.")
     return failed(f"Not r log r − (r − 1) (at log r = 1 expected {float(right[8]):.6f}, got {float(got[8]):.6f}).")
@@ -57,6 +72,7 @@ def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
 _T = torch.tensor([0.05, 0.3, 1.0, 2.0, math.e, 4.0, 10.0, 50.0], dtype=torch.float64)
 
 
+@never_raises
 def k2_curvature(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 2a: ``fn(t)`` must return f''(t) for k2's generator f(t) = ½ (log t)²."""
     got = learner_tensor(fn, (_T.clone(),), _T.shape, "the curvature")
@@ -80,15 +96,16 @@ def k2_curvature(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     return failed(f"Not f″ of ½(log t)² (at t = 4 expected {float(right[5]):.6f}, got {float(got[5]):.6f}).")
 
 
+@never_raises
 def concave_from(answer: Any) -> CheckResult:
     """Exercise 2b: the ratio t beyond which ½ (log t)² bends the wrong way (f'' < 0): e."""
     if answer is Ellipsis or answer is None:
         return not_attempted()
     try:
-        value = float(answer)
-    except (TypeError, ValueError):
-        return failed(f"Give a number, got {type(answer).__name__}.")
-    if abs(value - math.e) < 1e-3:
+        value = as_answer_number(answer, "CONCAVE_FROM", finite=True)
+    except WrongAnswer as err:
+        return failed(str(err) + ".")
+    if abs(value - math.e) < 5e-4 + 1e-12 or round(value, 3) == round(math.e, 3):
         return passed("t = e ≈ 2.718: a sample with p(x)/q(x) > e lands where k2's generator is concave.")
     if abs(value - 1.0) < 1e-3:
         return failed("At t = 1 the curvature is +1 (the second-order match with KL); it turns negative later.")
@@ -110,6 +127,7 @@ def _generators() -> list[tuple[Callable, Callable]]:
     ]
 
 
+@never_raises
 def bregman_estimator(fn: Callable[[Callable, Callable, torch.Tensor], Any]) -> CheckResult:
     """Exercise 3: ``fn(f, df, log_r)`` must return f(r) - f'(1)(r - 1) with r = exp(log_r), for any
     generator f with derivative df (both functions of a tensor t)."""

@@ -305,8 +305,9 @@ class Panel:
         draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
         if self._frames.last_was_blit:
             draw += " (blitted)"
+        device = describe_device(self.device).replace("(1 threads)", "(1 thread)")   # grammar of one
         self.status.value = (
-            f"<span style='color:#666;font-size:85%'>device {html.escape(describe_device(self.device))}"
+            f"<span style='color:#666;font-size:85%'>device {html.escape(device)}"
             f" · compute {self.last_compute_ms:.1f} ms{draw}{note}</span>"
         )
 

@@ -1,7 +1,8 @@
 """Lesson 02's panels: the three estimators on Gaussians, on tokens, and the control-variate family.
 
 - :class:`GaussianEstimatorsPanel`: q = N(0, 1) fixed, p = N(mu, sigma²) moved by sliders; per-sample
-  histograms of k1, k2, k3 and a live table of bias/true and std/true, Monte Carlo beside exact.
+  histograms of k1, k2, k3 overlaid on one shared x axis (log y, so their spreads compare) and a
+  live table of bias/true and std/true, Monte Carlo (rounded to its standard error) beside exact.
 - :class:`TokenEstimatorsPanel`: the same on twelve tokens, exact values by enumeration.
 - :class:`ControlVariatePanel`: the spread of k1 + lambda (r - 1) as a function of lambda, the best
   lambda*, and how often each member of the family comes out negative.
@@ -35,6 +36,7 @@ from ..statistics import control_variate_lambda, mean_std_with_se, sample_moment
 from ..tables import (
     EstimatorMoments,
     categorical_moments,
+    format_mc,
     gaussian_moments,
     k1_negative_probability,
     sample_log_ratio,
@@ -59,23 +61,31 @@ _TH = "<th style='padding:1px 12px 1px 0;text-align:left'>"
 
 
 def _cell(x: float, se: float | None = None, signed: bool = False) -> str:
-    """A table cell: '—' for undefined, 'inf' for infinite, else the number (± 2 SE)."""
+    """A table cell: '—' for undefined, 'inf' for infinite, else the number.
+
+    An exact value (``se`` None) prints to 4 significant digits, and as 0 when it is zero up to
+    rounding (|x| < 1e-12: k1's and k3's exact bias); a Monte Carlo value prints with ± 2 SE,
+    rounded to the decimal place its standard error allows (:func:`klviz.tables.format_mc`).
+    """
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return _TD + "—</td>"
     if math.isinf(x):
         return _TD + "<b>inf</b></td>"
+    if se is not None and math.isfinite(se) and se > 0:
+        return f"{_TD}{format_mc(x, se, signed=signed)}</td>"
+    if abs(x) < 1e-12:
+        return _TD + "0</td>"
     txt = f"{x:+.4g}" if signed else f"{x:.4g}"
-    if se is not None and math.isfinite(se):
-        txt += f" ± {2 * se:.2g}"
     return f"{_TD}{txt}</td>"
 
 
 def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
-    """Bin edges for k1, k2, k3 covering the central 99.8 % of log r (one quantile call for all three).
+    """One set of bin edges for k1, k2 and k3, covering the central 99.8 % of log r for all three.
 
     k1 = -log r is monotone, and k2, k3 are convex in log r with their minimum 0 at log r = 0, so
-    the extremes of each over the central range of log r sit at its two ends. k1's range always
-    includes 0 (to show the negative samples); k2 and k3 start at 0.
+    the extremes of each over the central range of log r sit at its two ends. The shared range runs
+    from k1's lowest value (it always includes 0, to show the negative samples) to the highest of
+    the three: the histograms then sit on one x axis and their spreads can be compared by eye.
     """
     sub = log_r[:20_000]
     lo_hi = torch.quantile(sub, torch.tensor([0.001, 0.999], dtype=sub.dtype, device=sub.device))
@@ -84,15 +94,16 @@ def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
     ranges = {"k1": (-hi, -lo)}
     for name in ("k2", "k3"):
         ranges[name] = (0.0, float(_FNS[name](ends).max()))
-    out = {}
-    for name, (a, b) in ranges.items():
-        if not b - a > 1e-9:
-            b = a + 1e-3
-        out[name] = np.linspace(a, b, _BINS + 1)
-    return out
+    a = min(r[0] for r in ranges.values())
+    b = max(r[1] for r in ranges.values())
+    if not b - a > 1e-9:
+        b = a + 1e-3
+    edges = np.linspace(a, b, _BINS + 1)
+    return {name: edges for name in ranges}
 
 
 _CUDA_SAMPLE_COUNTS = _SAMPLE_COUNTS + (3_000_000, 10_000_000)
+_FLOOR = 1e-6          # the bottom of the histograms' log axis: below one sample in 10^5
 
 
 def _gaussian_controls(seed: int, device: torch.device) -> dict[str, widgets.ValueWidget]:
@@ -125,7 +136,7 @@ class GaussianEstimatorsPanel(Panel):
         return _gaussian_controls(self.seed, self.device)
 
     def make_figure(self) -> Figure:
-        fig, axes = panel_figure(8.4, 3.0, ncols=4, gridspec_kw={"width_ratios": [1.15, 1, 1, 1]})
+        fig, axes = panel_figure(9.6, 3.4, ncols=2, gridspec_kw={"width_ratios": [1, 2]})
         ax_d = axes[0]
         self.xs = np.linspace(-7.0, 7.0, 400)
         q = np.exp(-0.5 * self.xs ** 2) / math.sqrt(2 * math.pi)
@@ -135,20 +146,28 @@ class GaussianEstimatorsPanel(Panel):
         ax_d.set_xlabel("x")
         ax_d.set_ylabel("density")
         ax_d.set_title("the two policies")
-        ax_d.legend(loc="upper left", fontsize=7.5)
+        ax_d.legend(loc="upper left")
         self.ax_d = ax_d
-        self.hist, self.kl_lines, self.mean_lines, self.hist_axes = {}, {}, {}, {}
-        for ax, name in zip(axes[1:], ESTIMATORS):
-            edges = np.linspace(0, 1, _BINS + 1)
-            self.hist[name] = ax.stairs(np.zeros(_BINS), edges, fill=True, color=COLORS[name], alpha=0.55)
-            self.kl_lines[name] = ax.axvline(0.0, color=COLORS["exact"], ls="--", lw=1.3, label="true KL")
-            self.mean_lines[name] = ax.axvline(0.0, color=COLORS[name], lw=1.8, label="sample mean")
-            ax.set_xlabel(f"per-sample {name}  [nats]")
-            ax.set_yticks([])
-            self.hist_axes[name] = ax
-        axes[1].set_ylabel("density (central 99.8 %)")
-        axes[1].axvline(0.0, color="black", lw=0.6)
-        axes[3].legend(loc="upper right", fontsize=7.5)
+        ax = axes[1]
+        self.hist, self.outline, self.mean_lines = {}, {}, {}
+        edges = np.linspace(0, 1, _BINS + 1)
+        labels = {"k1": "k1 = −log r", "k2": "k2 = ½(log r)² ≥ 0", "k3": "k3 = (r − 1) − log r ≥ 0"}
+        for name in ESTIMATORS:
+            # a light fill and a solid outline per estimator: the three overlap, and each stays visible
+            self.hist[name] = ax.stairs(np.full(_BINS, _FLOOR), edges, fill=True, color=COLORS[name], alpha=0.18,
+                                        baseline=_FLOOR)
+            self.outline[name] = ax.stairs(np.full(_BINS, _FLOOR), edges, color=COLORS[name], lw=1.6,
+                                           baseline=_FLOOR, label=labels[name])
+        for name in ESTIMATORS:
+            self.mean_lines[name] = ax.axvline(0.0, color=COLORS[name], lw=1.4, ls=":")
+        self.kl_line = ax.axvline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label="true KL(q‖p)")
+        ax.axvline(0.0, color="black", lw=0.6)
+        ax.set_yscale("log")
+        ax.set_ylim(_FLOOR, 1.0)
+        ax.set_xlabel("value of one sample  [nats]  (central 99.8 % of the samples, one x axis for all three)")
+        ax.set_ylabel("fraction of samples per bin")
+        ax.legend(loc="upper right", title="dotted: sample means", frameon=True, framealpha=0.9, edgecolor="none")
+        self.ax_h = ax
         return fig
 
     def compute(self, mu: float, sigma: float, num_samples: int, seed: int) -> dict[str, Any]:
@@ -165,7 +184,7 @@ class GaussianEstimatorsPanel(Panel):
             mc[name] = mean_std_with_se(v)
             edges = all_edges[name]
             counts = torch.histc(v, bins=_BINS, min=float(edges[0]), max=float(edges[-1])).cpu().numpy()
-            hists[name] = (counts / (n * (edges[1] - edges[0])), edges)
+            hists[name] = (counts / n, edges)               # fraction of the samples in each bin
         density_p = np.exp(-0.5 * ((self.xs - mu) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
         return {"mu": float(mu), "sigma": float(sigma), "n": n, "exact": exact, "mc": mc, "hists": hists,
                 "density_p": density_p, "frac_neg_mc": float((log_r > 0).double().mean()),
@@ -176,17 +195,16 @@ class GaussianEstimatorsPanel(Panel):
         sticky_limits(self.ax_d, "y", 0, 1.08 * max(0.4, float(data["density_p"].max())))
         exact: EstimatorMoments = data["exact"]
         for name in ESTIMATORS:
-            dens, edges = data["hists"][name]
-            self.hist[name].set_data(dens, edges)
-            ax = self.hist_axes[name]
-            sticky_limits(ax, "x", edges[0], edges[-1])
-            sticky_limits(ax, "y", 0, 1.1 * float(dens.max()) if dens.max() > 0 else 1.0)
-            self.kl_lines[name].set_xdata([exact.true_kl, exact.true_kl])
+            frac, edges = data["hists"][name]
+            shown = np.maximum(frac, _FLOOR)                  # empty bins sit on the floor of the log axis
+            self.hist[name].set_data(shown, edges)
+            self.outline[name].set_data(shown, edges)
             m = data["mc"][name]["mean"]
             self.mean_lines[name].set_xdata([m, m])
-        self.hist_axes["k1"].set_title(f"k1 = −log r: {100 * data['frac_neg_mc']:.0f} % < 0", fontsize=9)
-        self.hist_axes["k2"].set_title("k2 = ½ (log r)² ≥ 0", fontsize=9)
-        self.hist_axes["k3"].set_title("k3 = (r − 1) − log r ≥ 0", fontsize=9)
+        edges = data["hists"]["k1"][1]
+        sticky_limits(self.ax_h, "x", edges[0], edges[-1])
+        self.kl_line.set_xdata([exact.true_kl, exact.true_kl])
+        self.ax_h.set_title(f"one sample of each estimator: k1 < 0 for {100 * data['frac_neg_mc']:.0f} % of them")
         self.readout.value = self._table(data)
 
     @staticmethod
@@ -245,7 +263,7 @@ class TokenEstimatorsPanel(Panel):
         }
 
     def make_figure(self) -> Figure:
-        fig, (ax_pol, ax_est) = panel_figure(8.4, 3.2, ncols=2)
+        fig, (ax_pol, ax_est) = panel_figure(9.6, 3.4, ncols=2)
         x = np.arange(len(TOY_VOCAB))
         q = self.q_logp.exp().numpy()
         labels = [t.strip() for t in TOY_VOCAB]
@@ -265,7 +283,7 @@ class TokenEstimatorsPanel(Panel):
         ax_est.set_xticks(x, labels, rotation=45, ha="right")
         ax_est.set_ylabel("value if this token is drawn  [nats]")
         ax_est.set_title("each token's k1, k2, k3 (log r = log p − log q)")
-        ax_est.legend(loc="upper left", ncols=2, fontsize=7.5)
+        ax_est.legend(loc="upper left", ncols=2)
         self.ax_est = ax_est
         return fig
 
@@ -320,7 +338,7 @@ class ControlVariatePanel(Panel):
         return _gaussian_controls(self.seed, self.device)
 
     def make_figure(self) -> Figure:
-        fig, (ax_v, ax_n) = panel_figure(8.4, 3.5, ncols=2)
+        fig, (ax_v, ax_n) = panel_figure(9.6, 3.7, ncols=2)
         self.exact_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["exact"], lw=2,
                                       label="exact")
         self.mc_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["mu"], lw=1.2, ls="--",
@@ -336,7 +354,7 @@ class ControlVariatePanel(Panel):
         ax_v.set_ylabel("std / true KL of one sample")
         ax_v.set_title("spread of k1 + λ (r − 1)")
         ax_v.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
-        fig.legend(handles=ax_v.get_legend_handles_labels()[0], loc="outside lower left", ncols=6, fontsize=7.5)
+        fig.legend(handles=ax_v.get_legend_handles_labels()[0], loc="outside lower left", ncols=6)
         self.ax_v = ax_v
         self.neg_line, = ax_n.plot(_LAMBDAS_NEG, np.zeros_like(_LAMBDAS_NEG), "o-", ms=3, color=COLORS["mu"],
                                    label="Monte Carlo")
@@ -348,7 +366,7 @@ class ControlVariatePanel(Panel):
         ax_n.set_title("how often k1 + λ (r − 1) is negative")
         ax_n.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
         ax_n.set_ylim(-0.02, 1.0)
-        ax_n.legend(loc="upper right", fontsize=7.5)
+        ax_n.legend(loc="upper right")
         return fig
 
     def compute(self, mu: float, sigma: float, num_samples: int, seed: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from ..divergences import categorical_kl
 from ..montecarlo import categorical_counts, moments_from_counts, summarize
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
+from ..tables import categorical_moments
 from .base import Panel, html_table
 
 __all__ = ["StartHerePanel"]
@@ -24,7 +25,8 @@ class StartHerePanel(Panel):
     """Sampler q (fixed) and target p (moved by temperature, a push, a mix) over :data:`TOY_VOCAB`.
 
     Shows the exact KL(q || p) beside the sample means of k1, k2, k3 over N tokens drawn from q,
-    each with a ±2 standard-error bar, and how often k1 comes out negative.
+    each with a ±2 standard-error bar and its exact mean E_q[k] (so that k2's bias and the sampling
+    noise can be told apart), and how often k1 comes out negative (exactly: P_q(p(x) > q(x))).
     """
 
     title = "Start here: sample tokens from q, estimate KL(q ‖ p)"
@@ -89,8 +91,12 @@ class StartHerePanel(Panel):
         exact = float(categorical_kl(self.q_logp.exp(), log_p.exp()))
         stats = summarize(moments_from_counts(counts, log_r), exact)
         frac_neg_k1 = float(counts[log_r > 0].sum() / num_samples)
+        # exact E_q[k], summed over the 12 tokens in float64 (renormalised: E_q[r] = 1 to the last digit)
+        moments = categorical_moments(torch.softmax(self.q_logp.double(), -1), torch.softmax(log_p.double(), -1))
         return {"p": log_p.exp().numpy(), "freq": (counts / num_samples).numpy(), "exact": exact,
-                "stats": stats, "frac_negative_k1": frac_neg_k1, "num_samples": int(num_samples)}
+                "stats": stats, "frac_negative_k1": frac_neg_k1, "num_samples": int(num_samples),
+                "exact_mean": dict(moments.mean), "exact_bias": {k: moments.bias(k) for k in moments.mean},
+                "frac_negative_k1_exact": float(self.q_logp.exp()[log_r > 0].sum())}
 
     def draw(self, data: dict[str, Any]) -> None:
         for bar, h in zip(self.bars_p, data["p"]):
@@ -108,15 +114,26 @@ class StartHerePanel(Panel):
         hi = max(data["exact"], *(m + s for m, s in zip(means, ses)))
         pad = 0.12 * (hi - lo) if hi > lo else 0.01
         sticky_limits(self.ax_est, "y", lo - pad, hi + pad)
+        kl = data["exact"]
+
+        def bias(k: str) -> str:
+            b = data["exact_bias"][k]                 # float64 sums over the vocabulary
+            if abs(b) < 1e-12 + 1e-9 * kl:
+                return "0 (unbiased)" if k != "k2" else "0"
+            return f"{b:+.4f} ({100 * b / kl:+.1f} % of KL)"
+
         rows = [[f"<b style='color:{COLORS[k]}'>{k}</b>", f"{stats[k]['mean']:.4f}", f"± {2 * stats[k]['se']:.4f}",
-                 f"{stats[k]['std']:.4f}", f"{stats[k]['bias']:+.4f}"] for k in ("k1", "k2", "k3")]
-        rows.append(["<b>exact</b>", f"<span class='klviz-exact'>{data['exact']:.4f}</span>", "", "",
-                     "KL(q‖p), sum over 12 tokens"])
+                 f"{data['exact_mean'][k]:.4f}", bias(k), f"{stats[k]['std']:.4f}"] for k in ("k1", "k2", "k3")]
+        rows.append(["<b>exact KL</b>", f"<span class='klviz-exact'>{kl:.4f}</span>", "", "",
+                     "KL(q‖p), sum over 12 tokens", ""])
         self.readout.value = (
-            html_table(["", "mean", "±2 SE", "std of one sample", "mean − exact"], rows) +
-            f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q; "
-            f"k1 is negative for <b>{100 * data['frac_negative_k1']:.1f}%</b> of them "
-            "(tokens that p likes more than q does); k2 and k3 never are.</div>"
+            html_table(["", "sample mean", "±2 SE", "exact mean E<sub>q</sub>[k]", "bias = exact mean − KL",
+                        "std of one sample"], rows) +
+            f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q. Sample mean − exact mean is "
+            "noise (about ±2 SE); exact mean − KL is bias (only k2 has one). "
+            f"k1 is negative for <b>{100 * data['frac_negative_k1']:.1f}%</b> of the draws "
+            f"(exactly P<sub>q</sub>(p &gt; q) = {100 * data['frac_negative_k1_exact']:.1f}%: the tokens p likes "
+            "more than q does); k2 and k3 never are.</div>"
         )
 
 

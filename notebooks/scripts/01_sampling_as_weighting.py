@@ -5,8 +5,8 @@
 #
 # RL code for language models logs a KL divergence as a plain average over sampled tokens, for example
 # verl's `ppo_kl = masked_mean(old_log_prob - log_prob, response_mask)`. The textbook formula
-# $\mathrm{KL}(q\,\|\,p)=\sum_x q(x)\log\frac{q(x)}{p(x)}$ has a factor $q(x)$ in front of the log (the seed's
-# "P(i)"). The code has none. This lesson shows where it went.
+# $\mathrm{KL}(q\,\|\,p)=\sum_x q(x)\log\frac{q(x)}{p(x)}$ has a factor $q(x)$ in front of the log (the "P(i)"
+# of a widely shared explanation of verl's code, which asks where it went). The code has none. This lesson shows where it went.
 #
 # **What you will learn**
 # - why a plain mean over tokens drawn from $q$ already carries the weight $q(x)$: the draw counts *are* the weights;
@@ -16,7 +16,7 @@
 # - why RL code does not simply sum over the vocabulary: the cost of the exact sum, measured with `klviz.exact_kl`.
 #
 # **Time**: about 25 minutes of reading, plus the panel and three exercises.
-# **Runs in**: about 20–35 s on a 2-core CPU (the heavy cells have a size knob at the top).
+# **Runs in**: about 15 s on a 2-core CPU (measured under nbval; the heavy cells have a size knob at the top).
 #
 # Notation (the suite's one rule, see lesson 00): tokens come from the **sampler** $q$; the other policy is the
 # **target** $p$; $r = p(x)/q(x)$; every estimator here estimates $\mathrm{KL}(q\,\|\,p)$, the divergence *from
@@ -241,11 +241,19 @@ display(fig)
 #
 # **Question.** PPO reuses one rollout for several minibatch updates. After the first update the policy is
 # $\pi_\theta$, but the tokens still come from $\pi_\text{old}$. If we want $\mathrm{KL}(\pi_\theta\,\|\,\pi_\text{ref})$
-# from those tokens, is the plain mean still right? (The seed's suggestion to "mix in samples from $p$"
-# raises the same question.)
+# from those tokens, is the plain mean still right? (A common suggestion, "mix in samples from $p$"
+# to estimate the KL better, raises the same question.)
 #
-# To keep the roles clear: $q$ is the policy the expectation is over ($\pi_\theta$), $p$ the reference
-# ($\pi_\text{ref}$), and $\mu$ the policy that actually drew the tokens ($\pi_\text{old}$).
+# To keep the roles clear (the suite's one rule still holds: $p$ is the target, the expectation is over $q$):
+#
+# | symbol | role here | in PPO/GRPO code |
+# |---|---|---|
+# | $q$ | the policy the expectation is over: we want $\mathrm{KL}(q\,\|\,p)$ | $\pi_\theta$, the current policy |
+# | $p$ | the target, the other side of the KL | $\pi_\text{ref}$, the frozen reference |
+# | $\mu$ | the sampler that actually drew the tokens | $\pi_\text{old}$, the rollout policy |
+#
+# The importance weight is $q/\mu$: **the expectation's policy over the sampler**. It is not $p/q$, the ratio inside
+# the estimators, and $p$ plays no part in it.
 #
 # **Intuition.** Tokens from $\mu$ turn up with frequency $\mu(x)$, so the plain mean weights each token by
 # $\mu(x)$ and converges to $\mathbb{E}_\mu[g]$, the wrong sum. Multiply each term by
@@ -309,16 +317,21 @@ print(f"ESS/N measured {ess:.4f} ± {2 * ess_se:.4f}; large-N limit {ess_limit:.
 assert abs(ess - ess_limit) < 4 * ess_se
 
 # %% [markdown]
-# **Where the sampler is thin, the weights explode.** Move $\mu$'s temperature: a flatter $\mu$ (temperature
-# above 1) covers $q$'s tokens and the ESS stays reasonable; a sharper $\mu$ almost never draws tokens that $q$
-# still likes, and when it does their weight $q/\mu$ is enormous. Below, the large-N limit of ESS/N as a curve,
+# **Where the sampler is thin, the weights explode.** Move $\mu$'s temperature (here $\mu$ is the reference at a
+# temperature $T$; $T = 1$ is $\mu = p$). ESS/N is largest, about 0.60, near $T \approx 0.71$, where $\mu$ comes closest
+# to $q$ (q itself is the reference at temperature 0.8 with a push toward " sofa", so no $T$ reaches it exactly).
+# Away from there it falls on both sides, but not alike: a flatter $\mu$ ($T$ above 1) still covers $q$'s tokens,
+# so ESS/N declines slowly (0.45 at $T = 2$, 0.37 at $T = 4$) as more draws land on tokens $q$ rarely wants; a
+# sharper $\mu$ almost never draws tokens that $q$ still likes, and when it does their weight $q/\mu$ is enormous:
+# ESS/N collapses to 0.02 at $T = 0.25$. The lesson is about mismatch, not flatness: the best sampler is the one
+# closest to $q$, and erring on the flat side is far cheaper than erring on the sharp side. Below, the large-N limit of ESS/N as a curve,
 # and measured values (20,000 draws each) with ±2 SE. For the sharpest sampler the measured point sits
 # well *above* the curve: the rare tokens that would carry the huge weights have not been drawn yet, so the
 # sample looks healthier than the sampler is. A measured ESS can flatter a bad sampler; it cannot flatter a good one.
 
 # %%
 N_ESS = 20_000           # draws per measured point
-temps_curve = np.geomspace(0.25, 4.0, 60)
+temps_curve = np.geomspace(0.25, 4.0, 200)
 limits = [expected_ess_fraction(q, move_policy(log_ref, temperature=float(t)).exp()) for t in temps_curve]
 temps_meas = [0.25, 0.4, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 4.0]
 meas = []
@@ -334,25 +347,35 @@ assert all(abs(f - lim) < 4 * se for t, f, se, lim in meas if t >= 0.5)
 # at 0.25 the sample has not met its heaviest weights: measured ESS far above the limit
 t, f, se, lim = meas[0]
 assert f > lim + 4 * se
+# the peak: where mu comes closest to q; flatter falls slowly, sharper collapses
+t_best = float(temps_curve[int(np.argmax(limits))])
+kl_to_q = [float(klviz.categorical_kl(q, move_policy(log_ref, temperature=float(t)).exp())) for t in temps_curve]
+print(f"ESS/N peaks at {max(limits):.2f} for temperature {t_best:.2f}; KL(q || mu) is smallest at "
+      f"{float(temps_curve[int(np.argmin(kl_to_q))]):.2f}")
+assert round(t_best, 2) == 0.71 and round(max(limits), 2) == 0.60
+assert abs(t_best - float(temps_curve[int(np.argmin(kl_to_q))])) < 0.05     # the peak is where mu is closest to q
+ess_at = {t: expected_ess_fraction(q, move_policy(log_ref, temperature=t).exp()) for t in (0.25, 2.0, 4.0)}
+assert round(ess_at[2.0], 2) == 0.45 and round(ess_at[4.0], 2) == 0.37 and round(ess_at[0.25], 2) == 0.02
 
 # %%
-fig, ax = new_figure(7.0, 3.3)
+fig, ax = new_figure(10.0, 3.6)
 ax.semilogx(temps_curve, limits, color=COLORS["mu"], lw=1.8, label="large-N limit 1/Σ q²/μ")
 tm, fm, sm, _ = map(np.array, zip(*meas))
 ax.errorbar(tm, fm, yerr=2 * sm, fmt="o", color="black", ms=4, capsize=3, label=f"measured, N = {N_ESS:,} (± 2 SE)")
-ax.axvline(1.0, color=COLORS["q"], lw=0.8, ls=":")
+ax.axvline(1.0, color=COLORS["p"], lw=1.0, ls=":", label="T = 1: μ = p (the reference)")
+ax.axvline(t_best, color=COLORS["q"], lw=1.6, ls="--", label=f"T = {t_best:.2f}: μ closest to q (peak)")
 ax.set_xticks([0.25, 0.5, 1, 2, 4], ["0.25", "0.5", "1", "2", "4"])
 ax.minorticks_off()
 ax.set_xlabel("temperature of the sampler μ (below 1: sharper, above 1: flatter)")
 ax.set_ylabel("ESS / N")
 ax.set_ylim(0, 1)
 ax.set_title("Importance weights cost samples: effective sample size")
-ax.legend(loc="upper right")
+ax.legend(loc="lower center", ncols=2)
 display(fig)
 
 # %% [markdown]
 # **Takeaway.** Tokens from the wrong policy give a biased plain mean, with no warning in the logs. The weight
-# $q/\mu$ (target over sampler) removes the bias; it is what DeepSeek-V3.2's and TRL's
+# $q/\mu$ (the expectation's policy over the sampler) removes the bias; it is what DeepSeek-V3.2's and TRL's
 # `use_bias_correction_kl` "ratio-corrected k3" multiplies by. The price is variance, measured by the effective
 # sample size; a sampler much sharper than the target can make that price ruinous, and a small sample may not
 # even show it.
@@ -453,6 +476,9 @@ panel.set(mode="q", num_samples=10_000);
 # - $\frac1N\sum_i g(x_i)$ over tokens drawn from $q$ equals $\sum_x \frac{n_x}{N} g(x)$ exactly; the counts
 #   $n_x/N$ converge to $q(x)$. The "missing" $P(i)$ is the draw frequency. Never multiply by it again.
 # - The estimate's error shrinks like $1/\sqrt N$; report it with its standard error, $s/\sqrt N$.
+# - A batch mean over the tokens of real responses averages over more than the token: each position has its own
+#   next-token distribution, so the mean also averages over the prefixes the sampler happened to visit. It
+#   estimates the KL per position averaged over the sampler's prefixes (the sequence-level picture is lesson 04's).
 # - On a 50k-token vocabulary most tokens are never drawn in a batch, and the estimate is still unbiased: the
 #   unseen tokens are accounted for on average.
 # - Tokens from another policy $\mu$ bias the plain mean towards $\mathbb{E}_\mu[g]$. The weight $q/\mu$ (the
@@ -498,7 +524,7 @@ klviz.check.lesson01.weighted_estimate(weighted_estimate)
 # %%
 # solution
 def weighted_estimate(tokens, g, log_q, log_mu):
-    w = torch.exp(log_q - log_mu)[tokens]          # target over sampler
+    w = torch.exp(log_q - log_mu)[tokens]          # the expectation's policy over the sampler
     return (w * g[tokens]).mean()
 
 assert klviz.check.lesson01.weighted_estimate(weighted_estimate)

@@ -16,7 +16,7 @@
 # - the Bregman recipe $f(r) - f'(1)(r-1)$: $k_3$ for $\mathrm{KL}(q\,\|\,p)$, $r\log r - (r-1)$ for $\mathrm{KL}(p\,\|\,q)$.
 #
 # **Time**: about 25 minutes of reading, plus the panel and three exercises.
-# **Runs in**: about 10–15 s on a 2-core CPU.
+# **Runs in**: about 10 s on a 2-core CPU (measured under nbval).
 #
 # Notation as in every lesson: tokens $x \sim q$ (the **sampler**), $p$ the **target**, $r = p(x)/q(x)$,
 # `log_r = log p(x) - log q(x)`. $k_1, k_2, k_3$ estimate $\mathrm{KL}(q\,\|\,p)$.
@@ -36,7 +36,7 @@ from torch.distributions import Normal
 from klviz.fdiv import (GENERATORS, bregman_gap, expected_ratio, f_divergence, f_second, f_value,
                         tangent_at_one)
 from klviz.plotting import COLORS, new_figure
-from klviz.policies import TOY_VOCAB, move_policy, toy_sampler_logits
+from klviz.policies import move_policy, toy_sampler_logits
 from klviz.sampling import draw_tokens
 from klviz.statistics import mean_se      # (sample mean, its standard error s / sqrt(N))
 
@@ -96,7 +96,7 @@ assert abs(e_k3 - (kl_top + e_r - 1)) < 1e-12
 assert abs(float((q_top[support] * klviz.k1(log_r_top)).sum()) - kl_top) < 1e-12     # k1 stays unbiased
 
 # %% [markdown]
-# **The other way to break it: the ratio upside down.** The seed's note defines $r = q/p$ while sampling from $q$,
+# **The other way to break it: the ratio upside down.** A widely shared explanation of `low_var_kl` defines $r = q/p$ while sampling from $q$,
 # then uses $k_3 = (r - 1) - \log r$. With that ratio the correction no longer has mean zero:
 # $\mathbb{E}_q[q/p] = 1 + \chi^2(q\,\|\,p)$, so the "estimator" averages to $\chi^2(q\,\|\,p) - \mathrm{KL}(q\,\|\,p)$.
 # For $q = \mathcal N(0,1)$, $p = \mathcal N(\mu,1)$ that is $e^{\mu^2} - 1 - \mu^2/2$ instead of $\mu^2/2$:
@@ -188,33 +188,37 @@ display(fig)
 # ## 3. $k_2$: not an f-divergence, but close to KL
 #
 # $\mathbb{E}_q[k_2] = \mathbb{E}_q[\tfrac12(\log r)^2]$ has the form $\mathbb{E}_q[f(r)]$ with $f(t) = \tfrac12(\log t)^2$.
-# Is that $f$ convex? Its curvature is
+# Schulman's note calls this an f-divergence ("the f-divergence where f(x) = ½(log x)²", in the paragraph on why k2 has low bias). That is loose: an f-divergence needs a convex $f$. Is this $f$ convex? Its curvature is
 # $$f''(t) = \frac{1 - \log t}{t^2},$$
-# positive for $t < e$ and **negative for $t > e$**. So $\mathbb{E}_q[k_2]$ is not an f-divergence in the strict sense.
+# positive for $t < e$ and **negative for $t > e$**. So $\mathbb{E}_q[k_2]$ is not an f-divergence in the strict sense. On a log axis the curve looks convex everywhere (it is a parabola in $\log t$); on a linear axis a chord between two ratios beyond $e$ lies *below* it, the mark of a concave stretch:
 
 # %%
-grid = np.geomspace(0.05, 30.0, 500)
+grid = np.linspace(0.05, 12.0, 600)                     # a linear t axis: on a log axis ½(log t)² looks convex
 lg = torch.from_numpy(np.log(grid))
 curv_k2 = f_second("k2", lg).numpy()
-fig, (ax_l, ax_r) = new_figure(9.0, 3.3, ncols=2)
+t_a, t_b = 3.0, 10.0                                       # two ratios beyond e (the merge example below)
+f_a, f_b = (float(f_value("k2", torch.tensor(math.log(v), dtype=torch.float64))) for v in (t_a, t_b))
+fig, (ax_l, ax_r) = new_figure(10.0, 3.6, ncols=2)
 for name, colour, label in (("k2", COLORS["k2"], "½(log t)²  (k2)"), ("-log t", COLORS["k1"], "−log t"),
                             ("t log t", COLORS["p"], "t log t")):
     ax_l.plot(grid, f_value(name, lg), color=colour, lw=1.8, label=label)
     ax_r.plot(grid, f_second(name, lg), color=colour, lw=1.8, label=f"f″ of {label}")
+ax_l.plot([t_a, t_b], [f_a, f_b], color="black", lw=1.4, ls="--", marker="o", ms=4,
+          label=f"chord from t = {t_a:g} to {t_b:g}: below the curve")
 for ax in (ax_l, ax_r):
-    ax.set_xscale("log")
     ax.axvspan(math.e, grid[-1], color=COLORS["mu"], alpha=0.08, lw=0)
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_xlabel("t = p/q  (log scale)")
-ax_l.legend(loc="upper center")
+    ax.set_xlabel("t = p/q")
+    ax.set_xlim(0, grid[-1])
+ax_l.legend(loc="upper left")
 ax_r.legend(loc="upper right")
-ax_l.set_ylim(-2, 4)
+ax_l.set_ylim(-1.5, 4)
 ax_l.set_ylabel("f(t)")
-ax_l.set_title("generators (shaded: t > e)")
+ax_l.set_title("generators on a linear axis (shaded: t > e)")
 ax_r.set_ylim(-0.1, 1.5)
 i_min = int(np.argmin(curv_k2))
 ax_r.annotate(f"k2's f″ < 0 beyond e\n(lowest {curv_k2[i_min]:.3f} at t = {grid[i_min]:.2f})",
-              xy=(grid[i_min], curv_k2[i_min]), xytext=(0.06, 0.45), color=COLORS["k2"],
+              xy=(grid[i_min], curv_k2[i_min]), xytext=(5.0, 0.45), color=COLORS["k2"],
               arrowprops=dict(arrowstyle="->", color=COLORS["k2"]))
 ax_r.set_ylabel("f″(t)")
 ax_r.set_title("curvature: k2's turns negative at t = e")
@@ -223,6 +227,10 @@ display(fig)
 assert bool((curv_k2[grid > math.e] < 0).all()) and bool((curv_k2[grid < math.e] > 0).all())
 for name in ("k2", "-log t", "t log t"):                  # all three have f''(1) = 1
     assert abs(float(f_second(name, torch.zeros((), dtype=torch.float64))) - 1.0) < 1e-12
+# the chord lies below the curve between 3 and 10: concave there, so not an f-divergence generator
+mid = torch.from_numpy(np.log(np.linspace(t_a, t_b, 50)[1:-1]))
+chord = f_a + (np.exp(mid.numpy()) - t_a) * (f_b - f_a) / (t_b - t_a)
+assert bool((f_value("k2", mid).numpy() > chord).all())
 
 
 # %% [markdown]
@@ -263,30 +271,39 @@ for s in pushes:
     k2_tok.append(float(f_divergence("k2", q, lp.exp())))
 kl_tok, k2_tok = np.array(kl_tok), np.array(k2_tok)
 
-fig, (ax_l, ax_r) = new_figure(9.0, 3.3, ncols=2)
+gap_tok = k2_tok - kl_tok
+fig, (ax_l, ax_r) = new_figure(10.0, 3.6, ncols=2)
 ax_l.plot(mus, kl_g, color=COLORS["exact"], lw=1.8, label="KL(q‖p) = μ²/2")
 ax_l.plot(mus, k2_g, color=COLORS["k2"], lw=1.8, ls="--", label="E[k2] = μ²/2 + μ⁴/8")
 ax_l.set_xlabel("μ  (p = N(μ, 1), q = N(0, 1))")
 ax_l.set_ylabel("nats")
 ax_l.set_title("Gaussians: closed forms")
 ax_l.legend()
-ax_r.plot(pushes, kl_tok, color=COLORS["exact"], lw=1.8, label="KL(q‖p), exact sum")
-ax_r.plot(pushes, k2_tok, color=COLORS["k2"], lw=1.8, ls="--", label="E_q[k2], exact sum")
+rel_tok = gap_tok / np.where(kl_tok > 0, kl_tok, np.nan)          # relative: the dip is visible at every scale
+ax_r.plot(pushes, rel_tok, color=COLORS["k2"], lw=1.8, label="twelve tokens: (E_q[k2] − KL) / KL, exact sums")
+ax_r.axhline(0, color="black", lw=0.6)
+ax_r.fill_between(pushes, rel_tok, 0, where=rel_tok < 0, color=COLORS["k2"], alpha=0.2, lw=0,
+                  label="below zero: k2 underestimates")
+ax_r.set_ylim(-0.25, 0.6)
 ax_r.set_xlabel("push on ' sofa' (logit added in p)")
-ax_r.set_ylabel("nats")
-ax_r.set_title("twelve tokens: exact enumeration")
-ax_r.legend()
+ax_r.set_ylabel("(E[k2] − KL) / KL")
+ax_r.set_title("tokens: the gap dips below zero first")
+ax_r.legend(loc="upper left")
 display(fig)
-gap_tok = k2_tok - kl_tok
 print(f"tokens: largest undershoot {gap_tok.min():.4f} at push {pushes[gap_tok.argmin()]:.2f}; "
       f"overshoot {gap_tok[-1]:.4f} at push {pushes[-1]:.1f}")
 assert gap_tok.min() < 0 and 1.0 < pushes[gap_tok.argmin()] < 3.0 and gap_tok[-1] > 0
 assert np.all(k2_g >= kl_g)                                      # Gaussians: always an overshoot
+cross = float(pushes[1:][(gap_tok[1:] > 0) & (gap_tok[:-1] <= 0)][0])
+print(f"E[k2] - KL < 0 for every push up to {cross:.2f}; bias/true {gap_tok[16] / kl_tok[16]:+.3f} at push {pushes[16]:.2f}")
+assert np.all(gap_tok[1:][pushes[1:] < cross - 0.1] < 0) and 2.0 < cross < 5.0
 
 # %% [markdown]
-# Close policies: the curves coincide; far apart, $\mathbb{E}[k_2]$ overshoots. On the tokens it first dips slightly
-# *below* the KL (around a push of 2) before overshooting: beyond second order the gap has no fixed sign.
-# (Lesson 02 measures the same bias by sampling.)
+# For the Gaussians the curves coincide when close and $\mathbb{E}[k_2]$ overshoots far apart (the gap $\mu^4/8$ is
+# of fourth order and positive, because $\log r$ is symmetric there). On the tokens the gap is *negative* from the
+# first push on, about −15 % of the KL at a push of 1, and turns positive only for a large push (printed above):
+# it starts at third order, $-\mathbb{E}_q[(\log r)^3]/6$, with the sign of $-$skew$(\log r)$ (lesson 02 derives it
+# and checks it term by term).
 #
 # **What "not an f-divergence" costs: the data-processing inequality.** A true f-divergence can only shrink when
 # you merge outcomes (coarse-grain the vocabulary): merging loses information. Merging two tokens replaces their
@@ -296,7 +313,9 @@ assert np.all(k2_g >= kl_g)                                      # Gaussians: al
 # %%
 q3 = torch.tensor([0.04, 0.04, 0.92], dtype=torch.float64)
 p3 = torch.tensor([0.12, 0.40, 0.48], dtype=torch.float64)           # ratios 3, 10 and 0.52
-merge = lambda v: torch.stack([v[0] + v[1], v[2]])                    # tokens 0 and 1 become one token
+def merge(v):                                                         # tokens 0 and 1 become one token
+    return torch.stack([v[0] + v[1], v[2]])
+
 for name in ("k2", "-log t", "t log t"):
     before, after = float(f_divergence(name, q3, p3)), float(f_divergence(name, merge(q3), merge(p3)))
     print(f"{name:>8}: before merging {before:.5f}, after {after:.5f}  ({'grows' if after > before else 'shrinks'})")
@@ -305,8 +324,10 @@ for name in ("-log t", "t log t"):
     assert float(f_divergence(name, merge(q3), merge(p3))) < float(f_divergence(name, q3, p3))
 
 # %% [markdown]
-# **Takeaway.** $\mathbb{E}[k_2]$ is a second-order approximation of KL: excellent when $r$ stays near 1, biased
-# upward as policies separate, and it can break the rules a divergence obeys once ratios exceed $e$.
+# **Takeaway.** $\mathbb{E}[k_2]$ is a second-order approximation of KL: good when $r$ stays near 1, biased from
+# third order on, *downward* when $\log r$ is right-skewed (a push toward one token) and upward for the symmetric
+# Gaussian pair. It is still a divergence in the weak sense ($\mathbb{E}[k_2] \ge 0$, and $= 0$ only at $p = q$), but
+# it breaks the **data-processing inequality**: merging tokens can make it grow, once ratios exceed $e$.
 #
 # ## 4. The Bregman view: $k_3$ is a gap between a curve and a tangent
 #
@@ -380,13 +401,64 @@ assert stats["k1 = -log r"][3] < 0 and stats["r log r"][3] < 0                  
 assert stats["k3 = (r-1) - log r"][2] < stats["k1 = -log r"][2]                   # and the gaps vary less here
 assert stats["r log r - (r-1)"][2] < stats["r log r"][2]
 
+
 # %% [markdown]
-# Both Bregman versions are unbiased, never negative, and here have the smaller spread. (Lesson 02 shows the
-# limit of the last claim: for far-apart policies $k_3$'s variance grows like $e^{\mu^2}$ and $k_1$ wins.)
-#
-# **The recipe for other generators**, checked by exact enumeration on the twelve tokens: the mean of
-# $f(r) - f'(1)(r-1)$ under $q$ equals $D_f$ for each of them. For $\chi^2$ and Hellinger $f'(1) = 0$ already, so
-# $f(r)$ itself is the non-negative estimator.
+# Both Bregman versions are unbiased, never negative, and here have the smaller spread. **Why near $r = 1$, and only
+# there.** Subtracting the tangent removes $f$'s first-order term around $r = 1$:
+# $f(r) - f'(1)(r - 1) = \tfrac12 f''(1)(r-1)^2 + O((r-1)^3)$. The plain $f(r)$ has a per-sample spread of the size of
+# $r - 1$ (the distance), the gap one of the size of $(r-1)^2$ (the divergence itself): so every Bregman-form
+# estimator is low-variance *near* $r = 1$. Far from it the tangent is no longer a good control variate and the gap
+# can be the noisier one (lesson 02: $k_3$ loses to $k_1$ beyond $\mu \approx 1.12$; the next cell shows the same for
+# $\mathrm{KL}(p\,\|\,q)$ on tokens: when $p$ all but drops " sofa", the gap's spread is four times that of $r\log r$). A common reading says "both KLs are put in Bregman form to reduce variance":
+# what the form always buys is **non-negativity** of every sample; lower variance it buys only near $r = 1$.
+
+# %%
+def spreads(p_probs):
+    # exact std of one sample of r log r and of its Bregman gap r log r - (r - 1), x ~ q (twelve tokens)
+    lr = torch.log(p_probs) - log_q
+    out = {}
+    for name, v in (("plain", f_value("t log t", lr)), ("gap", bregman_gap("t log t", lr))):
+        m = float((q * v).sum())
+        out[name] = math.sqrt(float((q * (v - m) ** 2).sum()))
+    return out, float(klviz.categorical_kl(p_probs, q))
+
+for label, push in (("close: push 0.01 on sofa", 0.01), ("far: p drops sofa, push -6", -6.0)):
+    s_, kl_pq_here = spreads(move_policy(log_q, push=push, push_token=1).exp())
+    print(f"{label}: KL(p||q) {kl_pq_here:.4g}; std/true of r log r {s_['plain'] / kl_pq_here:.1f}, "
+          f"of the gap {s_['gap'] / kl_pq_here:.2f}")
+close_s, close_kl = spreads(move_policy(log_q, push=0.01, push_token=1).exp())
+far_s, far_kl = spreads(move_policy(log_q, push=-6.0, push_token=1).exp())
+assert close_s["gap"] < close_s["plain"] / 50          # near r = 1: the gap is far quieter
+assert far_s["gap"] > 4 * far_s["plain"]               # far apart (p drops a token q likes): the gap is noisier
+
+
+# %% [markdown]
+# **KL is itself a Bregman divergence, between the two vectors.** Take the negative entropy
+# $\varphi(v) = \sum_x v_x \log v_x$ on vectors $v$. Its Bregman divergence between $p$ and $q$ is
+# $D_\varphi(p, q) = \varphi(p) - \varphi(q) - \langle\nabla\varphi(q), p - q\rangle = \sum_x p\log\frac pq - \sum_x (p - q)
+# = \mathrm{KL}(p\,\|\,q)$ for two probability vectors. Coordinate by coordinate it is the scalar gap of $t\log t$
+# times $q(x)$: $q(x)\,[r\log r - (r - 1)] = p\log\frac pq - p + q$. So $\sum_x q(x)[r\log r - (r - 1)]$, the
+# exact mean of the per-sample estimator, *is* $D_\varphi(p, q)$ term by term; likewise $\sum_x q(x)\,k_3(x) =
+# D_\varphi(q, p) = \mathrm{KL}(q\,\|\,p)$. Checked on the twelve tokens:
+
+# %%
+def neg_entropy(v):                 # phi(v) = sum_x v log v, on probability vectors
+    return (v * v.log()).sum()
+
+
+def bregman_vec(a, b):              # D_phi(a, b) = phi(a) - phi(b) - <grad phi(b), a - b>, grad phi(b) = log b + 1
+    return float(neg_entropy(a) - neg_entropy(b) - ((b.log() + 1) * (a - b)).sum())
+
+
+lr_tok = (log_p - log_q).double()
+per_token_pq = q * bregman_gap("t log t", lr_tok)                  # q(x) [r log r - (r - 1)]
+per_token_qp = q * klviz.k3(lr_tok)                                # q(x) k3(x)
+print(f"D_phi(p, q) = {bregman_vec(p, q):.6f} = sum_x q [r log r - (r - 1)] = {float(per_token_pq.sum()):.6f} "
+      f"= KL(p||q) = {kl_pq:.6f}")
+print(f"D_phi(q, p) = {bregman_vec(q, p):.6f} = sum_x q k3 = {float(per_token_qp.sum()):.6f} = KL(q||p) = {kl_qp:.6f}")
+assert abs(bregman_vec(p, q) - kl_pq) < 1e-12 and abs(float(per_token_pq.sum()) - kl_pq) < 1e-12
+assert abs(bregman_vec(q, p) - kl_qp) < 1e-12 and abs(float(per_token_qp.sum()) - kl_qp) < 1e-12
+assert torch.allclose(per_token_pq, p * (p / q).log() - p + q, rtol=1e-10, atol=1e-15)   # coordinate by coordinate
 
 # %%
 log_r_tok = (log_p - log_q).double()
@@ -400,7 +472,7 @@ for name, gen in GENERATORS.items():
 # %% [markdown]
 # **In the frameworks.** verl's `low_var_kl`, TRL's GRPO `per_token_kl`, NeMo-RL and OpenRLHF's `k3` are all this
 # gap with $\varphi = -\log$ (`exp(ref - logp) - (ref - logp) - 1`, with `log_r = ref - logp`); they estimate
-# $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ because the tokens come from $\pi$. The seed's version with
+# $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ because the tokens come from $\pi$. The common version with
 # $r = q/p$ applies the recipe to the ratio upside down: its correction $r - 1$ no longer has mean zero, and its
 # mean is $\chi^2(q\,\|\,p) - \mathrm{KL}(q\,\|\,p)$ (section 1; lesson 06 finds the same bug in real code).
 #
@@ -443,9 +515,14 @@ panel.set(f="-log t", r=2.5);
 # - $D_f(p\,\|\,q) = \mathbb{E}_q[f(r)]$: $f = t\log t$ gives $\mathrm{KL}(p\,\|\,q)$, $f = -\log t$ gives
 #   $\mathrm{KL}(q\,\|\,p)$. The sampler sits outside the ratio; $f$ picks the direction.
 # - $k_2$'s $f = \tfrac12(\log t)^2$ has $f''(1) = 1$ (second-order match with both KLs) but $f'' < 0$ beyond $t = e$:
-#   not an f-divergence; it can even grow when tokens are merged.
+#   not an f-divergence (Schulman's note calls it one, loosely). $\mathbb{E}[k_2] \ge 0$ with equality only at $p = q$,
+#   but it breaks the data-processing inequality (merging tokens can make it grow), and on tokens it is biased
+#   *low* from third order on.
 # - Bregman recipe: $f(r) - f'(1)(r - 1)$ = gap between $f$ and its tangent at 1: non-negative, unbiased.
-#   $-\log$ gives $k_3$; $t\log t$ gives $r\log r - (r - 1)$ for $\mathrm{KL}(p\,\|\,q)$.
+#   $-\log$ gives $k_3$; $t\log t$ gives $r\log r - (r - 1)$ for $\mathrm{KL}(p\,\|\,q)$. The form always buys
+#   non-negativity; it buys low variance only near $r = 1$, because subtracting the tangent removes $f$'s first-order term.
+# - KL is the Bregman divergence of negative entropy between the vectors $p$ and $q$; the per-token gaps weighted by
+#   $q$ are its coordinates.
 #
 # ## Exercises
 #
