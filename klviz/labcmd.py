@@ -190,11 +190,13 @@ def _ask_on_terminal(name: str) -> bool:
 
 
 # -- JupyterLab ----------------------------------------------------------------------------------
-def start_lab(folder: Path, *, port: int | None = None, first: str | None = None) -> Server:
+def start_lab(folder: Path, *, port: int | None = None, first: str | None = None,
+              strip_on_save: bool = False) -> Server:
     """JupyterLab in ``folder`` on 127.0.0.1 with a random token, locked against a user's own
-    configuration and against imports from ``folder`` (see :mod:`klviz.servers`)."""
-    return start_lab_server(folder, first=first, port=port, env={k: v for k, v in os.environ.items()
-                                                                 if k != "KLVIZ_STATIC"})
+    configuration and against imports from ``folder`` (see :mod:`klviz.servers`); with
+    ``strip_on_save`` a saved notebook keeps no outputs (for the repository's own lessons)."""
+    env = {k: v for k, v in os.environ.items() if k != "KLVIZ_STATIC"}
+    return start_lab_server(folder, first=first, port=port, env=env, strip_on_save=strip_on_save)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="port for JupyterLab (default: a free one)")
     parser.add_argument("--copy-only", action="store_true", help="copy the lessons and exit without starting JupyterLab")
     parser.add_argument("--in-place", action="store_true",
-                        help="serve DIR as it is, copying nothing (what `make lab` does with notebooks/)")
+                        help="serve DIR as it is, copying nothing, and save notebooks without their outputs "
+                             "(what `make lab` does with the repository's notebooks/: git status stays clean)")
     args = parser.parse_args(argv)
     if args.port is not None and not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     lessons = lesson_paths(folder)
     first = lessons[0].name if lessons else None
     try:
-        server = start_lab(folder, port=args.port, first=first)
+        server = start_lab(folder, port=args.port, first=first, strip_on_save=args.in_place)
     except RuntimeError as err:
         print(f"klviz lab: JupyterLab did not start: {err}", file=sys.stderr)
         return 1

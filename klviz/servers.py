@@ -217,16 +217,20 @@ LOCKED_SERVER_SETTINGS = {"allow_origin": "", "allow_origin_pat": "", "disable_c
 
 def start_lab_server(root: Path, *, first: str | None = None, port: int | None = None,
                      env: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
-                     timeout: float = 120.0) -> Server:
+                     strip_on_save: bool = False, timeout: float = 120.0) -> Server:
     """JupyterLab serving ``root``, locked (see the module docstring), opened at ``first`` if given.
 
-    ``extra`` is merged into the config (``{"LabApp": {"expose_app_in_browser": True}}`` for tests).
+    ``strip_on_save``: notebooks are saved in their stored form (no outputs; see
+    :mod:`klviz.notebook_format`), for serving the repository's own lessons. ``extra`` is merged into
+    the config (``{"LabApp": {"expose_app_in_browser": True}}`` for tests).
     """
     folder = private_folder("klviz-lab-")
     config: dict[str, Any] = {
         "ServerApp": {"root_dir": str(Path(root).resolve()), **LOCKED_SERVER_SETTINGS},
         "LabApp": {"app_settings_dir": str(lab_settings_dir(folder))},
     }
+    if strip_on_save:
+        config["ContentsManager"] = {"pre_save_hook": "klviz.notebook_format.strip_outputs_before_save"}
     for section, values in (extra or {}).items():
         config.setdefault(section, {}).update(values)
     path = f"/lab/tree/{first}" if first else "/lab"

@@ -1,5 +1,5 @@
-"""The form lesson notebooks are kept in git, in one place: no outputs, no execution counts, no widget
-state, nbformat 4.5 with a unique id on every cell.
+"""Clean lesson notebooks into their stored form (defined in ``klviz/notebook_format.py``): no outputs,
+no execution counts, no widget state, nbformat 4.5 with a unique id on every cell.
 
 Usage: python scripts/strip_notebooks.py [--check] notebooks/*.ipynb
 With --check nothing is written; the exit status is 1 if any notebook is not clean.
@@ -13,86 +13,12 @@ position, so running this twice changes nothing and two people cleaning the same
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import sys
 from pathlib import Path
 
-KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")
-KEEP_CELL_METADATA = ("jupyter", "tags")
-NBFORMAT = (4, 5)
-CELL_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # nbformat 4.5 schema
-
-
-def derived_id(index: int, taken: set[str]) -> str:
-    """A deterministic id for the cell at ``index``: 8 hex digits (the look of Jupyter's own ids)."""
-    salt = 0
-    while True:
-        key = f"klviz-cell-{index}" + (f"-{salt}" if salt else "")
-        cell_id = hashlib.sha1(key.encode()).hexdigest()[:8]
-        if cell_id not in taken:
-            return cell_id
-        salt += 1
-
-
-def strip(nb: dict) -> dict:
-    """Return a copy of the notebook dict in its stored form (see the module docstring)."""
-    out = dict(nb)
-    out["metadata"] = {k: v for k, v in nb.get("metadata", {}).items() if k in KEEP_NOTEBOOK_METADATA}
-    if "language_info" in out["metadata"]:
-        out["metadata"]["language_info"] = {"name": "python"}
-    if (nb.get("nbformat", 0), nb.get("nbformat_minor", 0)) < NBFORMAT:
-        out["nbformat"], out["nbformat_minor"] = NBFORMAT
-    cells = [dict(cell) for cell in nb["cells"]]
-    # ids kept first (in order), so that a copied cell, not the original, is the one that gets a new id
-    kept: set[str] = set()
-    for c in cells:
-        cell_id = c.get("id")
-        if isinstance(cell_id, str) and CELL_ID.match(cell_id) and cell_id not in kept:
-            kept.add(cell_id)
-        else:
-            c.pop("id", None)
-    for i, c in enumerate(cells):
-        if "id" not in c:
-            c["id"] = derived_id(i, kept)
-            kept.add(c["id"])
-        c["metadata"] = {k: v for k, v in c.get("metadata", {}).items() if k in KEEP_CELL_METADATA}
-        if c["cell_type"] == "code":
-            c["outputs"] = []
-            c["execution_count"] = None
-    out["cells"] = cells
-    return out
-
-
-def problems(nb: dict) -> list[str]:
-    """What keeps ``nb`` from being in its stored form, in words (empty when it is clean)."""
-    found = []
-    if (nb.get("nbformat", 0), nb.get("nbformat_minor", 0)) < NBFORMAT:
-        found.append(f"nbformat {nb.get('nbformat')}.{nb.get('nbformat_minor')} (wants 4.5 with cell ids)")
-    ids = [c.get("id") for c in nb.get("cells", [])]
-    if any(not (isinstance(i, str) and CELL_ID.match(i)) for i in ids):
-        found.append("cells without a valid id")
-    elif len(set(ids)) != len(ids):
-        found.append("duplicate cell ids")
-    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
-    if any(c.get("outputs") for c in code):
-        found.append("stored outputs")
-    if any(c.get("execution_count") is not None for c in code):
-        found.append("execution counts")
-    if "widgets" in nb.get("metadata", {}):
-        found.append("widget state")
-    return found
-
-
-def dumps(nb: dict) -> str:
-    """The stored JSON: nbformat's own layout (indent 1, sorted keys, UTF-8 as is, final newline)."""
-    return json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
-
-
-def clean_text(text: str) -> str:
-    """The stored form of a notebook given as the text of its file."""
-    return dumps(strip(json.loads(text)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from klviz.notebook_format import CELL_ID, clean_text, dumps, problems, strip  # noqa: E402,F401  (the one home)
 
 
 def main(argv: list[str]) -> int:

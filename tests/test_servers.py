@@ -176,3 +176,24 @@ def test_the_lab_ends_with_the_command_that_started_it(tmp_path, how):
     os.kill(proc.pid, getattr(signal, how))      # the command alone, not its process group
     proc.wait(timeout=40)
     assert _gone(port), f"JupyterLab outlived the klviz lab command ({how})"
+
+
+@pytest.mark.slow
+def test_in_place_lab_saves_notebooks_without_outputs(tmp_path):
+    """`make lab` serves the repository's lessons in place: a lesson run and saved stays clean in git."""
+    lessons = _lessons(tmp_path / "lessons")
+    server = servers.start_lab_server(lessons, env=_env(tmp_path / "home"), strip_on_save=True)
+    with servers.running(server):
+        base, token = server.url.split("/lab")[0], server.url.rsplit("token=", 1)[1]
+        ran = {"cells": [{"cell_type": "code", "execution_count": 3, "id": "a1", "metadata": {},
+                          "outputs": [{"output_type": "stream", "name": "stdout", "text": "2\n"}],
+                          "source": "1 + 1"}],
+               "metadata": {"widgets": {"state": {}}}, "nbformat": 4, "nbformat_minor": 5}
+        body = json.dumps({"type": "notebook", "format": "json", "content": ran}).encode()
+        req = urllib.request.Request(f"{base}/api/contents/00_start.ipynb?token={token}", data=body, method="PUT",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=20) as r:
+            assert r.status == 200
+    saved = json.loads((lessons / "00_start.ipynb").read_text())
+    assert saved["cells"][0]["outputs"] == [] and saved["cells"][0]["execution_count"] is None
+    assert saved["cells"][0]["source"] in ("1 + 1", ["1 + 1"]) and "widgets" not in saved["metadata"]
