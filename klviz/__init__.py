@@ -23,10 +23,12 @@ _LAZY: dict[str, str] = {
     "reverse_kl_gradient": "gradients", "sampled_kl_gradients": "gradients",
     "categorical_counts": "montecarlo", "estimator_stats": "montecarlo",
     "setup_notebook": "notebook", "show_source": "notebook",
+    "audit_loss": "audit",
 }
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time these load lazily
     from . import check
+    from .audit import audit_loss
     from .devices import default_device, describe_device, make_generator, resolve_device
     from .divergences import categorical_kl, exact_kl, gaussian_kl
     from .estimators import AGG_MODES, KL_PENALTY_KINDS, agg_loss, k1, k2, k3, kl_penalty, masked_mean
@@ -45,7 +47,7 @@ __all__ = [
     "exact_kl", "gaussian_kl", "categorical_kl", "estimator_stats", "categorical_counts",
     "expected_kl_gradient", "reverse_kl_gradient", "forward_kl_gradient", "sampled_kl_gradients",
     "gradient_coefficient", "default_device", "resolve_device", "make_generator", "describe_device",
-    "setup_notebook", "show_source", "check", "__version__",
+    "setup_notebook", "show_source", "check", "audit_loss", "__version__",
 ]
 
 

@@ -1,8 +1,9 @@
 """The ``klviz`` console script: ``klviz --version`` and one subcommand per task.
 
 Each subcommand is one ``_add_<name>`` function that declares its arguments and one ``_run_<name>``
-function that runs it and returns the exit status. Exit status 0: fine; 2: the input could not be
-used (one line on stderr, never a traceback).
+function that runs it and returns the exit status. Exit status 0: fine; 1: ``diagnose --fail-on``
+found trouble; 2: the input could not be used, including an allocation failure (one line on stderr,
+never a traceback); 3: a bug in klviz.
 
 Start-up stays fast: this module imports only the standard library, and ``import klviz`` loads
 nothing heavy, so ``klviz --help`` and ``klviz diagnose --help`` parse and print without torch,
@@ -13,65 +14,259 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+import unicodedata
+from collections.abc import Callable
+from pathlib import Path
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
 
 
-def _error(message: str) -> None:
-    print(f"klviz: error: {' '.join(str(message).split())}", file=sys.stderr)
+def _error(message: str, limit: int = 400) -> None:
+    line = " ".join(_escape(" ".join(str(message).split())).split())
+    if len(line) > limit:
+        line = line[: limit - 3] + "..."
+    print(f"klviz: error: {line}", file=sys.stderr)
 
 
 # -- klviz diagnose ---------------------------------------------------------------------------
 
+EXIT_FAIL_ON = 1
+_GUIDE = Path(__file__).resolve().parent / "docs" / "rollout_format.md"
+
+
+def _escape(text: str) -> str:
+    """Control and format characters shown as escapes, so nothing a file holds reaches the terminal raw."""
+    out = []
+    for ch in str(text):
+        if unicodedata.category(ch)[0] == "C" or ch in "\u2028\u2029":
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0 or value != float(text):
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _clip(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
 def _add_diagnose(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "diagnose", help="diagnose the KL estimates in a rollout dump (.npz, .pt, .safetensors)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Read per-token log-probs of one batch ([batch, tokens] tensors) and report k1, k2, k3, "
-                    "what each estimates, the frameworks' clamps and trouble signs. Without FILE, the sample "
-                    "dump shipped with klviz is used.")
-    p.add_argument("file", nargs="?", default=None, metavar="FILE",
-                   help="rollout dump; see docs/rollout_format.md (default: the shipped sample)")
+                    "what each estimates, the frameworks' clamps, per-position means, storage precision, the "
+                    "engine-trainer mismatch and trouble signs. Without FILE, the sample dump shipped with klviz "
+                    "is used; several files or a folder give a trend across the run.",
+        epilog=f"The dump format, with snippets for verl, TRL and OpenRLHF, and the JSON schema: {_GUIDE} "
+               "(klviz diagnose --format-guide prints it). Exit status: 0 fine; 1 --fail-on found trouble; "
+               "2 the input could not be used (or NaN/inf at counted tokens); 3 a bug in klviz.")
+    p.add_argument("file", nargs="*", metavar="FILE",
+                   help="rollout dump(s) or a folder of them (default: the shipped sample)")
+    p.add_argument("--json", action="store_true", help="print the versioned JSON report instead of text")
+    p.add_argument("--fail-on", choices=("warning", "error"), default=None,
+                   help="exit with status 1 when a trouble sign of this severity (or worse) is found")
+    p.add_argument("--logged", action="append", default=[], metavar="NAME=VALUE",
+                   help="a value your framework logged for this batch (e.g. actor/kl_loss=0.0123; repeatable): "
+                        "says which number it is and whether it is consistent with the dump")
     p.add_argument("--plot", metavar="OUT.png", default=None, help="also write a PNG report to this path")
+    p.add_argument("--clip", type=_clip, default=0.2, help="PPO clip epsilon whose cut fraction is reported (default 0.2)")
+    p.add_argument("--vocab", metavar="FILE", default=None,
+                   help="token strings for a token_ids key: JSON list, vocab.json, tokenizer.json or one token per line")
+    p.add_argument("--max-tokens", type=_positive_int, default=None,
+                   help="refuse arrays declaring more elements than this (default 134,217,728 = 2**27)")
     p.add_argument("--logprob-key", default="logprob", help="key of the policy's log-probs (default: logprob)")
     p.add_argument("--ref-key", default="ref_logprob", help="key of the reference log-probs (default: ref_logprob)")
     p.add_argument("--mask-key", default="response_mask", help="key of the response mask (default: response_mask)")
     p.add_argument("--old-key", default=None,
                    help="key of the sampler's log-probs when it is not the policy (default: old_logprob if present)")
+    p.add_argument("--rollout-key", default=None,
+                   help="key of the rollout engine's log-probs (default: rollout_logprob if present)")
+    p.add_argument("--format-guide", action="store_true", help="print the rollout-format guide and exit")
     p.set_defaults(run=_run_diagnose)
 
 
 def _run_diagnose(args: argparse.Namespace) -> int:
+    if args.format_guide:
+        try:
+            print(_GUIDE.read_text(encoding="utf-8"))
+        except OSError as err:
+            _error(f"cannot read the format guide {_GUIDE}: {err}")
+            return EXIT_BAD_INPUT
+        return EXIT_OK
+    import json
+
     from . import diagnose as dg
 
-    path = args.file if args.file is not None else dg.sample_rollouts_path()
     try:
-        rollouts = dg.load_rollouts(
-            path, logprob_key=args.logprob_key, ref_key=args.ref_key, mask_key=args.mask_key,
-            old_key=args.old_key if args.old_key is not None else "old_logprob", require_old=args.old_key is not None)
-        result = dg.diagnose(rollouts)
+        logged = [dg.parse_logged(x) for x in args.logged]
+    except ValueError as err:
+        _error(str(err))
+        return EXIT_BAD_INPUT
+    open_kwargs = dict(logprob_key=args.logprob_key, ref_key=args.ref_key, mask_key=args.mask_key,
+                       old_key=args.old_key if args.old_key is not None else "old_logprob",
+                       require_old=args.old_key is not None,
+                       rollout_key=args.rollout_key if args.rollout_key is not None else "rollout_logprob",
+                       require_rollout=args.rollout_key is not None,
+                       max_tokens=args.max_tokens or dg.DEFAULT_MAX_TOKENS)
+    files = args.file or [str(dg.sample_rollouts_path())]
+    try:
+        vocab = dg.read_vocab(args.vocab) if args.vocab else None
+        paths = dg.collect_dumps(files)
+    except ValueError as err:
+        _error(str(err))
+        return EXIT_BAD_INPUT
+    if len(paths) > 1:
+        return _run_series(args, dg, paths, open_kwargs, vocab, logged)
+    path = paths[0]
+    try:
+        with dg.open_dump(path, **open_kwargs) as f:
+            result = dg.diagnose(f, clip=args.clip, vocab=vocab)
+        result.logged = dg.match_logged(result, logged)
+    except MemoryError:
+        _error(f"{path}: not enough memory to analyse this dump (lower --max-tokens to refuse such files early)")
+        return EXIT_BAD_INPUT
     except ValueError as err:           # RolloutFileError and any other bad-input error
         _error(f"{path}: {err}")
         return EXIT_BAD_INPUT
-    print(dg.format_report(result))
+    if args.json:
+        print(json.dumps(dg.report_json(result), ensure_ascii=False, indent=1, allow_nan=False))
+    else:
+        print(dg.format_report(result))
     if args.plot:
-        try:
-            import matplotlib
-            matplotlib.use("agg")
-            fig = dg.plot_report(result, args.plot)
-            import matplotlib.pyplot as plt
-            plt.close(fig)
-            print(f"\nPNG report written to {args.plot}")
-        except (OSError, ValueError) as err:
-            _error(f"could not write the plot to {args.plot}: {err}")
-            return EXIT_BAD_INPUT
+        status = _plot(lambda out: dg.plot_report(result, out), args.plot, quiet=args.json)
+        if status:
+            return status
     if result.has_nonfinite:
         n = sum(result.nonfinite.values())
         _error(f"{path}: {n} counted token(s) have NaN or inf log-probs (left out of the report above; "
                "see 'Trouble signs')")
         return EXIT_BAD_INPUT
+    return _fail_on(args, [t.severity for t in result.trouble])
+
+
+def _plot(draw: Callable[[str], object], out: str, quiet: bool) -> int:
+    try:
+        import matplotlib
+        matplotlib.use("agg")
+        fig = draw(out)
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+        if not quiet:
+            print(f"\nPNG report written to {out}")
+    except (OSError, ValueError) as err:
+        _error(f"could not write the plot to {out}: {err}")
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+def _fail_on(args: argparse.Namespace, severities: list[str]) -> int:
+    if args.fail_on is None:
+        return EXIT_OK
+    order = ("info", "warning", "error")
+    if any(order.index(s) >= order.index(args.fail_on) for s in severities):
+        _error(f"--fail-on {args.fail_on}: trouble of severity {args.fail_on} or worse was found (see the report)")
+        return EXIT_FAIL_ON
+    return EXIT_OK
+
+
+def _run_series(args: argparse.Namespace, dg: object, paths: list, open_kwargs: dict, vocab: object,
+                logged: list) -> int:
+    import json
+
+    def each(_p: object, d: object) -> None:
+        d.logged = dg.match_logged(d, logged) if logged else []
+
+    try:
+        items = dg.diagnose_series(paths, open_kwargs, clip=args.clip, vocab=vocab, on_each=each)
+    except MemoryError:
+        _error("not enough memory to analyse these dumps")
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(dg.series_json(items), ensure_ascii=False, indent=1, allow_nan=False))
+    else:
+        print(dg.format_series(items))
+    if args.plot:
+        status = _plot(lambda out: dg.plot_series(items, out), args.plot, quiet=args.json)
+        if status:
+            return status
+    severities = [t.severity for _n, _s, d in items if not isinstance(d, str) for t in d.trouble]
+    severities += ["error" for _n, _s, d in items if isinstance(d, str)]
+    return _fail_on(args, severities)
+
+
+# -- klviz audit ------------------------------------------------------------------------------
+
+def _add_audit(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "audit", help="which KL gradient does your KL loss follow? (runs your file as code)",
+        description="Import FILE.py and call FUNCTION on every sequence of a tiny enumerable policy: the exact "
+                    "expected gradient of your KL term is compared with the gradients of KL(π‖π_ref) and "
+                    "KL(π_ref‖π). WARNING: auditing runs your file as Python code, with your permissions; audit "
+                    "only code you trust.")
+    p.add_argument("target", metavar="FILE.py:FUNCTION",
+                   help="fn(logprob, old_logprob, ref_logprob, response_mask) -> scalar loss (placement loss) or "
+                        "per-token penalties [batch, length] (placement reward)")
+    p.add_argument("--placement", choices=("loss", "reward"), default="loss")
+    p.add_argument("--sampler", choices=("current", "old"), default="current",
+                   help="tokens from the current policy, or from a perturbed old policy (off-policy)")
+    p.add_argument("--vocab-size", type=_positive_int, default=4)
+    p.add_argument("--length", type=_positive_int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(run=_run_audit)
+
+
+def _run_audit(args: argparse.Namespace) -> int:
+    import importlib.util
+    import json
+
+    file, sep, func = args.target.rpartition(":")
+    if not sep or not file or not func:
+        _error(f"expected FILE.py:FUNCTION, got {_escape(args.target)!r}")
+        return EXIT_BAD_INPUT
+    path = Path(file)
+    if not path.is_file():
+        _error(f"no such file: {path}")
+        return EXIT_BAD_INPUT
+    print(f"klviz audit: running {path} as Python code (it can do anything your user can)", file=sys.stderr)
+    try:
+        spec = importlib.util.spec_from_file_location(f"klviz_audit_target_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as err:  # noqa: BLE001 - the user's file failed
+        _error(f"{path} failed to import: {type(err).__name__}: {err}")
+        return EXIT_BAD_INPUT
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        _error(f"{path} has no function {_escape(func)!r}")
+        return EXIT_BAD_INPUT
+    from .audit import audit_loss
+
+    try:
+        result = audit_loss(fn, placement=args.placement, sampler=args.sampler, vocab_size=args.vocab_size,
+                            length=args.length, seed=args.seed)
+    except ValueError as err:
+        _error(str(err))
+        return EXIT_BAD_INPUT
+    print(json.dumps(result.as_dict(), ensure_ascii=False, indent=1) if args.json else result.summary)
     return EXIT_OK
 
 
@@ -91,7 +286,7 @@ def _add_delegated(sub: argparse._SubParsersAction) -> None:
 
 # -- the parser -------------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_diagnose, _add_delegated]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_diagnose, _add_audit, _add_delegated]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     except KeyboardInterrupt:  # pragma: no cover
         return 130
+    except MemoryError:
+        _error("not enough memory for this input")
+        return EXIT_BAD_INPUT
     except Exception as err:  # noqa: BLE001 - never a traceback on the command line
         _error(f"unexpected {type(err).__name__}: {err} (please report this)")
         return EXIT_INTERNAL

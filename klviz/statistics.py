@@ -17,12 +17,13 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .validation import Tensor, as_float_tensor
 
 __all__ = [
-    "mean_se", "mean_std_with_se", "clustered_mean_se", "batch_means_se", "RunningMoments",
+    "mean_se", "mean_std_with_se", "clustered_mean_se", "clustered_mean_se_from_sums", "batch_means_se", "RunningMoments",
     "control_variate_lambda", "sample_moments",
 ]
 
@@ -75,19 +76,26 @@ def clustered_mean_se(values: Tensor, mask: Tensor) -> tuple[float, float]:
     """
     m = torch.as_tensor(mask).bool()
     v = torch.where(m, torch.as_tensor(values).double(), torch.zeros((), dtype=torch.float64))
-    n_i = m.double().sum(-1).reshape(-1)
-    s_i = v.sum(-1).reshape(-1)
-    keep = n_i > 0
-    n_i, s_i = n_i[keep], s_i[keep]
-    total = float(n_i.sum())
+    return clustered_mean_se_from_sums(v.sum(-1).reshape(-1).numpy(), m.double().sum(-1).reshape(-1).numpy())
+
+
+def clustered_mean_se_from_sums(sums: np.ndarray, counts: np.ndarray) -> tuple[float, float]:
+    """:func:`clustered_mean_se` from per-row sums and token counts (what a pass over rows keeps).
+
+    Rows with no counted token are left out; fewer than two rows give an SE of ``nan``.
+    """
+    s, n = np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    keep = n > 0
+    s, n = s[keep], n[keep]
+    total = float(n.sum())
     if total == 0:
         return math.nan, math.nan
-    mean = float(s_i.sum()) / total
+    mean = float(s.sum()) / total
     b = int(keep.sum())
     if b < 2:
         return mean, math.nan
-    resid = s_i - mean * n_i
-    return mean, math.sqrt(float(resid.square().sum()) * b / (b - 1)) / total
+    resid = s - mean * n
+    return mean, math.sqrt(float(np.square(resid).sum()) * b / (b - 1)) / total
 
 
 def batch_means_se(batch_values: Sequence[float]) -> float:

@@ -157,3 +157,10 @@ def test_estimator_stats_variance_sound_when_mean_dwarfs_spread():
     s = klviz.estimator_stats(Normal(0.0, 1.0), Normal(mu, 1.0), n, generator=klviz.make_generator(2))
     assert abs(s["k1"]["mean"] - mu * mu / 2) < 4 * mu / math.sqrt(n)
     assert s["k1"]["std"] == pytest.approx(mu, rel=4 / math.sqrt(2 * n))
+
+
+def test_diagnose_script_tiny():
+    out = run_script("diagnose.py", "--batch", "8", "--tokens", "64", "--repeat", "1")
+    assert "plain torch" in out and "klviz diagnose" in out
+    assert "klviz / plain torch: time" in out and "peak memory" in out
+    assert "both ran" in out

@@ -7,37 +7,56 @@ A *rollout dump* is a file holding, for one batch of responses, ``[batch, tokens
 - ``ref_logprob``: the reference model's log-probability of the same tokens;
 - ``response_mask``: 1 for response tokens that count, 0 for prompt, padding and tokens after EOS;
 - ``old_logprob`` (optional): the log-probs of the policy that *sampled* the tokens when it is not
-  the one in ``logprob`` (the rollout engine, or pi_old on a second PPO epoch).
+  the one in ``logprob`` (pi_old on a second PPO epoch);
+- ``rollout_logprob`` (optional): the rollout engine's own log-probs of the sampled tokens;
+- ``tokens`` (strings) or ``token_ids`` (with ``--vocab``), and ``step`` (optional).
 
-Files are read safely: ``.pt``/``.pth`` only with ``torch.load(..., weights_only=True)`` (a pickle
-that asks to run code is refused before anything runs), ``.npz`` with ``allow_pickle=False`` and
-``.safetensors`` when the ``safetensors`` package is installed. See ``docs/rollout_format.md``.
+Files are read from their headers first and never unpickled by torch (:mod:`.reading`): declared
+sizes beyond a cap, storage smaller than a shape claims, sparse and meta tensors and pickles that ask
+to run code are refused before anything is allocated or run. The format guide ships with the package
+(:func:`format_guide_path`, ``klviz/docs/rollout_format.md``).
 
-:func:`load_rollouts` reads and validates a file (:mod:`.reading`), :func:`diagnose` analyses it
-(:mod:`.analysis`), :func:`format_report` writes the plain-text report (:mod:`.report`),
-:func:`plot_report` the optional PNG (:mod:`.plot`, the only part that needs matplotlib).
-``klviz diagnose FILE`` runs all of it from the command line. The estimates come from
-:mod:`klviz.kernel`, their standard errors from :mod:`klviz.statistics` and the frameworks' clamps
-from :data:`klviz.framework_rules.CLAMP_RULES`.
+:func:`open_dump` reads headers, :func:`diagnose` streams over the rows (:mod:`.analysis`),
+:func:`format_report` and :func:`report_json` write the reports (:mod:`.report`), :func:`match_logged`
+says which number a logged metric is (:mod:`.logged`), :func:`diagnose_series` follows a run
+(:mod:`.series`), :func:`plot_report` and :func:`plot_series` draw (:mod:`.plot`, the only part that
+needs matplotlib). ``klviz diagnose FILE...`` runs all of it from the command line.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from .analysis import LARGE_LOG_RATIO as LARGE_LOG_RATIO  # the report's threshold, not in __all__
-from .analysis import Diagnosis, diagnose
+from .analysis import SEVERITIES, Diagnosis, Trouble, diagnose
 from .analysis import clamp_rows as clamp_rows  # the clamp table's rows, from CLAMP_RULES
-from .plot import plot_report
+from .logged import LOGGED_NAMES, match_logged, parse_logged
+from .plot import plot_report, plot_series
 from .reading import (
     DEFAULT_KEYS,
-    RolloutFileError,
+    DEFAULT_MAX_TOKENS,
+    DumpFile,
     RolloutDump,
+    RolloutFileError,
+    escape_text,
     load_rollouts,
+    open_dump,
+    read_vocab,
     rollouts_from_tensors,
     sample_rollouts_path,
     save_rollouts,
 )
-from .report import format_report
+from .report import SCHEMA, SCHEMA_VERSION, format_report, format_series, report_json, series_json
+from .series import collect_dumps, diagnose_series
 
 __all__ = [
-    "RolloutFileError", "RolloutDump", "Diagnosis", "DEFAULT_KEYS", "load_rollouts", "rollouts_from_tensors",
-    "save_rollouts", "diagnose", "format_report", "plot_report", "sample_rollouts_path",
+    "RolloutFileError", "RolloutDump", "DumpFile", "Diagnosis", "Trouble", "SEVERITIES", "DEFAULT_KEYS",
+    "DEFAULT_MAX_TOKENS", "load_rollouts", "open_dump", "rollouts_from_tensors", "save_rollouts", "diagnose",
+    "format_report", "report_json", "plot_report", "plot_series", "sample_rollouts_path", "match_logged",
+    "parse_logged", "LOGGED_NAMES", "diagnose_series", "collect_dumps", "format_series", "series_json",
+    "SCHEMA", "SCHEMA_VERSION", "escape_text", "read_vocab", "format_guide_path",
 ]
+
+
+def format_guide_path() -> Path:
+    """Path of the rollout-format guide shipped with klviz (what ``klviz diagnose --help`` points to)."""
+    return Path(__file__).resolve().parent.parent / "docs" / "rollout_format.md"

@@ -1,29 +1,60 @@
 """The analysis behind ``klviz diagnose``: estimates, what each one estimates, clamps and trouble signs.
 
-Per-token values come from :mod:`klviz.kernel`, means and standard errors from :mod:`klviz.statistics`,
-the frameworks' clamps from :data:`klviz.framework_rules.CLAMP_RULES`: this module only decides which
-of them to compute and what they say about the batch.
+It streams over the rows of a dump (a chunk of about :data:`CHUNK_TOKENS` tokens at a time), so its
+memory does not grow with the batch: per chunk it adds per-response sums (the units of every
+standard error), per-position sums, clamp counts, counts of storage rounding, and a bounded uniform
+subsample of log r for the quantiles and the plot. Per-token values come from :mod:`klviz.kernel`,
+moments from :mod:`klviz.statistics`, clamps from :data:`klviz.framework_rules.CLAMP_RULES`, the
+engine-trainer corrections from :mod:`klviz.mismatch`: this module decides which of them to compute
+and what they say about the batch.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from .. import kernel
-from ..framework_rules import CLAMP_RULES, ClampRule
-from ..statistics import clustered_mean_se, mean_se
-from .reading import RolloutFileError, RolloutDump
+from ..framework_rules import CLAMP_RULES, VERL_PPO_KL, ClampRule
+from ..statistics import RunningMoments, clustered_mean_se_from_sums, mean_se
+from .reading import DumpFile, RolloutDump, RolloutFileError, escape_text, open_dump
 
-__all__ = ["Diagnosis", "diagnose", "clamp_rows", "LARGE_LOG_RATIO"]
+__all__ = ["Diagnosis", "Trouble", "diagnose", "clamp_rows", "LARGE_LOG_RATIO", "CHUNK_TOKENS", "SEVERITIES",
+           "QUANTILE_SAMPLE", "MIN_TAIL_TOKENS"]
 
 #: A per-token |log r| above this is called "very large" in the report (a ratio beyond e^10 ≈ 22026).
 LARGE_LOG_RATIO = 10.0
+#: Tokens per chunk of the streaming pass (rows are never split).
+CHUNK_TOKENS = 1 << 18
+#: Largest number of log r values kept for quantiles and plots (a uniform subsample beyond it).
+QUANTILE_SAMPLE = 1 << 21
+#: The heavy-tail sign needs at least this many counted tokens (the top 1 % is then ≥ 2 tokens) and
+#: at least 10 responses: below that a "tail" is one token.
+MIN_TAIL_TOKENS = 200
+#: Severities of trouble signs, mildest first.
+SEVERITIES: tuple[str, str, str] = ("info", "warning", "error")
+#: TRL's padding value for log-probs (``INVALID_LOGPROB`` in its PPO/RLOO trainers).
+TRL_INVALID_LOGPROB = 1.0
 #: Estimators whose values are never negative, so that a lower output bound at or below 0 never binds.
 _NEVER_NEGATIVE = ("k2", "k3")
+_LOW_PRECISION = {"bfloat16": 8, "float16": 11}        # significand bits, implicit bit included
+
+
+class Trouble(NamedTuple):
+    """One trouble sign: a stable ``code``, a ``severity`` in :data:`SEVERITIES`, the ``message`` (what
+    was found) and the ``advice`` (what it means and what to do)."""
+
+    code: str
+    severity: str
+    message: str
+    advice: str
 
 
 def _framework(rule: ClampRule) -> str:
@@ -42,11 +73,13 @@ def clamp_rows(rules: Mapping[str, ClampRule] = CLAMP_RULES) -> dict[str, tuple[
     """The rows of the report's clamp table: ``{label: (rule, estimator, "input" or "output")}``.
 
     An *input* clamp (``log r`` clamped before the estimator) is one row per rule: the tokens it alters
-    are the same for every estimator, and its mean shift is measured on k3 (exponential in log r, the
-    estimator it moves most), with that clamp alone. An *output* clamp is one row per estimator the rule
-    acts on; its mean shift is that of the rule with all its clamps (:meth:`ClampRule.apply`). Rules
-    with the same numbers for a row share it (verl's low_var_kl and NeMo-RL on k3): the label names the
-    first and adds "(also ...)".
+    are the same for every estimator, and its effect is measured on k3 (exponential in log r, the
+    estimator it moves most) *within the rule*: the rule with all its clamps against the same rule
+    without the input clamp. Where the rule's output clamp binds wherever the input clamp does
+    (verl's low_var_kl: |log r| > 20 gives k3 > 10), that effect is exactly 0: the input clamp can
+    only zero gradients. An *output* clamp is one row per estimator the rule acts on; its mean shift
+    is that of the rule with all its clamps (:meth:`ClampRule.apply`) against the raw estimator. Rules
+    with the same numbers for a row share it (the label names the first and adds "(also ...)").
     """
     groups: dict[tuple, list[ClampRule]] = {}
     for rule in rules.values():
@@ -67,6 +100,19 @@ def clamp_rows(rules: Mapping[str, ClampRule] = CLAMP_RULES) -> dict[str, tuple[
     return rows
 
 
+def input_clamp_changes_value(rule: ClampRule, name: str) -> bool:
+    """Whether ``rule``'s input clamp can change the forward value of ``name`` (False where its output
+    clamp already binds at the input clamp's bounds; each estimator is monotone beyond them)."""
+    if rule.input_clamp is None:
+        return False
+    if rule.output_clamp is None:
+        return True
+    lo, hi = rule.output_clamp
+    c = torch.tensor([-rule.input_clamp, rule.input_clamp], dtype=torch.float64)
+    v = kernel.estimate(name, c)
+    return not bool(((v >= hi) | (v <= lo)).all())
+
+
 @dataclass
 class Diagnosis:
     """Everything the report says, as numbers (see :func:`diagnose`)."""
@@ -79,7 +125,7 @@ class Diagnosis:
     n_sequences: int                 # sequences with at least one counted token
     n_empty_sequences: int
     lengths: dict[str, float]
-    sampler: str                     # "policy" or "old policy"
+    sampler: str
     off_policy: bool
     max_abs_policy_shift: float      # max |logprob - old_logprob| (0 when on-policy)
     nonfinite: dict[str, int]        # counted tokens with NaN/inf, per role
@@ -89,201 +135,831 @@ class Diagnosis:
     directions: dict[str, str]
     extra: dict[str, dict[str, float]]          # other estimates (ppo_kl, importance-weighted, ...)
     mean_ratio: tuple[float, float]             # mean of r = exp(ref - sampler) and its SE
-    clamps: dict[str, dict[str, float]]
+    clamps: dict[str, dict[str, Any]]
     large_tokens: list[tuple[int, int, float]]  # (row, column, log r) of the largest |log r|
     n_large: int
     k3_top_share: float                         # share of the k3 sum carried by the top 1% of tokens
-    trouble: list[tuple[str, str]] = field(default_factory=list)   # (title, advice)
-    # per-token and per-sequence values, kept for plotting
-    log_r: torch.Tensor | None = None
-    valid: torch.Tensor | None = None
+    trouble: list[Trouble] = field(default_factory=list)
+    agreement: dict[str, Any] = field(default_factory=dict)
+    positions: dict[str, Any] = field(default_factory=dict)
+    precision: dict[str, Any] = field(default_factory=dict)
+    ratio: dict[str, Any] = field(default_factory=dict)
+    padding: dict[str, int] = field(default_factory=dict)
+    token_report: dict[str, Any] = field(default_factory=dict)
+    sequences: dict[str, Any] = field(default_factory=dict)
+    mismatch: dict[str, Any] = field(default_factory=dict)
+    quantiles_from: int = 0                     # tokens behind the quantiles (a subsample beyond QUANTILE_SAMPLE)
+    step: float | None = None
+    log_r_sample: np.ndarray | None = None      # the subsample of log r (all tokens up to QUANTILE_SAMPLE)
+    seq_lengths: np.ndarray | None = None       # counted tokens per response
+    seq_sums: dict[str, np.ndarray] = field(default_factory=dict)   # per-response sums of k1, k3
+    logged: list[dict[str, Any]] = field(default_factory=list)
+    clip: float = 0.2
+    sampler_numbers: dict[str, dict[str, Any]] = field(default_factory=dict)   # numbers a framework may log
 
     @property
     def has_nonfinite(self) -> bool:
         return sum(self.nonfinite.values()) > 0
 
+    def worst_severity(self) -> str | None:
+        found = [SEVERITIES.index(t.severity) for t in self.trouble]
+        return SEVERITIES[max(found)] if found else None
 
-def diagnose(r: RolloutDump) -> Diagnosis:
-    """Analyse a batch of rollouts: estimates, their directions, clamps and trouble signs."""
-    lp, ref, mask, old = r.logprob, r.ref_logprob, r.mask, r.old_logprob
-    roles = {"logprob": lp, "ref_logprob": ref} | ({"old_logprob": old} if old is not None else {})
-    finite = torch.ones_like(mask)
-    nonfinite: dict[str, int] = {}
-    examples: list[tuple[str, int, int, float]] = []
-    for role, t in roles.items():
-        bad = mask & ~torch.isfinite(t)
-        nonfinite[role] = int(bad.sum())
-        for i, j in bad.nonzero().tolist()[:3]:
-            examples.append((role, i, j, float(t[i, j])))
-        finite &= torch.isfinite(t)
-    valid = mask & finite
-    if not bool(valid.any()):
-        raise RolloutFileError("every counted token has a NaN or inf log-prob: nothing left to diagnose")
-    positive = {role: int((valid & (t > 1e-3)).sum()) for role, t in roles.items()}
 
-    lengths_all = mask.sum(-1)
-    n_i = valid.sum(-1)
-    kept = n_i > 0
-    lengths = {"min": float(lengths_all[kept].min()), "median": float(lengths_all[kept].double().median()),
-               "max": float(lengths_all[kept].max()), "mean": float(lengths_all[kept].double().mean())}
+# -- helpers ------------------------------------------------------------------------------------
 
-    shift = float((lp - old)[valid].abs().max()) if old is not None else 0.0
-    off_policy = old is not None and shift > 1e-6
-    sampler_lp = old if off_policy else lp
-    sampler = "old policy (old_logprob)" if off_policy else "policy (logprob)"
+def _ulp(x: np.ndarray, bits: int) -> np.ndarray:
+    """Spacing of a float format with ``bits`` significand bits at |x| (subnormals of float16 included)."""
+    _m, e = np.frexp(x)
+    u = np.ldexp(1.0, e - bits)
+    return np.maximum(u, 2.0 ** -24) if bits == 11 else u
 
-    zero = torch.zeros((), dtype=torch.float64)
-    log_r = torch.where(valid, ref - lp, zero)          # target ref, over the policy: k_n of KL(pi||ref)
-    per_token = kernel.estimates(log_r)
-    estimates: dict[str, dict[str, float]] = {}
-    vals_masked = {}
-    for name, v in per_token.items():
-        tm, tse = clustered_mean_se(v, valid)
-        seq_sum = torch.where(valid, v, zero).sum(-1)[kept]
-        seq_mean = seq_sum / n_i[kept]
-        sm, sse = mean_se(seq_sum)
-        mm, mse = mean_se(seq_mean)
-        x = v[valid]
-        vals_masked[name] = x
-        q = torch.quantile(x, torch.tensor([0.01, 0.5, 0.99], dtype=torch.float64)) if x.numel() <= 16_000_000 else None
-        estimates[name] = {
-            "token_mean": tm, "token_mean_se": tse, "seq_sum_mean": sm, "seq_sum_se": sse,
-            "seq_token_mean": mm, "seq_token_mean_se": mse, "token_std": float(x.std()) if x.numel() > 1 else 0.0,
-            "min": float(x.min()), "max": float(x.max()),
-            "p01": float(q[0]) if q is not None else math.nan, "p50": float(q[1]) if q is not None else math.nan,
-            "p99": float(q[2]) if q is not None else math.nan,
-            "frac_negative": float((x < 0).double().mean()),
-        }
 
-    directions: dict[str, str] = {}
-    extra: dict[str, dict[str, float]] = {}
-    if not off_policy:
-        for name in ("k1", "k3"):
-            directions[name] = "KL(π ‖ π_ref), unbiased (tokens sampled by π)"
-        directions["k2"] = "KL(π ‖ π_ref) to second order; biased upward or downward as π and π_ref separate"
-    else:
-        directions["k1"] = ("KL(π_old ‖ π_ref) − KL(π_old ‖ π) on average: neither KL(π ‖ π_ref) nor KL(π_old ‖ π_ref), "
-                            "because the tokens came from π_old")
-        directions["k2"] = "no KL in particular (tokens from π_old, log-probs from π): biased"
-        directions["k3"] = "no KL in particular (tokens from π_old, log-probs from π): biased"
-        rho = torch.where(valid, torch.exp(lp - old), zero)
-        lr_old = torch.where(valid, lp - old, zero)           # target π, sampler π_old
-        for nm, vals, what in (
-            ("ppo_kl k1 (old − new)", kernel.k1(lr_old), "KL(π_old ‖ π), unbiased: PPO's ppo_kl / approx_kl"),
-            ("k3 of π vs π_old", kernel.k3(lr_old), "KL(π_old ‖ π), unbiased, ≥ 0"),
-            ("ρ·k1, ρ = π/π_old", rho * per_token["k1"], "KL(π ‖ π_ref), unbiased with importance weights"),
-            ("ρ·k3, ρ = π/π_old", rho * per_token["k3"], "KL(π ‖ π_ref), unbiased with importance weights"),
-            ("sampler k1 (old − ref)", kernel.k1(torch.where(valid, ref - old, zero)), "KL(π_old ‖ π_ref), unbiased"),
-        ):
-            m, se = clustered_mean_se(vals, valid)
-            extra[nm] = {"token_mean": m, "token_mean_se": se}
-            directions[nm] = what
-        rm, rse = clustered_mean_se(rho, valid)
-        extra["mean ρ = π/π_old"] = {"token_mean": rm, "token_mean_se": rse}
-        directions["mean ρ = π/π_old"] = "1 on average when the tokens were sampled by π_old"
-
-    ratio = torch.where(valid, torch.exp(ref - sampler_lp), zero)
-    mean_ratio = clustered_mean_se(ratio, valid)
-
-    d = log_r[valid]
-    clamps = {}
-    for label, (rule, name, kind) in clamp_rows().items():
+def _clamp_threshold(defs: dict[str, tuple[ClampRule, str, str]]) -> float:
+    """The smallest |log r| at which any clamp row can alter a token (found on a fine grid, minus a margin):
+    tokens below it are left out of the clamp computations, which cannot change them."""
+    t = torch.linspace(-60.0, 60.0, 24_001, dtype=torch.float64)
+    changed = torch.zeros_like(t, dtype=torch.bool)
+    for rule, name, kind in defs.values():
         if kind == "input":
-            hit = rule.input_binds(d, name)
-            clamped = kernel.estimate(name, rule.clamp_input(d, name))
+            changed |= rule.input_binds(t, name)
         else:
-            hit = rule.output_binds(d, name)
-            clamped = rule.apply(d, name)
-        shift_mean = float(clamped.mean()) - float(vals_masked[name].mean())
-        clamps[label] = {"fraction": float(hit.double().mean()), "count": int(hit.sum()), "mean_shift": shift_mean}
-
-    absd = log_r.abs().masked_fill(~valid, -1.0)
-    n_large = int((absd > LARGE_LOG_RATIO).sum())
-    top = torch.topk(absd.flatten(), k=min(5, int(valid.sum())))
-    width = lp.shape[1]
-    large = [(int(i) // width, int(i) % width, float(log_r.flatten()[i])) for i in top.indices if absd.flatten()[i] >= 0]
-    k3v = vals_masked["k3"]
-    k_top = max(1, int(math.ceil(0.01 * k3v.numel())))
-    k3_sum = float(k3v.sum())
-    share = float(torch.topk(k3v, k_top).values.sum()) / k3_sum if k3_sum > 0 else 0.0
-
-    diag = Diagnosis(
-        source=r.source, shape=r.shape, dtypes=r.dtypes, keys=r.keys, n_tokens=int(valid.sum()),
-        n_sequences=int(kept.sum()), n_empty_sequences=int((mask.sum(-1) == 0).sum()), lengths=lengths,
-        sampler=sampler, off_policy=off_policy, max_abs_policy_shift=shift, nonfinite=nonfinite,
-        nonfinite_examples=examples, positive_logprobs=positive, estimates=estimates, directions=directions,
-        extra=extra, mean_ratio=mean_ratio, clamps=clamps, large_tokens=large, n_large=n_large,
-        k3_top_share=share, log_r=log_r, valid=valid)
-    diag.trouble = _trouble(diag)
-    return diag
+            changed |= rule.output_binds(t, name)
+    return float(t[changed].abs().min()) - 0.02 if bool(changed.any()) else math.inf
 
 
-def _trouble(d: Diagnosis) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
+class _Source:
+    """Rows of a dump, from a file or from tensors."""
+
+    def __init__(self, r: RolloutDump | DumpFile) -> None:
+        self.r = r
+        self.file = isinstance(r, DumpFile)
+        self.shape = tuple(r.shape)
+        self.keys = dict(r.keys)
+        self.dtypes = dict(r.dtypes)
+        self.source = r.source
+        if self.file:
+            self.roles = set(r.keys)
+            self.step = r.step()
+        else:
+            self.roles = {"logprob", "ref_logprob", "response_mask"} | {
+                role for role in ("old_logprob", "rollout_logprob", "tokens", "token_ids") if getattr(r, role) is not None}
+            self.step = r.step
+
+    def rows(self, role: str, r0: int, r1: int) -> np.ndarray:
+        if self.file:
+            return self.r.rows(role, r0, r1)
+        if role == "response_mask":
+            return self.r.mask[r0:r1].numpy()
+        v = getattr(self.r, role)
+        return v[r0:r1].numpy() if isinstance(v, torch.Tensor) else np.asarray(v[r0:r1])
+
+
+class _Top:
+    """The k largest values seen so far, with a payload each."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.items = k, []
+
+    def add(self, scores: np.ndarray, payload: Callable[[np.ndarray], list]) -> None:
+        if scores.size == 0:
+            return
+        k = min(self.k, scores.size)
+        idx = np.argpartition(-scores, k - 1)[:k]
+        for sc, p in zip(scores[idx].tolist(), payload(idx)):
+            self.items.append((sc, p))
+        self.items.sort(key=lambda t: -t[0])
+        del self.items[self.k:]
+
+
+# -- the streaming pass -------------------------------------------------------------------------
+
+def diagnose(r: RolloutDump | DumpFile | str | Path, *, clip: float = 0.2, vocab: Callable | None = None,
+             chunk_tokens: int = CHUNK_TOKENS, quantile_sample: int = QUANTILE_SAMPLE,
+             tis_cap: float = 2.0, mask_band: tuple[float, float] = (0.5, 2.0)) -> Diagnosis:
+    """Analyse a batch: estimates, their directions, clamps, positions, precision, mismatch, trouble signs.
+
+    ``r`` is a :class:`RolloutDump` (tensors), a :class:`DumpFile` (:func:`open_dump`) or a path
+    (opened with the default keys). ``clip`` is the PPO clip ε whose cut fraction is reported;
+    ``vocab`` maps token ids to strings (:func:`klviz.diagnose.read_vocab`); ``tis_cap`` and
+    ``mask_band`` are the truncated-IS cap and the masking band of the engine–trainer section.
+    """
+    if isinstance(r, (str, Path)):
+        with open_dump(r) as f:
+            return diagnose(f, clip=clip, vocab=vocab, chunk_tokens=chunk_tokens, quantile_sample=quantile_sample,
+                            tis_cap=tis_cap, mask_band=mask_band)
+    if not (isinstance(clip, (int, float)) and 0 < clip < 1):
+        raise ValueError(f"clip must be in (0, 1), got {clip!r}")
+    src = _Source(r)
+    acc = _Accumulator(src, clip=clip, vocab=vocab, quantile_sample=quantile_sample, tis_cap=tis_cap,
+                       mask_band=mask_band)
+    B, T = src.shape
+    step = max(1, chunk_tokens // max(T, 1))
+    for r0 in range(0, B, step):
+        acc.add(r0, min(B, r0 + step))
+    return acc.finish()
+
+
+class _Accumulator:
+    def __init__(self, src: _Source, *, clip: float, vocab: Callable | None, quantile_sample: int,
+                 tis_cap: float, mask_band: tuple[float, float]) -> None:
+        self.src, self.clip, self.vocab = src, clip, vocab
+        self.tis_cap, self.mask_band = tis_cap, mask_band
+        B, T = src.shape
+        self.B, self.T = B, T
+        self.has_old = "old_logprob" in src.roles
+        self.has_ro = "rollout_logprob" in src.roles
+        self.has_tok = "tokens" in src.roles or ("token_ids" in src.roles)
+        z = lambda: np.zeros(B)  # noqa: E731
+        self.n = z()
+        self.mask_n = z()
+        self.sums: dict[str, np.ndarray] = {}
+        self.max_: dict[str, float] = {}
+        self.min_: dict[str, float] = {}
+        self.neg: dict[str, int] = {}
+        self.moments = {k: RunningMoments() for k in kernel.ESTIMATORS}
+        self.nonfinite = {role: 0 for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob")
+                          if role in src.roles}
+        self.examples: list[tuple[str, int, int, float]] = []
+        self.positive = {role: 0 for role in self.nonfinite}
+        self.trl_in, self.trl_out = 0, 0
+        self.shift = 0.0
+        self.clamp_defs = clamp_rows()
+        self.clamp_from = _clamp_threshold(self.clamp_defs)
+        self.clamp_count = {label: 0 for label in self.clamp_defs}
+        self.clamp_diff = {label: 0.0 for label in self.clamp_defs}
+        self.n_large = 0
+        self.top_large = _Top(5)
+        self.p_keep = min(1.0, quantile_sample / max(B * T, 1))
+        self.sample: list[np.ndarray] = []
+        self.pos = {side: {q: np.zeros(T) for q in ("n", "lr", "lr2", "k3", "k32", "k1")} for side in ("start", "end")}
+        self.edge = {q: 0 for q in ("rows", "last_filler", "after_rows", "after_real", "first_rows", "before_real")}
+        self.filler_counted = 0
+        self.prec = {role: {"nonzero": 0, "bf16": 0, "fp16": 0, "f32": 0, "ulp2": {"bfloat16": 0.0, "float16": 0.0}}
+                     for role in ("logprob", "ref_logprob")}
+        edges = np.linspace(-2.0, 2.0, 81)
+        self.hist_edges = edges
+        self.hist = {name: np.zeros(len(edges) + 1) for name in ("log_rho", "log_r", "log_rho_engine")}
+        self.clip_cut = {"old": 0, "engine": 0}
+        self.token_stats: dict[Any, np.ndarray] = {}
+        self.mm_max = {"k2": np.full(B, -np.inf), "k3": np.full(B, -np.inf)}
+        self.mm_absmax = 0.0
+        self.tis_cut, self.band_cut = 0, 0
+
+    def _add_sum(self, name: str, values: np.ndarray, rows: np.ndarray, r0: int, r1: int) -> None:
+        """Add per-token ``values`` (1-D, one per counted token, in row order) to per-response sums."""
+        s = self.sums.setdefault(name, np.zeros(self.B))
+        s[r0:r1] += np.bincount(rows, weights=values, minlength=r1 - r0)
+
+    def _k(self, d: np.ndarray) -> dict[str, np.ndarray]:
+        """k1, k2, k3 of a 1-D float64 array (the kernel's formulas; k3 through its buffer version)."""
+        k3 = np.empty_like(d)
+        kernel.k3_into(d, k3, np.empty_like(d), np.empty_like(d))
+        return {"k1": kernel.k1(d), "k2": kernel.k2(d), "k3": k3}
+
+    def add(self, r0: int, r1: int) -> None:
+        src = self.src
+        raw = {role: src.rows(role, r0, r1) for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob")
+               if role in src.roles}
+        m_raw = src.rows("response_mask", r0, r1)
+        if m_raw.dtype == np.bool_:
+            mask = m_raw
+        else:
+            ok = (m_raw == 0) | (m_raw == 1)
+            if not ok.all():
+                bad = m_raw[~ok]
+                raise RolloutFileError(f"'{escape_text(src.keys['response_mask'])}' must hold only 0 and 1; found "
+                                       f"{bad.size} other value(s), e.g. {float(bad[0]):g}")
+            mask = m_raw == 1
+        lp2, ref2 = raw["logprob"], raw["ref_logprob"]
+        self.mask_n[r0:r1] = mask.sum(1)
+        # padding and non-finite values
+        trl = (lp2 == TRL_INVALID_LOGPROB) & (ref2 == TRL_INVALID_LOGPROB)
+        n_trl_in = int(np.count_nonzero(trl & mask))
+        self.trl_in += n_trl_in
+        self.trl_out += int(np.count_nonzero(trl)) - n_trl_in
+        finite = None
+        for role, a in raw.items():
+            fin = np.isfinite(a)
+            if fin.all():
+                continue
+            bad = mask & ~fin
+            nb = int(bad.sum())
+            if nb:
+                self.nonfinite[role] += nb
+                if len(self.examples) < 3:
+                    for i, j in np.argwhere(bad)[: 3 - len(self.examples)]:
+                        self.examples.append((role, int(i) + r0, int(j), float(a[i, j])))
+            finite = fin if finite is None else finite & fin
+        valid = mask & ~trl if finite is None else mask & finite & ~trl
+        rows, cols = np.nonzero(valid)
+        v = {role: a[rows, cols].astype(np.float64) for role, a in raw.items()}     # counted tokens only
+        lp, ref = v["logprob"], v["ref_logprob"]
+        old, ro = v.get("old_logprob"), v.get("rollout_logprob")
+        for role, x in v.items():
+            self.positive[role] += int(np.count_nonzero(x > 1e-3))
+        self.n[r0:r1] += np.bincount(rows, minlength=r1 - r0)
+        if old is not None and lp.size:
+            self.shift = max(self.shift, float(np.abs(lp - old).max()))
+        d = ref - lp
+        ks = self._k(d)
+        for name, x in ks.items():
+            self._add_sum(name, x, rows, r0, r1)
+            if x.size:
+                mb = float(x.mean())
+                self.moments[name].add_moments(x.size, mb, float(np.square(x - mb).sum()))
+                self.max_[name] = max(self.max_.get(name, -math.inf), float(x.max()))
+                self.min_[name] = min(self.min_.get(name, math.inf), float(x.min()))
+                self.neg[name] = self.neg.get(name, 0) + int(np.count_nonzero(x < 0))
+        self._add_sum("ratio_policy", np.exp(np.minimum(d, 700.0)), rows, r0, r1)
+        # quantile subsample
+        if d.size:
+            if self.p_keep >= 1:
+                self.sample.append(d.copy())
+            else:
+                rng = np.random.default_rng(r0)
+                self.sample.append(d[rng.random(d.size) < self.p_keep])
+        # clamps: only tokens beyond the smallest |log r| at which any clamp can act are looked at
+        absd = np.abs(d)
+        cand = np.flatnonzero(absd > self.clamp_from)
+        if cand.size:
+            dt = torch.from_numpy(d[cand])
+            raw_k = {k: torch.from_numpy(ks[k][cand]) for k in kernel.ESTIMATORS}
+            for label, (rule, name, kind) in self.clamp_defs.items():
+                if kind == "input":
+                    hit = rule.input_binds(dt, name)
+                    without = dataclasses.replace(rule, input_clamp=None)
+                    diff = rule.apply(dt, name) - without.apply(dt, name)
+                else:
+                    hit = rule.output_binds(dt, name)
+                    diff = rule.apply(dt, name) - raw_k[name]
+                self.clamp_count[label] += int(hit.sum())
+                self.clamp_diff[label] += float(diff.sum())
+        # very large ratios
+        self.n_large += int(np.count_nonzero(absd > LARGE_LOG_RATIO))
+        tok_rows = self._token_rows(r0, r1) if self.has_tok else None
+
+        def payload(idx: np.ndarray) -> list:
+            return [(int(rows[i]) + r0, int(cols[i]), float(d[i]), None if tok_rows is None else tok_rows[rows[i]][cols[i]])
+                    for i in idx]
+        self.top_large.add(absd, payload)
+        # positions, from each response's first and last counted token
+        has = mask.any(1)
+        first = np.where(has, mask.argmax(1), 0)
+        last = np.where(has, self.T - 1 - mask[:, ::-1].argmax(1), 0)
+        k3 = ks["k3"]
+        for side, pv in (("start", cols - first[rows]), ("end", last[rows] - cols)):
+            acc = self.pos[side]
+            acc["n"] += np.bincount(pv, minlength=self.T)[: self.T]
+            for q, vals in (("lr", d), ("lr2", d * d), ("k3", k3), ("k32", k3 * k3), ("k1", ks["k1"])):
+                acc[q] += np.bincount(pv, weights=vals, minlength=self.T)[: self.T]
+        self._edges(lp2, ref2, mask, has, first, last)
+        # storage precision of the two main log-prob tensors
+        for role in ("logprob", "ref_logprob"):
+            self._precision(role, v[role])
+        # the PPO ratio and the engine ratio
+        self.hist["log_r"] += self._histogram(d)
+        if old is not None:
+            lr_old = lp - old                                  # log rho = log pi - log pi_old, tokens from pi_old
+            rho = np.exp(np.clip(lr_old, -700, 700))
+            ko = self._k(lr_old)
+            d_old = ref - old
+            kd = self._k(d_old)
+            for name, x in (("rho", rho), ("rho_k1", rho * ks["k1"]), ("rho_k2", rho * ks["k2"]),
+                            ("rho_k3", rho * ks["k3"]), ("ppo_k1", ko["k1"]),
+                            ("ppo_k1_verl", VERL_PPO_KL.apply(torch.from_numpy(lr_old), "k1").numpy()),
+                            ("ppo_k2", ko["k2"]), ("ppo_k3", ko["k3"]), ("old_k1", kd["k1"]), ("old_k2", kd["k2"]),
+                            ("old_k3", kd["k3"]), ("ratio_old", np.exp(np.clip(d_old, -700, 700)))):
+                self._add_sum(name, x, rows, r0, r1)
+            self.hist["log_rho"] += self._histogram(lr_old)
+            self.clip_cut["old"] += int(np.count_nonzero((rho > 1 + self.clip) | (rho < 1 - self.clip)))
+        if ro is not None:
+            self._mismatch(lp, old, ro, rows, cols, valid.shape, ks, r0, r1)
+        if tok_rows is not None:
+            self._tokens(tok_rows, rows, cols, ks)
+
+    def _histogram(self, x: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(self.hist_edges, x, side="right")
+        return np.bincount(idx, minlength=len(self.hist_edges) + 1)[: len(self.hist_edges) + 1]
+
+    def _edges(self, lp: np.ndarray, ref: np.ndarray, mask: np.ndarray, has: np.ndarray, first: np.ndarray,
+               last: np.ndarray) -> None:
+        fin = np.isfinite(lp) & np.isfinite(ref)
+        filler = ~fin | ((lp == ref) & ((lp == 0) | (lp == TRL_INVALID_LOGPROB)))
+        real = fin & (lp < 0) & (ref < 0) & (lp != ref)
+        rows = np.flatnonzero(has)
+        e = self.edge
+        e["rows"] += rows.size
+        self.filler_counted += int((filler & mask).sum())
+        e["last_filler"] += int(filler[rows, last[rows]].sum())
+        T = self.T
+        a = rows[last[rows] + 1 < T]
+        after_real = real[a, last[a] + 1]
+        after2_ok = np.where(last[a] + 2 < T, filler[a, np.minimum(last[a] + 2, T - 1)], True)
+        e["after_rows"] += a.size
+        e["after_real"] += int((after_real & after2_ok).sum())
+        b = rows[first[rows] >= 1]
+        before_real = real[b, first[b] - 1]
+        before2_ok = np.where(first[b] >= 2, filler[b, np.maximum(first[b] - 2, 0)], True)
+        e["first_rows"] += b.size
+        e["before_real"] += int((before_real & before2_ok).sum())
+
+    def _precision(self, role: str, v: np.ndarray) -> None:
+        p = self.prec[role]
+        stored = self.src.dtypes.get(role, "float32")
+        nz = v != 0
+        p["nonzero"] += int(np.count_nonzero(nz))
+        if stored in _LOW_PRECISION:
+            p["ulp2"][stored] += float(np.square(_ulp(v, _LOW_PRECISION[stored])).sum())
+            return
+        f32 = v.astype(np.float32)
+        is32 = f32 == v
+        bits = f32.view(np.uint32)
+        bf = is32 & ((bits & 0xFFFF) == 0) & nz
+        with np.errstate(over="ignore"):
+            hf = is32 & (f32.astype(np.float16).astype(np.float32) == f32) & nz
+        n_bf, n_hf, n_nz = int(np.count_nonzero(bf)), int(np.count_nonzero(hf)), max(int(np.count_nonzero(nz)), 1)
+        p["f32"] += int(np.count_nonzero(is32 & nz))
+        p["bf16"] += n_bf
+        p["fp16"] += n_hf
+        if n_bf > 0.99 * n_nz:
+            p["ulp2"]["bfloat16"] += float(np.square(_ulp(v, 8)).sum())
+        elif n_hf > 0.99 * n_nz:
+            p["ulp2"]["float16"] += float(np.square(_ulp(v, 11)).sum())
+
+    def _mismatch(self, lp: np.ndarray, old: np.ndarray | None, ro: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                  shape: tuple[int, int], ks: dict[str, np.ndarray], r0: int, r1: int) -> None:
+        from ..mismatch import SAFETY_BOUND, correction_weights
+
+        trainer = old if old is not None else lp
+        lr = trainer - ro                                 # log pi_old - log pi_rollout, tokens from the engine
+        mk = self._k(lr)
+        r = np.exp(np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND))
+        for name, x in (("mm_k1", mk["k1"]), ("mm_k2", mk["k2"]), ("mm_k3", mk["k3"]), ("mm_r", r), ("mm_r2", r * r),
+                        ("mm_abs_exp", np.exp(np.minimum(np.abs(lr), 700))), ("mm_lr", lr), ("mm_lr2", lr * lr),
+                        ("mm_abs", np.abs(lr))):
+            self._add_sum(name, x, rows, r0, r1)
+        for k in ("k2", "k3"):
+            seg = np.full(r1 - r0, -np.inf)
+            np.maximum.at(seg, rows, mk[k])
+            self.mm_max[k][r0:r1] = np.maximum(self.mm_max[k][r0:r1], seg)
+        if lr.size:
+            self.mm_absmax = max(self.mm_absmax, float(np.abs(lr).max()))
+        lre = lp - ro                                     # pi / pi_rollout: the weight that makes the ref KL unbiased
+        rho_e = np.exp(np.clip(lre, -700, 700))
+        for name, x in (("eng_rho", rho_e), ("eng_rho_k1", rho_e * ks["k1"]), ("eng_rho_k3", rho_e * ks["k3"])):
+            self._add_sum(name, x, rows, r0, r1)
+        full = np.zeros(shape)
+        full[rows, cols] = lr
+        vt = np.zeros(shape, dtype=bool)
+        vt[rows, cols] = True
+        lrt, vtt = torch.from_numpy(full), torch.from_numpy(vt)
+        w_tis = correction_weights(lrt, vtt, "token_tis", cap=self.tis_cap).numpy()[rows, cols]
+        w_band = correction_weights(lrt, vtt, "token_mask", band=self.mask_band).numpy()[rows, cols]
+        self.tis_cut += int(np.count_nonzero(w_tis < r))
+        self.band_cut += int(np.count_nonzero(w_band == 0))
+        self.hist["log_rho_engine"] += self._histogram(lre)
+        self.clip_cut["engine"] += int(np.count_nonzero((rho_e > 1 + self.clip) | (rho_e < 1 - self.clip)))
+
+    def _token_rows(self, r0: int, r1: int) -> Any:
+        if "tokens" in self.src.roles:
+            t = self.src.rows("tokens", r0, r1)
+            return t if t.dtype != object or t.ndim == 2 else np.asarray(t, dtype=object)
+        ids = self.src.rows("token_ids", r0, r1).astype(np.int64)
+        if self.vocab is None:
+            return ids.astype(object)
+        return np.asarray(self.vocab(ids), dtype=object).reshape(ids.shape)
+
+    def _tokens(self, tok_rows: Any, rows: np.ndarray, cols: np.ndarray, ks: dict[str, np.ndarray]) -> None:
+        t = np.asarray(tok_rows)
+        if t.ndim != 2 or rows.size == 0:
+            return
+        ids = t[rows, cols]
+        keys = ids.astype(str) if ids.dtype == object else ids
+        uniq, inv = np.unique(keys, return_inverse=True)
+        stats = np.stack([np.bincount(inv, minlength=uniq.size).astype(np.float64)] + [
+            np.bincount(inv, weights=ks[k], minlength=uniq.size) for k in kernel.ESTIMATORS], 1)
+        for u, row in zip(uniq.tolist(), stats):
+            prev = self.token_stats.get(u)
+            self.token_stats[u] = row if prev is None else prev + row
+
+    # -- the numbers, once every row has been seen ------------------------------------------------
+    def finish(self) -> Diagnosis:
+        src = self.src
+        n, B, T = self.n, self.B, self.T
+        kept = n > 0
+        total = int(n.sum())
+        if total == 0:
+            if self.trl_in and not self.mask_n.sum() - self.trl_in:
+                raise RolloutFileError("every counted token holds TRL's padding value 1.0 in both tensors: nothing to "
+                                       "diagnose (the mask is inverted?)")
+            if self.mask_n.sum() == 0:
+                raise RolloutFileError(f"'{escape_text(src.keys['response_mask'])}' selects no token: nothing to diagnose")
+            raise RolloutFileError("every counted token has a NaN or inf log-prob: nothing left to diagnose")
+        lengths_all = self.mask_n[kept]
+        lengths = {"min": float(lengths_all.min()), "median": float(np.median(lengths_all)),
+                   "max": float(lengths_all.max()), "mean": float(lengths_all.mean())}
+        off_policy = self.has_old and self.shift > 1e-6
+        sample = np.concatenate(self.sample) if self.sample else np.zeros(0)
+        qs = {k: kernel.estimate(k, torch.from_numpy(sample)).numpy() for k in kernel.ESTIMATORS} if sample.size else {}
+        estimates: dict[str, dict[str, float]] = {}
+        for name in kernel.ESTIMATORS:
+            s = self.sums[name]
+            tm, tse = clustered_mean_se_from_sums(s, n)
+            sm, sse = mean_se(torch.from_numpy(s[kept]))
+            mm, mse = mean_se(torch.from_numpy(s[kept] / n[kept]))
+            q = np.quantile(qs[name], [0.01, 0.5, 0.99]) if sample.size else [math.nan] * 3
+            estimates[name] = {
+                "token_mean": tm, "token_mean_se": tse, "seq_sum_mean": sm, "seq_sum_se": sse,
+                "seq_token_mean": mm, "seq_token_mean_se": mse, "token_std": self.moments[name].std,
+                "min": self.min_[name], "max": self.max_[name], "p01": float(q[0]), "p50": float(q[1]),
+                "p99": float(q[2]), "frac_negative": self.neg[name] / total,
+            }
+        directions: dict[str, str] = {}
+        extra: dict[str, dict[str, float]] = {}
+        if not off_policy:
+            for name in ("k1", "k3"):
+                directions[name] = "KL(π ‖ π_ref), unbiased (tokens sampled by π)"
+            directions["k2"] = "KL(π ‖ π_ref) to second order; biased upward or downward as π and π_ref separate"
+        else:
+            directions["k1"] = ("KL(π_old ‖ π_ref) − KL(π_old ‖ π) on average: neither KL(π ‖ π_ref) nor "
+                                "KL(π_old ‖ π_ref), because the tokens came from π_old")
+            directions["k2"] = "no KL in particular (tokens from π_old, log-probs from π): biased"
+            directions["k3"] = "no KL in particular (tokens from π_old, log-probs from π): biased"
+            for nm, key, what in (
+                ("ppo_kl k1 (old − new)", "ppo_k1", "KL(π_old ‖ π), unbiased: PPO's ppo_kl / approx_kl"),
+                ("k3 of π vs π_old", "ppo_k3", "KL(π_old ‖ π), unbiased, ≥ 0"),
+                ("ρ·k1, ρ = π/π_old", "rho_k1", "KL(π ‖ π_ref), unbiased with importance weights"),
+                ("ρ·k2, ρ = π/π_old", "rho_k2", "KL(π ‖ π_ref) to second order, with importance weights"),
+                ("ρ·k3, ρ = π/π_old", "rho_k3", "KL(π ‖ π_ref), unbiased with importance weights"),
+                ("sampler k1 (old − ref)", "old_k1", "KL(π_old ‖ π_ref), unbiased"),
+            ):
+                m_, se_ = clustered_mean_se_from_sums(self.sums[key], n)
+                extra[nm] = {"token_mean": m_, "token_mean_se": se_}
+                directions[nm] = what
+            rm_, rse_ = clustered_mean_se_from_sums(self.sums["rho"], n)
+            extra["mean ρ = π/π_old"] = {"token_mean": rm_, "token_mean_se": rse_}
+            directions["mean ρ = π/π_old"] = "1 on average when the tokens were sampled by π_old"
+        ratio_key = "ratio_old" if off_policy else "ratio_policy"
+        mean_ratio = clustered_mean_se_from_sums(self.sums[ratio_key], n)
+        agreement = self._agreement(estimates, extra, off_policy, mean_ratio, n)
+        clamps: dict[str, dict[str, Any]] = {}
+        for label, (rule, name, kind) in self.clamp_defs.items():
+            row: dict[str, Any] = {"fraction": self.clamp_count[label] / total, "count": self.clamp_count[label],
+                                   "mean_shift": self.clamp_diff[label] / total, "kind": kind, "estimator": name,
+                                   "framework": _framework(rule)}
+            if kind == "input":
+                row["value_can_change"] = input_clamp_changes_value(rule, name)
+            clamps[label] = row
+        large = [(i, j, v) for _s, (i, j, v, _t) in self.top_large.items]
+        k3v = qs.get("k3", np.zeros(0))
+        k_top = max(1, int(math.ceil(0.01 * k3v.size)))
+        k3_sum = float(k3v.sum())
+        share = float(np.partition(k3v, k3v.size - k_top)[-k_top:].sum()) / k3_sum if k3_sum > 0 and k3v.size else 0.0
+        diag = Diagnosis(
+            source=src.source, shape=(B, T), dtypes=src.dtypes, keys=src.keys, n_tokens=total,
+            n_sequences=int(kept.sum()), n_empty_sequences=int((self.mask_n == 0).sum()), lengths=lengths,
+            sampler="old policy (old_logprob)" if off_policy else "policy (logprob)", off_policy=off_policy,
+            max_abs_policy_shift=self.shift if self.has_old else 0.0, nonfinite=self.nonfinite,
+            nonfinite_examples=self.examples, positive_logprobs=self.positive, estimates=estimates,
+            directions=directions, extra=extra, mean_ratio=mean_ratio, clamps=clamps, large_tokens=large,
+            n_large=self.n_large, k3_top_share=share, agreement=agreement, step=src.step, clip=self.clip,
+            quantiles_from=int(sample.size), log_r_sample=sample, seq_lengths=n[kept].copy(),
+            seq_sums={k: self.sums[k][kept].copy() for k in ("k1", "k3")},
+            padding={"trl_counted": self.trl_in, "trl_outside": self.trl_out})
+        diag.sampler_numbers = self._sampler_numbers(n, kept, total)
+        diag.positions = self._positions()
+        diag.precision = self._precision_report(estimates)
+        diag.ratio = self._ratio_report(total)
+        diag.token_report = self._token_report(estimates, total)
+        diag.sequences = self._sequence_report(kept)
+        if self.has_ro:
+            diag.mismatch = self._mismatch_report(n, kept, total, estimates, lengths)
+        diag.trouble = _trouble(diag, self.edge, self.filler_counted)
+        return diag
+
+    def _sampler_numbers(self, n: np.ndarray, kept: np.ndarray, total: int) -> dict[str, dict[str, Any]]:
+        if not self.has_old:
+            return {}
+        S, out = self.sums, {}
+        for k in kernel.ESTIMATORS:
+            s = S[f"old_{k}"]
+            what = "KL(π_old ‖ π_ref)" + (" (second order)" if k == "k2" else "")
+            m, se = clustered_mean_se_from_sums(s, n)
+            out[f"sampler {k} token-mean"] = {"value": m, "se": se, "estimates": what}
+            m, se = mean_se(torch.from_numpy(s[kept] / n[kept]))
+            out[f"sampler {k} seq-mean-token-mean"] = {"value": m, "se": se, "estimates": what}
+            m, se = mean_se(torch.from_numpy(s[kept]))
+            out[f"sampler {k} seq-mean-token-sum"] = {"value": m, "se": se, "estimates": what + " per sequence"}
+        for label, key in (("ppo_kl k1 token-mean (verl clamp)", "ppo_k1_verl"), ("ppo_kl k2 token-mean", "ppo_k2")):
+            m, se = clustered_mean_se_from_sums(S[key], n)
+            out[label] = {"value": m, "se": se, "estimates": "KL(π_old ‖ π)" + (" (second order)" if "k2" in label else "")}
+        m, se = clustered_mean_se_from_sums(S["ppo_k2"], n)
+        frac = total / (self.B * self.T)
+        out["ppo_kl k2 all-positions mean"] = {"value": m * frac, "se": se * frac,
+                                               "estimates": "KL(π_old ‖ π) (second order) diluted by padding"}
+        return out
+
+    def _agreement(self, est: dict, extra: dict, off_policy: bool, mean_ratio: tuple[float, float],
+                   n: np.ndarray) -> dict[str, Any]:
+        """k1 − k3, the mean ratio and k2 − k3, on the rows that estimate KL(π ‖ π_ref) without bias:
+        the plain rows on-policy, the ρ-weighted rows off-policy."""
+        if off_policy:
+            k1, k2, k3 = (extra[f"ρ·{k}, ρ = π/π_old"]["token_mean"] for k in ("k1", "k2", "k3"))
+            d13 = clustered_mean_se_from_sums(self.sums["rho_k1"] - self.sums["rho_k3"], n)
+            rows = "ρ-weighted rows (ρ = π/π_old)"
+            ratio_text = "π_ref/π_old"
+        else:
+            k1, k2, k3 = (est[k]["token_mean"] for k in ("k1", "k2", "k3"))
+            d13 = clustered_mean_se_from_sums(self.sums["k1"] - self.sums["k3"], n)
+            rows = "plain rows (tokens sampled by π)"
+            ratio_text = "π_ref/π"
+        return {"rows": rows, "k1": k1, "k2": k2, "k3": k3, "k1_minus_k3": d13[0], "k1_minus_k3_se": d13[1],
+                "k2_minus_k3": k2 - k3, "mean_ratio": mean_ratio[0], "mean_ratio_se": mean_ratio[1],
+                "ratio": ratio_text}
+
+    def _positions(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for side, acc in self.pos.items():
+            cnt = acc["n"]
+            used = np.flatnonzero(cnt > 0)
+            top = int(used.max()) + 1 if used.size else 0
+            c = cnt[:top]
+            safe = np.maximum(c, 1)
+            lr_m, k3_m = acc["lr"][:top] / safe, acc["k3"][:top] / safe
+            lr_var = np.maximum(acc["lr2"][:top] / safe - lr_m ** 2, 0) * c / np.maximum(c - 1, 1)
+            k3_var = np.maximum(acc["k32"][:top] / safe - k3_m ** 2, 0) * c / np.maximum(c - 1, 1)
+            out[side] = {"count": c.astype(int).tolist(), "log_r": lr_m.tolist(), "log_r_se": np.sqrt(lr_var / safe).tolist(),
+                         "k3": k3_m.tolist(), "k3_se": np.sqrt(k3_var / safe).tolist(),
+                         "k1": (acc["k1"][:top] / safe).tolist()}
+        return out
+
+    def _precision_report(self, est: dict) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        bias_total = 0.0
+        total = max(int(self.n.sum()), 1)
+        for role, p in self.prec.items():
+            stored = self.src.dtypes.get(role, "float32")
+            nz = max(p["nonzero"], 1)
+            effective = stored if stored in _LOW_PRECISION else None
+            if effective is None and p["nonzero"] >= 20:
+                if p["bf16"] / nz > 0.999:
+                    effective = "bfloat16"
+                elif p["fp16"] / nz > 0.999:
+                    effective = "float16"
+            info = {"stored": stored, "rounded_to": effective, "bf16_fraction": p["bf16"] / nz,
+                    "fp16_fraction": p["fp16"] / nz}
+            if effective is not None:
+                info["ulp2_mean"] = p["ulp2"][effective] / total
+                bias_total += p["ulp2"][effective] / total / 24
+            out[role] = info
+        out["k3_bias_from_rounding"] = bias_total
+        out["k3_token_mean"] = est["k3"]["token_mean"]
+        return out
+
+    def _ratio_report(self, total: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"clip": self.clip, "edges_log": self.hist_edges.tolist()}
+        out["log_r_hist"] = self.hist["log_r"].astype(int).tolist()
+        if self.has_old:
+            out["log_rho_hist"] = self.hist["log_rho"].astype(int).tolist()
+            out["clip_fraction"] = self.clip_cut["old"] / total
+        if self.has_ro:
+            out["log_rho_engine_hist"] = self.hist["log_rho_engine"].astype(int).tolist()
+            out["clip_fraction_engine"] = self.clip_cut["engine"] / total
+        return out
+
+    def _token_report(self, est: dict, total: int) -> dict[str, Any]:
+        if not self.token_stats:
+            return {}
+        names = list(self.token_stats)
+        stats = np.stack([self.token_stats[k] for k in names])
+        out: dict[str, Any] = {"distinct": len(names)}
+        for j, k in enumerate(kernel.ESTIMATORS, start=1):
+            s_total = float(self.sums[k].sum())
+            order = np.argsort(-np.abs(stats[:, j]))[:5]
+            out[k] = [{"token": escape_text(names[i], 40), "count": int(stats[i, 0]), "sum": float(stats[i, j]),
+                       "share": float(stats[i, j]) / s_total if s_total else math.nan,
+                       "token_share": float(stats[i, 0]) / total} for i in order]
+        out["largest_log_r"] = [{"row": i, "column": j, "log_r": v, "token": None if t is None else escape_text(t, 40)}
+                                for _s, (i, j, v, t) in self.top_large.items]
+        return out
+
+    def _sequence_report(self, kept: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        rows = np.flatnonzero(kept)
+        for k in kernel.ESTIMATORS:
+            s = self.sums[k]
+            total = float(s[kept].sum())
+            order = rows[np.argsort(-np.abs(s[kept]))[:5]]
+            out[k] = [{"row": int(i), "tokens": int(self.n[i]), "sum": float(s[i]),
+                       "share": float(s[i]) / total if total else math.nan} for i in order]
+        return out
+
+    def _mismatch_report(self, n: np.ndarray, kept: np.ndarray, total: int, est: dict,
+                         lengths: dict[str, float]) -> dict[str, Any]:
+        from ..mismatch import SAFETY_BOUND, log_weight_clamp_rate
+
+        S = self.sums
+        out: dict[str, Any] = {"trainer": "old_logprob" if self.has_old else "logprob", "tokens": total,
+                               "sequences": int(kept.sum())}
+        for k in kernel.ESTIMATORS:
+            out[k], out[f"{k}_se"] = clustered_mean_se_from_sums(S[f"mm_{k}"], n)
+            out[f"seq_sum_{k}"] = float(S[f"mm_{k}"][kept].mean())
+            out[f"seq_mean_{k}"] = float((S[f"mm_{k}"][kept] / n[kept]).mean())
+        for k in ("k2", "k3"):
+            out[f"seq_max_{k}"] = float(self.mm_max[k][kept].mean())
+        out["mean_ratio"], out["mean_ratio_se"] = clustered_mean_se_from_sums(S["mm_r"], n)
+        out["chi2_token"] = float(S["mm_r2"].sum()) / total - 1.0
+        log_w = S["mm_lr"][kept]
+        out["chi2_seq"] = float(np.exp(2 * np.clip(log_w, -SAFETY_BOUND, SAFETY_BOUND)).mean()) - 1.0
+        out["ppl_ratio"] = math.exp(float((S["mm_k1"][kept] / n[kept]).mean()))
+        out["token_mult_prob_error"] = float(S["mm_abs_exp"].sum()) / total
+        out["abs_diff_mean"], out["abs_diff_max"] = float(S["mm_abs"].sum()) / total, self.mm_absmax
+        out["tis_cap"], out["tis_fraction"] = self.tis_cap, self.tis_cut / total
+        out["mask_band"], out["mask_fraction"] = list(self.mask_band), self.band_cut / total
+        mean_lr = float(S["mm_lr"].sum()) / total
+        std_lr = math.sqrt(max(float(S["mm_lr2"].sum()) / total - mean_lr ** 2, 0.0))
+        out["length_x_kl"] = lengths["mean"] * out["k1"]
+        out["max_length_x_kl"] = lengths["max"] * out["k1"]
+        out["log_weight_clamp_rate"] = float(log_weight_clamp_rate(mean_lr, std_lr, max(lengths["mean"], 1.0)))
+        for nm, key in (("ρ_e·k1, ρ_e = π/π_rollout", "eng_rho_k1"), ("ρ_e·k3, ρ_e = π/π_rollout", "eng_rho_k3"),
+                        ("mean ρ_e", "eng_rho")):
+            m_, se_ = clustered_mean_se_from_sums(S[key], n)
+            out[nm] = {"token_mean": m_, "token_mean_se": se_}
+        return out
+
+
+# -- trouble signs ------------------------------------------------------------------------------
+
+def _trouble(d: Diagnosis, edge: dict[str, int], filler_counted: int) -> list[Trouble]:
+    out: list[Trouble] = []
+
+    def add(code: str, severity: str, message: str, advice: str) -> None:
+        out.append(Trouble(code, severity, message, advice))
+
     if d.has_nonfinite:
-        parts = ", ".join(f"{n} in '{d.keys.get(role, role)}'" for role, n in d.nonfinite.items() if n)
+        parts = ", ".join(f"{n} in '{escape_text(d.keys.get(role, role))}'" for role, n in d.nonfinite.items() if n)
         ex = "; ".join(f"{role}[{i}, {j}] = {v}" for role, i, j, v in d.nonfinite_examples[:3])
-        out.append((f"NaN or inf log-probs at counted tokens ({parts}; e.g. {ex})",
-                    "These tokens were left out of every number above. A -inf reference log-prob means the reference "
-                    "gives the token probability 0, so KL(π‖π_ref) is infinite there; NaN usually comes from an "
-                    "overflow in the forward pass or from a mask that does not cover padding. Fix the source before "
-                    "trusting the KL."))
+        add("nonfinite", "error", f"NaN or inf log-probs at counted tokens ({parts}; e.g. {ex})",
+            "These tokens were left out of every number above. A -inf reference log-prob means the reference "
+            "gives the token probability 0, so KL(π‖π_ref) is infinite there; NaN usually comes from an "
+            "overflow in the forward pass or from a mask that does not cover padding. Fix the source before "
+            "trusting the KL.")
+    if d.padding.get("trl_counted"):
+        add("trl_padding_counted", "error",
+            f"{d.padding['trl_counted']} counted token(s) hold TRL's padding value INVALID_LOGPROB = 1.0 in both tensors",
+            "TRL's PPO/RLOO trainers fill the log-probs of padding (and tokens after EOS) with 1.0; the mask "
+            "counts them, so it is not the completion mask (inverted, or the padding mask). These positions were "
+            "left out of the numbers above; save the mask TRL builds from the sequence lengths.")
+    elif d.padding.get("trl_outside"):
+        add("trl_padding", "info",
+            f"{d.padding['trl_outside']} position(s) outside the mask hold TRL's padding value INVALID_LOGPROB = 1.0",
+            "Expected in a TRL dump: padding log-probs are set to 1.0, and the mask leaves them out. Nothing to do.")
     pos = {k: v for k, v in d.positive_logprobs.items() if v}
     if pos:
-        out.append((f"positive log-probs ({', '.join(f'{v} in {k}' for k, v in pos.items())})",
-                    "A log-probability is ≤ 0. Positive values mean these are logits, scores or log-probs summed "
-                    "with something else: check which tensor you saved."))
+        add("positive_logprobs", "error", f"positive log-probs ({', '.join(f'{v} in {k}' for k, v in pos.items())})",
+            "A log-probability is ≤ 0. Positive values mean these are logits, scores or log-probs summed "
+            "with something else: check which tensor you saved.")
+    rows = edge.get("rows", 0)
+    if rows >= 4:
+        interior = (filler_counted - edge["last_filler"]) / max(d.n_tokens, 1)
+        if edge["last_filler"] >= 0.5 * rows and interior < 0.05:
+            add("mask_shifted", "error",
+                f"the last counted position of {edge['last_filler']} of {rows} responses holds padding "
+                "(log-probs 0 or 1.0 in both tensors)",
+                "The mask reaches one position past each response: it is shifted right by one against the log-probs "
+                "(and probably leaves out the first response token). Align the mask with the log-probs of the "
+                "response tokens (the per-position table shows the edge).")
+        elif edge["after_rows"] >= 4 and edge["after_real"] >= 0.5 * edge["after_rows"]:
+            add("mask_shifted", "error",
+                f"the position just after the last counted token holds a real log-prob in {edge['after_real']} of "
+                f"{edge['after_rows']} responses, with padding after it",
+                "The mask stops one token early: the last token of each response (usually EOS) is left out, as if the "
+                "mask were shifted left by one. EOS carries much of the KL when the policy learned where to stop.")
+        elif edge["first_rows"] >= 4 and edge["before_real"] >= 0.5 * edge["first_rows"]:
+            add("mask_shifted", "error",
+                f"the position just before the first counted token holds a real log-prob in {edge['before_real']} of "
+                f"{edge['first_rows']} responses",
+                "The mask starts one token late: the first response token is left out (a mask shifted right by one).")
     if d.n_large:
         worst = ", ".join(f"[{i}, {j}] log r = {v:+.1f}" for i, j, v in d.large_tokens[:3])
-        out.append((f"{d.n_large} token(s) with |log r| > {LARGE_LOG_RATIO:g} (largest: {worst})",
-                    "A ratio beyond e^10 means policy and reference disagree completely on these tokens. k3 grows like "
-                    "e^|log r| when log r > 0 and the frameworks' clamps start to bind (see the clamp table); k1 stays "
-                    "linear. Look at these tokens: often a special token, a tokenizer mismatch, or a prompt token "
-                    "that the mask should have excluded."))
+        add("large_log_ratio", "warning", f"{d.n_large} token(s) with |log r| > {LARGE_LOG_RATIO:g} (largest: {worst})",
+            "A ratio beyond e^10 means policy and reference disagree completely on these tokens. k3 grows like "
+            "e^|log r| when log r > 0 and the frameworks' clamps start to bind (see the clamp table); k1 stays "
+            "linear. Look at these tokens: often a special token, a tokenizer mismatch, or a prompt token "
+            "that the mask should have excluded.")
     k1 = d.estimates["k1"]
     if k1["token_mean"] < 0:
-        z = -k1["token_mean"] / k1["token_mean_se"] if k1["token_mean_se"] > 0 else math.inf
-        shown = f"{k1['token_mean']:.4g} ± {2 * k1['token_mean_se']:.2g}"
+        se = k1["token_mean_se"]
+        z = -k1["token_mean"] / se if se > 0 else math.inf
+        shown = f"{k1['token_mean']:.4g} ± {2 * se:.2g}"
         if d.off_policy:
-            out.append((f"the k1 mean is negative ({shown})",
-                        "Expected off-policy: on π_old's tokens E[log π − log π_ref] = KL(π_old‖π_ref) − KL(π_old‖π), "
-                        "which is negative once π has moved further from π_old than π_old is from π_ref. It is not a KL; "
-                        "use the ρ-weighted rows."))
-        elif z > 3:
-            out.append((f"the k1 mean is negative beyond noise ({shown})",
-                        "On-policy, E[k1] = KL(π‖π_ref) ≥ 0, so a clearly negative mean says the tokens were not "
-                        "drawn from the distribution whose log-probs you saved: sampling temperature, top-p/top-k, a "
-                        "different inference engine (vLLM vs the trainer), or stale/off-policy tokens."))
+            add("k1_negative_off_policy", "info", f"the k1 mean is negative ({shown})",
+                "Expected off-policy: on π_old's tokens E[log π − log π_ref] = KL(π_old‖π_ref) − KL(π_old‖π), "
+                "which is negative once π has moved further from π_old than π_old is from π_ref. It is not a KL; "
+                "use the ρ-weighted rows.")
+        elif z > 3 and d.n_sequences >= 2:
+            add("k1_negative", "error", f"the k1 mean is negative beyond noise ({shown})",
+                "On-policy, E[k1] = KL(π‖π_ref) ≥ 0, so a clearly negative mean says the tokens were not "
+                "drawn from the distribution whose log-probs you saved: sampling temperature, top-p/top-k, a "
+                "different inference engine (vLLM vs the trainer), or stale/off-policy tokens.")
         else:
-            out.append((f"the k1 mean is negative but within noise ({shown})",
-                        "Expected when π and π_ref are close: k1 is negative on every token π_ref likes more than π, "
-                        "and the true KL is small next to the noise. Nothing is wrong; k3 is never negative."))
+            add("k1_negative_noise", "info", f"the k1 mean is negative but within noise ({shown})",
+                "Expected when π and π_ref are close: k1 is negative on every token π_ref likes more than π, "
+                "and the true KL is small next to the noise. Nothing is wrong; k3 is never negative.")
     rm, rse = d.mean_ratio
     if math.isfinite(rse) and abs(rm - 1) > max(4 * rse, 0.01):
-        out.append((f"the mean ratio r = π_ref/π_sampler is {rm:.4f} ± {2 * rse:.2g}, not 1",
-                    "E[r] = 1 exactly when the tokens are samples of the sampler's distribution, so k1 and k3 (whose "
-                    "difference is 1 − r) disagree here by more than noise. The saved log-probs do not describe the "
-                    "distribution the tokens were drawn from (temperature, top-p, engine mismatch), or the reference "
-                    "misses part of the support. Treat the k3 value with care."))
+        sampler = "π_old" if d.off_policy else "π"
+        add("mean_ratio", "warning", f"the mean ratio r = π_ref/{sampler} is {rm:.4f} ± {2 * rse:.2g}, not 1",
+            "E[r] = 1 exactly when the tokens are samples of the sampler's distribution, so k1 and k3 (whose "
+            "difference is 1 − r) disagree here by more than noise. The saved log-probs do not describe the "
+            "distribution the tokens were drawn from (temperature, top-p, engine mismatch), or the reference "
+            "misses part of the support. Treat the k3 value with care.")
     k3 = d.estimates["k3"]
-    if k3["token_std"] > 2 * k1["token_std"] or d.k3_top_share > 0.5:
-        out.append((f"k3 is heavy-tailed (per-token std {k3['token_std']:.3g} vs k1's {k1['token_std']:.3g}; "
-                    f"top 1% of tokens carry {100 * d.k3_top_share:.0f}% of its sum)",
-                    "k3 = r − 1 − log r contains r = π_ref/π, exponential in log r: on tokens that π_ref finds "
-                    "far likelier than π, one token outweighs hundreds (for Gaussians Var k3 grows like e^{μ²}). "
-                    "The batch value then rests on a few tokens; k1 is the steadier number to log here, or look at "
-                    "those tokens."))
+    if d.n_tokens >= MIN_TAIL_TOKENS and d.n_sequences >= 10 and (
+            k3["token_std"] > 2 * k1["token_std"] or d.k3_top_share > 0.5):
+        add("heavy_tail", "warning", f"k3 is heavy-tailed (per-token std {k3['token_std']:.3g} vs k1's "
+            f"{k1['token_std']:.3g}; top 1% of tokens carry {100 * d.k3_top_share:.0f}% of its sum)",
+            "k3 = r − 1 − log r contains r = π_ref/π, exponential in log r: on tokens that π_ref finds "
+            "far likelier than π, one token outweighs hundreds (for Gaussians Var k3 grows like e^{μ²}). "
+            "The batch value then rests on a few tokens; k1 is the steadier number to log here, or look at "
+            "those tokens.")
+    prec = d.precision
+    low = {role: info["rounded_to"] for role, info in prec.items()
+           if isinstance(info, dict) and info.get("rounded_to")}
+    if low:
+        bias = prec["k3_bias_from_rounding"]
+        k3m = prec["k3_token_mean"]
+        rel = f" ({100 * bias / k3m:.0f}% of the k3 token-mean)" if k3m > 0 else ""
+        how = ", ".join(f"{d.keys.get(role, role)} " + ("stored as " + dt if prec[role]["stored"] == dt
+                                                         else f"holds {dt}-rounded values (stored as {prec[role]['stored']})")
+                        for role, dt in low.items())
+        add("low_precision", "warning", f"low-precision log-probs: {how}",
+            f"Rounding each stored log-prob to {', '.join(sorted(set(low.values())))} adds noise of about half a unit "
+            f"in the last place to log r: k1 averages it out, but k2 and k3 are quadratic in log r and gain about "
+            f"+{bias:.3g} nats/token{rel} from storage alone. Save log-probs in float32 (compute them from float32 "
+            "logits: logits.float().log_softmax(-1)).")
     if d.off_policy:
-        out.append((f"the tokens were sampled by π_old, not π (max |logprob − old_logprob| = {d.max_abs_policy_shift:.3g})",
-                    "k1/k2/k3 of logprob vs ref_logprob then estimate no KL exactly; weight by ρ = π/π_old (the ρ·k rows) "
-                    "for KL(π‖π_ref), or compare old_logprob with ref_logprob for KL(π_old‖π_ref)."))
+        add("off_policy", "info", f"the tokens were sampled by π_old, not π (max |logprob − old_logprob| = "
+            f"{d.max_abs_policy_shift:.3g})",
+            "k1/k2/k3 of logprob vs ref_logprob then estimate no KL exactly; weight by ρ = π/π_old (the ρ·k rows) "
+            "for KL(π‖π_ref), or compare old_logprob with ref_logprob for KL(π_old‖π_ref).")
+        cf = d.ratio.get("clip_fraction")
+        if cf is not None and cf > 0.2:
+            add("clip_fraction", "warning", f"{100 * cf:.1f}% of tokens have a PPO ratio π/π_old outside 1 ± {d.clip:g}",
+                "The clipped surrogate ignores their gradient: π has moved far from the policy that sampled the batch "
+                "(too many epochs, too large a learning rate, or stale tokens).")
     if d.n_empty_sequences:
-        out.append((f"{d.n_empty_sequences} sequence(s) have no counted token",
-                    "They are left out of the per-sequence means (as recent verl does); check that the mask is not "
-                    "shifted by one or empty for truncated responses."))
+        add("empty_sequences", "warning", f"{d.n_empty_sequences} sequence(s) have no counted token",
+            "They are left out of the per-sequence means (as recent verl does); check that the mask is not "
+            "shifted by one or empty for truncated responses.")
+    ends = d.positions.get("end")
+    if ends and ends["count"] and ends["count"][0] >= 20 and len(ends["count"]) > 1:
+        k3_last = ends["k3"][0]
+        rest = (k3["token_mean"] * d.n_tokens - k3_last * ends["count"][0]) / max(d.n_tokens - ends["count"][0], 1)
+        if k3_last > 5 * max(rest, 1e-12) and k3_last - 4 * ends["k3_se"][0] > rest:
+            add("last_token", "warning", f"the last token of each response carries a k3 of {k3_last:.3g} on average, "
+                f"{k3_last / max(rest, 1e-12):.0f}× the other tokens'",
+                "Usually the EOS token: policy and reference disagree on where to stop (the reference never learned to "
+                "end, or the policy ends early/late). If EOS should not count, fix the mask; otherwise the length "
+                "behaviour is what the KL measures.")
     ks = d.estimates
     if all(abs(ks[k]["max"]) == 0 and abs(ks[k]["min"]) == 0 for k in ks):
-        out.append(("policy and reference log-probs are identical",
-                    "KL = 0: expected at step 0, before the first update. Later it means the reference is the policy "
-                    "itself (or the same tensor was saved twice)."))
+        add("identical", "info", "policy and reference log-probs are identical",
+            "KL = 0: expected at step 0, before the first update. Later it means the reference is the policy "
+            "itself (or the same tensor was saved twice).")
+    mm = d.mismatch
+    if mm:
+        _mismatch_trouble(mm, add)
     return out
+
+
+def _mismatch_trouble(mm: dict[str, Any], add: Callable[..., None]) -> None:
+    k3, se = mm["k3"], mm["k3_se"]
+    significant = math.isfinite(se) and k3 > 4 * se and k3 > 1e-4
+    if significant:
+        sev = "warning" if k3 > 1e-3 or mm["tis_fraction"] > 0.001 else "info"
+        add("engine_mismatch", sev, f"engine and trainer disagree: KL(π_rollout ‖ π_old) ≈ {k3:.3g} ± {2 * se:.2g} "
+            f"nats/token (k3), χ² {mm['chi2_token']:.3g}, perplexity ratio {mm['ppl_ratio']:.4f}",
+            "The tokens were sampled by the engine, not by the trainer's π_old: every KL above that treats π_old as "
+            "the sampler is biased by this much (the ρ_e rows weight by π/π_rollout and are not), and so is the "
+            "policy gradient. Correct it with truncated importance sampling (verl rollout_is, TRL "
+            "vllm_importance_sampling_correction) or masking; find the cause: bf16 engine vs fp32 trainer, a "
+            "temperature not divided out, top-p/top-k.")
+    rm, rse = mm["mean_ratio"], mm["mean_ratio_se"]
+    if math.isfinite(rse) and rm < 1 - max(4 * rse, 0.005):
+        add("engine_support", "warning", f"E[π_old/π_rollout] = {rm:.4f} ± {2 * rse:.2g} < 1",
+            "With tokens from the engine the mean ratio is the mass π_old puts where the engine can sample: below 1, "
+            "the engine truncates the distribution (top-p/top-k), so the trainer scores a different policy. Replay "
+            "the sampling mask on the trainer side (keep sampling mask) or sample without truncation.")
+    elif math.isfinite(rse) and rm > 1 + max(4 * rse, 0.005):
+        add("engine_temperature", "warning", f"E[π_old/π_rollout] = {rm:.4f} ± {2 * rse:.2g} > 1",
+            "Above 1 cannot happen when both log-probs describe one distribution each on the same support: the "
+            "engine's log-probs are tempered or processed differently from the trainer's (a temperature that the "
+            "trainer does not divide out, or raw logprobs vs processed ones).")
+    if mm["max_length_x_kl"] > 1.0 or mm["log_weight_clamp_rate"] > 0.01:
+        add("length_trap", "warning", f"response length × mismatch KL reaches {mm['max_length_x_kl']:.3g} nats "
+            f"(mean length × KL {mm['length_x_kl']:.3g}); P(|log W| > 20) ≈ {mm['log_weight_clamp_rate']:.3g}",
+            "A sequence-level importance weight W = Π π_old/π_rollout has a variance that grows like (1 + χ²)^T: "
+            "long responses get weights near 0 or huge ones. Prefer token-level truncated IS or a geometric-mean "
+            "(length-normalised) rejection over sequence-level weights.")

@@ -1,4 +1,9 @@
-"""The optional four-panel PNG of ``klviz diagnose --plot``; matplotlib is imported only when it is drawn."""
+"""The optional PNGs of ``klviz diagnose --plot``; matplotlib is imported only when one is drawn.
+
+:func:`plot_report` draws one batch (four panels); off-policy, the estimates panel shows the
+ρ-weighted rows (the ones that estimate KL(π ‖ π_ref)) beside the plain ones. :func:`plot_series`
+draws the trend of a run.
+"""
 from __future__ import annotations
 
 import math
@@ -10,7 +15,7 @@ import torch
 from .. import kernel
 from .analysis import Diagnosis
 
-__all__ = ["plot_report"]
+__all__ = ["plot_report", "plot_series"]
 
 
 def plot_report(d: Diagnosis, path: str | Path | None = None):
@@ -18,9 +23,8 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
     from ..plotting import COLORS, new_figure
 
     fig, axes = new_figure(9.0, 6.4, nrows=2, ncols=2)
-    (ax_lr, ax_k), (ax_seq, ax_bar) = axes
-    assert d.log_r is not None and d.valid is not None
-    lr = d.log_r[d.valid].numpy()
+    (ax_lr, ax_k), (ax_pos, ax_bar) = axes
+    lr = d.log_r_sample if d.log_r_sample is not None else np.zeros(1)
     lo, hi = float(np.min(lr)), float(np.max(lr))
     span = max(hi - lo, 1e-6)
     ax_lr.hist(lr, bins=60, range=(lo - 0.02 * span, hi + 0.02 * span), color=COLORS["q"], alpha=0.9)
@@ -30,7 +34,8 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
             ax_lr.axvline(x, color=COLORS["mu"], ls="--", lw=1)
     ax_lr.set_xlabel("log r = log π_ref − log π  (per token)")
     ax_lr.set_ylabel("tokens")
-    ax_lr.set_title(f"per-token log-ratio ({d.n_tokens:,} tokens)")
+    sub = "" if d.quantiles_from >= d.n_tokens else f", subsample of {d.quantiles_from:,}"
+    ax_lr.set_title(f"per-token log-ratio ({d.n_tokens:,} tokens{sub})")
 
     ests = kernel.estimates(torch.as_tensor(lr))
     top = max(float(np.quantile(ests[k].numpy(), 0.999)) for k in ("k2", "k3"))
@@ -45,34 +50,73 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
     ax_k.set_title("per-token k1, k2, k3")
     ax_k.legend()
 
-    valid = d.valid
-    lengths = valid.sum(-1).numpy()
-    keep = lengths > 0
-    zero = torch.zeros((), dtype=torch.float64)
-    full = kernel.estimates(d.log_r)
-    for k in ("k1", "k3"):
-        s = torch.where(valid, full[k], zero).sum(-1).numpy()
-        ax_seq.scatter(lengths[keep], s[keep], s=12, alpha=0.7, color=COLORS[k], label=f"{k} summed over the response")
-    ax_seq.axhline(0, color="black", lw=0.6)
-    ax_seq.set_xlabel("counted tokens in the response")
-    ax_seq.set_ylabel("sequence KL estimate [nats]")
-    ax_seq.set_title("per-sequence sums vs length")
-    ax_seq.legend()
+    st = d.positions.get("start") or {"count": [], "k3": [], "log_r": []}
+    pos = np.arange(1, len(st["count"]) + 1)
+    if pos.size:
+        ax_pos.plot(pos, st["log_r"], color=COLORS["k1"], lw=1.2, label="mean log r")
+        ax_pos.plot(pos, st["k3"], color=COLORS["k3"], lw=1.2, label="mean k3")
+        ax_pos.set_xscale("log")
+    ax_pos.axhline(0, color="black", lw=0.6)
+    ax_pos.set_xlabel("position in the response (from its first counted token)")
+    ax_pos.set_ylabel("nats")
+    ax_pos.set_title("per-position means")
+    ax_pos.legend()
 
     modes = [("token_mean", "token-mean"), ("seq_token_mean", "seq-mean-\ntoken-mean")]
     width = 0.25
-    for i, k in enumerate(("k1", "k2", "k3")):
-        e = d.estimates[k]
-        xs = np.arange(len(modes)) + (i - 1) * width
-        ys = [e[m] for m, _ in modes]
-        errs = [2 * e[m + "_se"] if math.isfinite(e[m + "_se"]) else 0.0 for m, _ in modes]
-        ax_bar.bar(xs, ys, width=width, color=COLORS[k], label=k, yerr=errs, capsize=3)
+    if d.off_policy:
+        rows = [(f"ρ·{k}", d.extra[f"ρ·{k}, ρ = π/π_old"]) for k in ("k1", "k2", "k3")]
+        for i, (k, e) in enumerate(rows):
+            err = 2 * e["token_mean_se"] if math.isfinite(e["token_mean_se"]) else 0.0
+            ax_bar.bar([i], [e["token_mean"]], width=0.6, color=COLORS[k[-2:]], yerr=[err], capsize=3, label=k)
+        ax_bar.set_xticks(range(3), [k for k, _ in rows])
+        ax_bar.set_title("ρ-weighted estimates ± 2 SE (tokens from π_old)")
+    else:
+        for i, k in enumerate(("k1", "k2", "k3")):
+            e = d.estimates[k]
+            xs = np.arange(len(modes)) + (i - 1) * width
+            ys = [e[m] for m, _ in modes]
+            errs = [2 * e[m + "_se"] if math.isfinite(e[m + "_se"]) else 0.0 for m, _ in modes]
+            ax_bar.bar(xs, ys, width=width, color=COLORS[k], label=k, yerr=errs, capsize=3)
+        ax_bar.set_xticks(np.arange(len(modes)), [lab for _, lab in modes])
+        ax_bar.set_title("batch estimates ± 2 SE")
     ax_bar.axhline(0, color="black", lw=0.6)
-    ax_bar.set_xticks(np.arange(len(modes)), [lab for _, lab in modes])
     ax_bar.set_ylabel("KL(π ‖ π_ref) estimate [nats/token]")
-    ax_bar.set_title("batch estimates ± 2 SE")
     ax_bar.legend()
     fig.suptitle(f"klviz diagnose: {Path(d.source).name}  ·  {len(d.trouble)} trouble sign(s)", fontsize=11)
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
+
+
+def plot_series(items: list, path: str | Path | None = None):
+    """The trend of a run: k1, k3 (and ρ·k3, ppo_kl, engine mismatch when present) per dump, ± 2 SE."""
+    from ..plotting import COLORS, new_figure
+    from .report import _trend_values
+
+    fig, axes = new_figure(9.0, 3.6, nrows=1, ncols=2)
+    ax, ax_t = axes
+    good = [(i, step, d) for i, (_n, step, d) in enumerate(items) if isinstance(d, Diagnosis)]
+    xs = [step if step is not None else i for i, step, _d in good]
+    for name, color in (("k1", COLORS["k1"]), ("k3", COLORS["k3"]), ("ρ·k3", COLORS["k2"]),
+                        ("ppo_kl", COLORS["mu"]), ("mismatch k3", "black")):
+        vals = [_trend_values(d).get(name) for _i, _s, d in good]
+        if not any(v is not None for v in vals):
+            continue
+        pts = [(x, v) for x, v in zip(xs, vals) if v is not None]
+        ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts],
+                    yerr=[2 * p[1][1] if math.isfinite(p[1][1]) else 0 for p in pts], color=color, label=name,
+                    marker="o", ms=3, capsize=2)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xlabel("step" if all(s is not None for _i, s, _d in good) else "dump")
+    ax.set_ylabel("nats/token")
+    ax.set_title("KL estimates across the run")
+    ax.legend()
+    counts = [sum(t.severity != "info" for t in d.trouble) for _i, _s, d in good]
+    ax_t.bar(xs, counts, color=COLORS["q"])
+    ax_t.set_xlabel(ax.get_xlabel())
+    ax_t.set_ylabel("warnings + errors")
+    ax_t.set_title("trouble signs per dump")
     if path is not None:
         fig.savefig(path, dpi=100)
     return fig
