@@ -13,20 +13,20 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
 from . import kernel
 from .devices import single_thread
 from .simplex import CHOICES, check_probs, descent_paths, field_gradient, reward_gradient
 from .usage import EstimatorUse, parse_use, per_token_surrogate
+from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
 
 __all__ = [
     "reverse_kl_optimum", "forward_kl_optimum", "bandit_fixed_points", "tv_distance",
     "SequenceToy", "SEQUENCE_METHODS",
-    "IMPORTANCE_WEIGHTS", "REWARD_CREDIT", "offpolicy_expected_gradient", "reward_updates",
+    "IMPORTANCE_WEIGHTS", "REWARD_VALUES", "REWARD_CREDIT", "offpolicy_expected_gradient", "reward_updates",
 ]
 
 
@@ -289,8 +289,16 @@ class SequenceToy:
 IMPORTANCE_WEIGHTS: tuple[str, ...] = ("none", "detached")
 
 
+#: Where the value of a KL *in the reward* is computed off-policy: ``"current"`` (recomputed at
+#: pi_theta for every gradient step) or ``"rollout"`` (frozen when the batch was sampled, k1 of
+#: pi_old vs pi_ref, as PPO, verl, OpenRLHF and lesson 07's lab compute it: the reward is part of the
+#: batch, and only the advantage's weight rho = pi_theta / sg(pi_old) changes between epochs).
+REWARD_VALUES: tuple[str, ...] = ("current", "rollout")
+
+
 def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: Tensor,
-                                use: EstimatorUse | str, importance: str = "none") -> Tensor:
+                                use: EstimatorUse | str, importance: str = "none", *,
+                                reward_values: str = "current") -> Tensor:
     """Exact expected gradient w.r.t. ``logits`` when tokens come from pi_old = softmax(old_logits).
 
     Brute force: for every token x the per-token term of ``use`` (an :class:`~klviz.usage.EstimatorUse`
@@ -298,9 +306,18 @@ def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: 
     :func:`klviz.usage.per_token_surrogate`, times sg(pi_theta / pi_old) when ``importance`` is
     ``"detached"``, and the gradient of sum_x pi_old(x) L_x is taken by autograd. With
     ``old_logits == logits`` it is the on-policy expected gradient.
+
+    ``reward_values`` (a use in the reward only; :data:`REWARD_VALUES`): ``"current"`` recomputes the
+    KL value at pi_theta; ``"rollout"`` freezes it at pi_old, the value the batch was scored with, so
+    the term is sg(k(pi_old vs pi_ref)) times rho (``weighting="rho"``: PPO's rho · A) or times
+    log pi_theta. With rho its expectation is E_{pi_theta}[k1_old · s] = grad KL(pi_theta || pi_ref) -
+    grad KL(pi_theta || pi_old) (pi_old held fixed): biased as soon as pi_theta has moved.
     """
     use = parse_use(use)
     importance = check_choice(importance, "importance", IMPORTANCE_WEIGHTS)
+    reward_values = check_choice(reward_values, "reward_values", REWARD_VALUES)
+    if reward_values == "rollout" and use.placement != "reward":
+        raise ValueError(f"reward_values='rollout' freezes a KL in the reward; {use.label!r} is in the loss")
     th = as_float_tensor(logits, "logits").to(torch.float64)
     old = as_float_tensor(old_logits, "old_logits").to(torch.float64)
     ref = as_float_tensor(ref_logits, "ref_logits").to(torch.float64)
@@ -312,7 +329,12 @@ def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: 
     with torch.enable_grad():
         log_pi = torch.log_softmax(th, -1)
         log_old = torch.log_softmax(old, -1)
-        per_token = per_token_surrogate(use, log_pi, torch.log_softmax(ref, -1), log_old)
+        log_ref = torch.log_softmax(ref, -1)
+        if reward_values == "rollout":                   # the value the batch was scored with, at pi_old
+            value = kernel.estimate(use.estimator, log_ref - log_old).detach()
+            per_token = value * (torch.exp(log_pi - log_old.detach()) if use.weighting == "rho" else log_pi)
+        else:
+            per_token = per_token_surrogate(use, log_pi, log_ref, log_old)
         if importance == "detached":
             per_token = torch.exp(log_pi - log_old).detach() * per_token
         (g,) = torch.autograd.grad((log_old.exp() * per_token).sum(), th)

@@ -36,19 +36,19 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import kernel, lm
-from .validation import check_choice, check_positive_int
-from .devices import make_generator, resolve_device
+from .devices import make_generator, resolve_device, single_thread
 from .divergences import exact_kl
 from .estimators import k3, kl_penalty
 from .usage import EstimatorUse, parse_use
-from .devices import single_thread
+from .validation import check_choice, check_positive_int
 
 __all__ = ["PLACEMENTS", "LabConfig", "TrainingHistory", "TrainingRun", "train_policy", "run_placements", "METRICS"]
 
@@ -371,3 +371,133 @@ def trained_history(config: LabConfig, device: str | torch.device = "cpu") -> Tr
 def _resumable_key(config: LabConfig, device: str) -> tuple[LabConfig, str]:
     """Runs that differ only in ``steps`` are one resumable run."""
     return replace(config, steps=1), device
+
+
+# --------------------------------------------------------------------------------------------------
+# lesson 07's comparisons across seeds: the runs, stored once by scripts/lab_seeds.py
+# --------------------------------------------------------------------------------------------------
+import json  # noqa: E402 - used by this section only
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+__all__ += ["LAB_SEEDS", "LAB_SEED_CONFIGS", "LAB_SEEDS_PATH", "LabSeeds", "run_lab_seeds", "save_lab_seeds",
+            "load_lab_seeds"]
+
+#: The seeds every comparison of lesson 07 rests on (a verdict from one seed is no verdict).
+LAB_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
+#: Stored metrics of each run (the per-step lists of :attr:`TrainingHistory.metrics`).
+LAB_SEED_METRICS: tuple[str, ...] = ("reward", "true_kl", "reported_kl", "entropy", "approx_kl", "epochs_run")
+
+
+def _lab_seed_configs() -> dict[str, LabConfig]:
+    on = {"beta": 0.2, "steps": 40}                           # on-policy: one gradient step per batch
+    off = {"beta": 0.2, "steps": 20, "epochs": 4}             # PPO-style: four epochs per batch
+    big = {"beta": 1.0, "steps": 20, "epochs": 4}             # a strong penalty, four epochs
+    cfgs = {f"on · {p}": LabConfig(placement=p, **on)
+            for p in ("none", "k1 in loss", "k1 in reward", "k2 in loss", "k3 in loss")}
+    cfgs.update({f"off · {p}": LabConfig(placement=p, **off)
+                 for p in ("none", "k1 in loss", "k3 in loss", "k3·ρ in loss")})
+    cfgs["off · k3 in loss, early stop 0.01"] = LabConfig(placement="k3 in loss", early_stop_kl=0.01, **off)
+    cfgs.update({f"β=1 · {p}": LabConfig(placement=p, **big) for p in ("k1 in loss", "k3·ρ in loss")})
+    cfgs["β=1 · k1 in loss, clip 0.2"] = LabConfig(placement="k1 in loss", clip=0.2, **big)
+    return cfgs
+
+
+#: Lesson 07's multi-seed runs by name (seed 0 shown; each runs with every seed of :data:`LAB_SEEDS`):
+#: ``"on · ..."`` one epoch per batch, ``"off · ..."`` four epochs (off-policy after the first),
+#: ``"β=1 · ..."`` four epochs with beta = 1.
+LAB_SEED_CONFIGS: dict[str, LabConfig] = _lab_seed_configs()
+#: Where :func:`save_lab_seeds` writes them (package data, a few hundred kB).
+LAB_SEEDS_PATH = Path(__file__).resolve().parent / "data" / "lab_seeds.npz"
+
+
+@dataclass
+class LabSeeds:
+    """The metrics of every run of :data:`LAB_SEED_CONFIGS` for every seed of :data:`LAB_SEEDS`.
+
+    ``metrics[name][metric]`` is an array ``[seeds, steps]``; ``samples[name]`` the first sampled
+    response of the last step, one per seed; ``seconds[name]`` the training time of each seed's run.
+    """
+
+    configs: dict[str, LabConfig]
+    seeds: tuple[int, ...]
+    metrics: dict[str, dict[str, np.ndarray]]
+    samples: dict[str, list[str]]
+    seconds: dict[str, np.ndarray]
+    torch_version: str = ""
+
+    def final(self, name: str, metric: str, window: int = 5) -> np.ndarray:
+        """Per seed, the mean of the last ``window`` steps of ``metric`` (what :meth:`TrainingHistory.last` gives)."""
+        return self.metrics[name][metric][:, -window:].mean(-1)
+
+    def compare(self, a: str, b: str, metric: str = "true_kl", window: int = 5) -> dict[str, Any]:
+        """Run ``a`` against run ``b`` on the final ``metric``, paired by seed (same seed, same first batch).
+
+        Returns both means and their standard errors over seeds, the paired difference a - b with its
+        SE, and in how many seeds a came out above b.
+        """
+        from .statistics import mean_se  # one home of mean ± SE
+        va, vb = self.final(a, metric, window), self.final(b, metric, window)
+        ma, sa = mean_se(torch.as_tensor(va))
+        mb, sb = mean_se(torch.as_tensor(vb))
+        md, sd = mean_se(torch.as_tensor(va - vb))
+        return {"a": ma, "a_se": sa, "b": mb, "b_se": sb, "diff": md, "diff_se": sd,
+                "a_above": int((va > vb).sum()), "seeds": len(va)}
+
+
+def _history_arrays(hist: TrainingHistory) -> dict[str, np.ndarray]:
+    return {m: np.asarray(hist.metrics[m], dtype=np.float64) for m in LAB_SEED_METRICS}
+
+
+def run_lab_seeds(configs: dict[str, LabConfig] | None = None, seeds: Sequence[int] = LAB_SEEDS, *,
+                  device: str | torch.device = "cpu",
+                  progress: Callable[[str, int, float], None] | None = None) -> LabSeeds:
+    """Train every config with every seed on ``device`` (CPU: what the stored file holds)."""
+    configs = LAB_SEED_CONFIGS if configs is None else configs
+    metrics: dict[str, dict[str, list[np.ndarray]]] = {n: {m: [] for m in LAB_SEED_METRICS} for n in configs}
+    samples: dict[str, list[str]] = {n: [] for n in configs}
+    seconds: dict[str, list[float]] = {n: [] for n in configs}
+    for name, cfg in configs.items():
+        for s in seeds:
+            hist = train_policy(replace(cfg, seed=int(s)), device=device)
+            for m, v in _history_arrays(hist).items():
+                metrics[name][m].append(v)
+            samples[name].append(hist.samples[-1][0] if hist.samples and hist.samples[-1] else "")
+            seconds[name].append(hist.seconds)
+            if progress is not None:
+                progress(name, int(s), hist.seconds)
+    return LabSeeds(dict(configs), tuple(int(s) for s in seeds),
+                    {n: {m: np.stack(v) for m, v in d.items()} for n, d in metrics.items()},
+                    samples, {n: np.asarray(v) for n, v in seconds.items()}, torch.__version__)
+
+
+def save_lab_seeds(data: LabSeeds, path: str | Path = LAB_SEEDS_PATH) -> Path:
+    """Write ``data`` as a compressed ``.npz`` (no pickles: strings are unicode arrays, configs JSON)."""
+    names = list(data.configs)
+    arrays: dict[str, np.ndarray] = {
+        "names": np.asarray(names), "seeds": np.asarray(data.seeds, dtype=np.int64),
+        "configs": np.asarray(json.dumps({n: asdict(c) for n, c in data.configs.items()}, ensure_ascii=False)),
+        "torch_version": np.asarray(data.torch_version),
+    }
+    for i, n in enumerate(names):
+        for m in LAB_SEED_METRICS:
+            arrays[f"run{i}_{m}"] = data.metrics[n][m]
+        arrays[f"run{i}_samples"] = np.asarray(data.samples[n])
+        arrays[f"run{i}_seconds"] = data.seconds[n]
+    out = Path(path)
+    np.savez_compressed(out, **arrays)
+    return out
+
+
+def load_lab_seeds(path: str | Path = LAB_SEEDS_PATH) -> LabSeeds:
+    """Read what :func:`save_lab_seeds` wrote (``allow_pickle=False``)."""
+    with np.load(Path(path), allow_pickle=False) as f:
+        names = [str(n) for n in f["names"]]
+        configs = {n: LabConfig(**c) for n, c in json.loads(str(f["configs"])).items()}
+        metrics = {n: {m: f[f"run{i}_{m}"] for m in LAB_SEED_METRICS} for i, n in enumerate(names)}
+        samples = {n: [str(s) for s in f[f"run{i}_samples"]] for i, n in enumerate(names)}
+        seconds = {n: f[f"run{i}_seconds"] for i, n in enumerate(names)}
+        seeds = tuple(int(s) for s in f["seeds"])
+        version = str(f["torch_version"])
+    return LabSeeds(configs, seeds, metrics, samples, seconds, version)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import torch
 
 from . import kernel
@@ -17,13 +18,15 @@ from .framework_rules import VERL_LOW_VAR_KL
 from .validation import Tensor, as_float_tensor, check_same_shape
 
 __all__ = [
-    "SEED_EXAMPLES", "WorkedToken", "worked_token", "one_token_push", "push_expectations",
+    "SEED_EXAMPLES", "WORKED_EXAMPLES", "WorkedToken", "worked_token", "one_token_push", "push_expectations",
     "minimind_response_mask", "mask_variants", "aggregations", "low_var_kl_clamp_effect",
     "low_var_kl_gradient", "k3_crossing_point",
 ]
 
 #: The seed's two tokens (MiniMind's ``approx_kl`` walk-through): (old log-prob, new log-prob).
 SEED_EXAMPLES: tuple[tuple[float, float], ...] = ((-2.0, -1.8), (-2.0, -0.5))
+#: The same two (old, new) log-probability pairs under the name lesson 04 uses.
+WORKED_EXAMPLES = SEED_EXAMPLES
 
 
 @dataclass(frozen=True)
@@ -151,15 +154,19 @@ def aggregations(values: Tensor, mask: Tensor) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 # verl's low_var_kl and its two clamps
 # ---------------------------------------------------------------------------------------------
-def k3_crossing_point(bound: float = VERL_LOW_VAR_KL.upper_bound) -> float:
-    """The log-ratio d > 0 at which k3 = exp(d) - d - 1 reaches ``bound`` (Newton's method).
+def k3_crossing_point(bound: float = VERL_LOW_VAR_KL.upper_bound, *, negative: bool = False) -> float:
+    """The log-ratio d at which k3 = exp(d) - d - 1 reaches ``bound`` (Newton's method).
 
-    Above it verl's output clamp replaces k3 by ``bound`` (and its gradient by 0). For 10 it is
-    about 2.61: a token whose reference probability is 13.6 times the policy's.
+    k3 reaches ``bound`` twice. Above d > 0 (``negative=False``): for 10 about 2.61, a token whose
+    reference probability is 13.6 times the policy's. Below, d < 0 (``negative=True``): for 10 about
+    -11.0, a token the policy finds e^11 = 6·10^4 times likelier than the reference, where k3 is
+    nearly linear (-d - 1). Beyond either point verl's output clamp replaces k3 by ``bound`` and its
+    gradient by 0.
     """
     if not bound > 0:
         raise ValueError(f"bound must be positive, got {bound!r}")
-    d = torch.tensor(math.log(bound + 1.0) + 0.5, dtype=torch.float64)
+    start = -(bound + 1.0) if negative else math.log(bound + 1.0) + 0.5
+    d = torch.tensor(start, dtype=torch.float64)
     for _ in range(60):
         d = d - (kernel.k3(d) - bound) / torch.expm1(d)     # Newton: d k3 / d d = e^d - 1
     return float(d)

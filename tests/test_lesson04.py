@@ -18,7 +18,6 @@ from klviz import tokens as tk
 from klviz.check import lesson04 as check
 from klviz.widgets.lesson04 import WorkedTokensPanel
 
-
 # -- the seed's numbers ---------------------------------------------------------------------------
 
 def test_seed_numbers_exactly():
@@ -113,6 +112,13 @@ def test_k3_crossing_point_is_where_k3_hits_the_bound():
     assert math.expm1(d) - d == pytest.approx(10.0, rel=1e-12) and 2.6 < d < 2.62
     with pytest.raises(ValueError, match="bound"):
         tk.k3_crossing_point(0.0)
+    low = tk.k3_crossing_point(10.0, negative=True)          # the second crossing: the policy 6e4 x the reference
+    assert -11.01 < low < -10.99 and abs(float(klviz.k3(torch.tensor(low, dtype=torch.float64))) - 10) < 1e-9
+    assert float(klviz.kl_penalty(torch.tensor([0.0]), torch.tensor([low - 0.5]), "low_var_kl")) == 10.0
+    lp = torch.tensor([0.0], requires_grad=True)                 # clamped there: no gradient to pull it back
+    klviz.kl_penalty(lp, torch.tensor([low - 0.5]), "low_var_kl").sum().backward()
+    assert lp.grad.item() == 0.0
+    assert tk.WORKED_EXAMPLES == tk.SEED_EXAMPLES
 
 
 def test_input_clamp_prevents_nan_gradient():

@@ -23,7 +23,6 @@ from klviz.bandit import (
     tv_distance,
 )
 from klviz.check import lesson05 as check05
-from klviz.usage import EstimatorUse
 from klviz.simplex import (
     ALL_FLOWS,
     CHOICES,
@@ -36,6 +35,7 @@ from klviz.simplex import (
     simplex_grid,
     to_xy,
 )
+from klviz.usage import EstimatorUse
 
 torch.set_default_dtype(torch.float32)
 F64 = torch.float64
@@ -281,6 +281,20 @@ def test_offpolicy_weights():
     with pytest.raises(ValueError, match="weighting"):
         offpolicy_expected_gradient(th, old, ref, "k3+ in reward")
     assert set(IMPORTANCE_WEIGHTS) == {"none", "detached"}
+    # the KL reward frozen at rollout (PPO, verl, OpenRLHF): grad KL(pi || ref) - grad KL(pi || pi_old), pi_old fixed
+    frozen = offpolicy_expected_gradient(th, old, ref, "k1·ρ in reward", reward_values="rollout")
+    assert torch.allclose(frozen, rev - _kl_grad(th, old, False), atol=1e-12)
+    k1_old = torch.log_softmax(old, 0) - torch.log_softmax(ref, 0)          # by hand: sum_x pi(x) k1_old(x) s(x)
+    assert torch.allclose(frozen, pi @ (k1_old[:, None] * (torch.eye(7, dtype=F64) - pi)), atol=1e-12)
+    assert (frozen - rev).norm() > 0.05 * rev.norm()                         # biased once pi has moved ...
+    assert torch.allclose(offpolicy_expected_gradient(th, th, ref, "k1·ρ in reward", reward_values="rollout"),
+                          _kl_grad(th, ref, False), atol=1e-12)               # ... exact on-policy
+    detached = offpolicy_expected_gradient(th, old, ref, "k1 in reward", "detached", reward_values="rollout")
+    assert torch.allclose(detached, frozen, atol=1e-12)                        # a detached weight: the same sum
+    with pytest.raises(ValueError, match="reward_values"):
+        offpolicy_expected_gradient(th, old, ref, "k3 in loss", reward_values="rollout")
+    with pytest.raises(ValueError, match="reward_values"):
+        offpolicy_expected_gradient(th, old, ref, "k1 in reward", reward_values="frozen")
     lg = reward_updates(th, torch.arange(7, dtype=F64), steps=3, lr=0.5)
     assert torch.softmax(lg, 0)[6] > pi[6]
 
@@ -311,9 +325,21 @@ def test_flow_panel_defaults_and_extremes(flow_panel):
         flow_panel.set(start_mat=a, start_sofa=b, steps=steps)
         assert flow_panel.last_error is None, (a, b)
         assert torch.isfinite(torch.as_tensor(flow_panel.last["end"])).all()
-    flow_panel.set(start_mat=0.9, start_sofa=0.5)
-    assert isinstance(flow_panel.last_error, ValueError)
-    assert "keep the sum" in flow_panel.error.value
+    # the controls keep every start inside the triangle: a slider cannot pass the edge, so no setting errs
+    for a, b in ((0.9, 0.5), (0.98, 0.98), (0.5, 0.9), (0.98, 0.01), (0.01, 0.98)):
+        flow_panel.set(start_mat=a, start_sofa=b)
+        v = flow_panel.values()
+        assert flow_panel.last_error is None and flow_panel.error.value == "", (a, b)
+        assert v["start_mat"] + v["start_sofa"] <= 0.99 + 1e-9, (a, b, v)        # clamped, in the order set
+        assert abs(float(flow_panel.last["start"].sum()) - 1) < 1e-12 and flow_panel.last["start"].min() >= 0.01 - 1e-9
+    for name, other in (("start_mat", "start_sofa"), ("start_sofa", "start_mat")):   # a reader's drag, one slider
+        flow_panel.set(start_mat=0.3, start_sofa=0.3)
+        flow_panel.controls[name].value = flow_panel.controls[name].max            # as far as it goes
+        assert flow_panel.last_error is None
+        assert abs(flow_panel.controls[name].value + flow_panel.controls[other].value - 0.99) < 1e-9
+        assert flow_panel.controls[other].max == round(0.99 - flow_panel.controls[name].value, 2)
+    with pytest.raises(ValueError, match="keep the sum"):          # compute itself still refuses a point outside
+        flow_panel.compute(flow="k3 in loss", start_mat=0.9, start_sofa=0.5, steps=5)
     flow_panel.set(start_mat=0.08, start_sofa=0.12, steps=60)
     assert flow_panel.last_error is None and flow_panel.error.value == ""
 

@@ -45,6 +45,19 @@ def test_notebook_is_stored_clean_at_nbformat_4_5_with_ids(nb):
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_cell_holds_control_characters(nb):
+    # a Python string escape such as "\rho" or "\nabla" written into a cell stores a carriage return or a
+    # newline plus letters: the LaTeX then renders broken. Only newlines (and tabs) belong in a cell's source.
+    data = json.loads(nb.read_text(encoding="utf-8"))
+    for i, cell in enumerate(data["cells"]):
+        text = "".join(cell["source"])
+        bad = sorted({repr(ch) for ch in text if (ord(ch) < 32 and ch not in "\n\t") or 127 <= ord(ch) < 160})
+        assert not bad, f"{nb.name} cell {i} holds control characters {', '.join(bad)}"
+        # "\nabla" read as an escape is a newline followed by "abla": the one such case a newline hides
+        assert "\nabla" not in text, f"{nb.name} cell {i}: a line starts with 'abla' (a '\\nabla' read as '\\n')"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
 def test_percent_script_is_in_sync(nb):
     script = sync_notebooks.script_path(nb)
     assert script.is_file(), f"no {script.relative_to(ROOT)}: run `make sync-notebooks`"

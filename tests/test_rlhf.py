@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("agg")
 
@@ -12,7 +14,6 @@ import pytest
 import torch
 
 import klviz
-
 from klviz import lm
 from klviz.check import lesson07 as check07
 from klviz.rlhf import METRICS, PLACEMENTS, LabConfig, train_policy
@@ -216,3 +217,37 @@ def test_check_approx_kl_stop():
 
     assert "greater" in check07.approx_kl_stop(wrong_direction).message
     assert "pair" in check07.approx_kl_stop(lambda *a: 0.1).message
+
+
+# ---------------------------------------------------------------- lesson 07's stored multi-seed runs
+def test_stored_lab_seeds_match_their_configs():
+    from klviz.rlhf import LAB_SEED_CONFIGS, LAB_SEED_METRICS, LAB_SEEDS, LAB_SEEDS_PATH, load_lab_seeds
+    assert LAB_SEEDS_PATH.stat().st_size < 512 * 1024                      # small package data
+    data = load_lab_seeds()
+    assert data.configs == LAB_SEED_CONFIGS and data.seeds == LAB_SEEDS and len(LAB_SEEDS) >= 5
+    for name, cfg in LAB_SEED_CONFIGS.items():
+        for m in LAB_SEED_METRICS:
+            assert data.metrics[name][m].shape == (len(LAB_SEEDS), cfg.steps), (name, m)
+            assert np.isfinite(data.metrics[name][m]).all()
+        assert len(data.samples[name]) == len(LAB_SEEDS)
+    c = data.compare("on · k1 in loss", "on · k1 in reward")
+    va, vb = data.final("on · k1 in loss", "true_kl"), data.final("on · k1 in reward", "true_kl")
+    assert abs(c["diff"] - float((va - vb).mean())) < 1e-12
+    assert abs(c["diff_se"] - float((va - vb).std(ddof=1) / math.sqrt(len(va)))) < 1e-12
+    assert c["a_above"] == int((va > vb).sum()) and c["seeds"] == len(LAB_SEEDS)
+
+
+def test_lab_seeds_round_trip_and_reproduce(tmp_path):
+    from klviz.rlhf import load_lab_seeds, run_lab_seeds, save_lab_seeds
+    cfgs = {"tiny · k3·ρ in loss": LabConfig(placement="k3·ρ in loss", **{**SMALL, "steps": 2}),
+            "tiny · none": LabConfig(placement="none", **{**SMALL, "steps": 2})}
+    data = run_lab_seeds(cfgs, seeds=(0, 1))
+    path = save_lab_seeds(data, tmp_path / "seeds.npz")
+    back = load_lab_seeds(path)
+    assert back.configs == cfgs and back.seeds == (0, 1)
+    for n in cfgs:
+        for m, v in data.metrics[n].items():
+            assert np.array_equal(back.metrics[n][m], v)
+        assert back.samples[n] == data.samples[n]
+    again = train_policy(replace(cfgs["tiny · none"], seed=1))                 # the same config and seed: same run
+    assert np.array_equal(np.asarray(again.metrics["true_kl"]), back.metrics["tiny · none"]["true_kl"][1])

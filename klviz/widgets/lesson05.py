@@ -78,7 +78,7 @@ class SimplexFlowPanel(Panel):
         super().__init__(device)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
-        return {
+        controls: dict[str, widgets.ValueWidget] = {
             "flow": widgets.Dropdown(options=list(CHOICES), value="k3 in loss", description="KL choice",
                                      style=_STYLE, layout=widgets.Layout(width="240px")),
             "start_mat": widgets.FloatSlider(value=0.08, min=0.01, max=0.98, step=0.01, style=_STYLE,
@@ -88,6 +88,33 @@ class SimplexFlowPanel(Panel):
             "steps": widgets.IntSlider(value=60, min=5, max=400, step=5, description="descent steps",
                                        style=_STYLE, continuous_update=False),
         }
+        self._link_start_sliders(controls)
+        return controls
+
+    #: the smallest start probability of each token (the sliders' minimum, and what " moon" keeps)
+    START_MIN = 0.01
+
+    @classmethod
+    def _link_start_sliders(cls, controls: dict[str, widgets.ValueWidget]) -> None:
+        """Keep every start point inside the triangle: π(mat) + π(sofa) <= 1 - START_MIN.
+
+        Each slider's maximum follows the other's value, so a slider cannot be moved past the edge (ipywidgets
+        clamps the value to the new maximum). The observers are registered before the panel's own, so the
+        panel only ever computes a valid start.
+        """
+        mat, sofa = controls["start_mat"], controls["start_sofa"]
+
+        def room(other: float) -> float:
+            return round(max(cls.START_MIN, 1.0 - cls.START_MIN - float(other)), 2)
+
+        def follow(target: widgets.FloatSlider) -> Any:
+            def on_change(change: dict[str, Any]) -> None:
+                target.max = room(change["new"])
+            return on_change
+
+        mat.max, sofa.max = room(sofa.value), room(mat.value)
+        mat.observe(follow(sofa), names="value")
+        sofa.observe(follow(mat), names="value")
 
     def make_figure(self) -> Figure:
         fig, (ax, ax_kl) = panel_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.2, 1]})

@@ -8,16 +8,17 @@
 # batch of real rollouts, from a tiny language model that ships with `klviz`, and follows it token by token.
 #
 # **What you will learn**
-# - the seed's two worked tokens (MiniMind's `approx_kl`), and why one token's $\frac12\Delta^2$ is not a KL;
+# - two worked tokens of MiniMind's `approx_kl`, and why one token's $\frac12\Delta^2$ is not a KL;
 # - when $\frac12\Delta^2$ stops approximating $\mathrm{KL}(\pi_{old}\|\pi_\theta)$;
 # - the response mask: response tokens up to and including the first EOS, padding out, denominator at least 1,
 #   and what goes wrong without each part; token-mean vs sequence-mean vs sequence-sum;
 # - the two KLs of one PPO step: `approx_kl` (old vs current, for early stopping) and the reference penalty
 #   (current vs reference, in the loss), and which distribution sampled the tokens in each;
-# - verl's `low_var_kl` line by line: what each clamp protects, measured;
-# - one batch through verl, OpenRLHF, TRL (GRPO and PPO), NeMo-RL and MiniMind, beside the exact KL.
+# - verl's `low_var_kl` line by line: what each clamp protects and where each binds, measured;
+# - one batch through verl, OpenRLHF, TRL (GRPO and PPO), NeMo-RL and MiniMind, beside the exact KL, what the
+#   logged numbers look like in a real run, and what to set in each framework's config.
 #
-# **Time** about 40 minutes of reading. **Runs in** about 20 s on a 2-core CPU.
+# **Time** about 40 minutes of reading. **Runs in** about 15 s on a 2-core CPU (measured under nbval: 12 s).
 #
 # The direction rule of the whole suite: tokens $x$ come from the **sampler** $q$, $\log r = \log p(x) - \log q(x)$
 # (target minus sampler), and $k_1=-\log r$, $k_2=\frac12(\log r)^2$, $k_3=(r-1)-\log r$ estimate
@@ -42,7 +43,7 @@ from klviz.plotting import COLORS, new_figure
 torch.set_num_threads(1)       # the tiny model's matrices are small: one thread is fastest
 
 # %% [markdown]
-# ## 1. The seed's two tokens, step by step
+# ## 1. Two tokens, step by step
 #
 # MiniMind's PPO (`trainer/train_ppo.py`) rescoring a rollout token: the old actor gave it log-probability
 # $\log\pi_{old}(x)=-2.0$ when it sampled it; the current actor, a few gradient steps later, gives
@@ -55,23 +56,23 @@ torch.set_num_threads(1)       # the tiny model's matrices are small: one thread
 # `klviz.tokens.worked_token` does the arithmetic with the library's own `k1`, `k2`, `k3`:
 
 # %%
-seed_tokens = [tk.worked_token(old, new) for old, new in tk.SEED_EXAMPLES]
+worked = [tk.worked_token(old, new) for old, new in tk.WORKED_EXAMPLES]
 rows = "".join(
     f"<tr><td>{t.old_logprob:.1f}</td><td>{t.new_logprob:.1f}</td><td>{t.delta:.4f}</td><td>{t.ratio:.4f}</td>"
-    f"<td>{t.k2:.4f}</td><td>{t.k1:+.4f}</td><td>{t.k3:.4f}</td></tr>" for t in seed_tokens)
+    f"<td>{t.k2:.4f}</td><td>{t.k1:+.4f}</td><td>{t.k3:.4f}</td></tr>" for t in worked)
 display(HTML("<table><tr><th>log π_old</th><th>log π_θ</th><th>Δ = log r</th><th>ratio e^Δ</th>"
              "<th>½Δ² (k2)</th><th>k1 = −Δ</th><th>k3 = (r−1)−Δ</th></tr>" + rows + "</table>"))
 
 # %%
-# the seed's numbers, exactly (to the 4 decimals it prints)
-small, large = seed_tokens
+# the worked numbers, exactly (to the 4 decimals it prints)
+small, large = worked
 assert abs(small.delta - 0.2) < 1e-12 and abs(small.ratio - 1.2214) < 5e-5 and abs(small.k2 - 0.02) < 1e-12
 assert abs(large.delta - 1.5) < 1e-12 and abs(large.ratio - 4.4817) < 5e-5 and abs(large.k2 - 1.125) < 1e-12
 assert abs(small.ratio - math.exp(0.2)) < 1e-12 and abs(large.k3 - (math.exp(1.5) - 1 - 1.5)) < 1e-12
 
 
 # %% [markdown]
-# The seed reads 0.02 and 1.125 as "how far the actor moved". They are not KL divergences: a KL is an
+# A common reading of this code takes 0.02 and 1.125 as "how far the actor moved". They are not KL divergences: a KL is an
 # expectation over **all** tokens the old policy could have emitted, and one token only says how its own
 # probability moved. To see the KL, give these tokens a distribution. The smallest change that moves the
 # sampled token from $e^{-2}=0.135$ to $e^{-1.8}$ rescales every other token by the same factor, so the whole
@@ -84,7 +85,7 @@ def two_outcome_kl(old_logprob, new_logprob):
     p, q = math.exp(old_logprob), math.exp(new_logprob)
     return p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
 
-pushes = {ex: tk.push_expectations(*ex) for ex in tk.SEED_EXAMPLES}
+pushes = {ex: tk.push_expectations(*ex) for ex in tk.WORKED_EXAMPLES}
 for (old, new), e in pushes.items():
     print(f"{old} -> {new}:  exact KL(π_old‖π_θ) = {e['exact_kl']:.5f}   E[k1] = {e['E_k1']:.5f}   "
           f"E[k3] = {e['E_k3']:.5f}   E[½Δ²] = {e['E_k2']:.5f} ({100 * e['E_k2_over_kl']:.1f}% of the KL)   "
@@ -130,29 +131,36 @@ ax1.set_title("one-token push: KL and the mean of ½Δ²")
 ax1.legend()
 ax2.plot(delta, rel, color=COLORS["k2"], lw=1.8)
 ax2.axhspan(0.9, 1.1, color="#2ca02c", alpha=0.12, label="within ±10%")
-for t in seed_tokens:
+for t in worked:
     ax2.axvline(t.delta, color="#555", lw=0.8, ls=":")
-ax2.set_xlabel("Δ (dotted: the seed's 0.2 and 1.5)")
+ax2.set_xlabel("Δ (dotted: the worked tokens' 0.2 and 1.5)")
 ax2.set_ylabel("E[½Δ²] / KL")
 ax2.set_title("relative accuracy of ½Δ²")
-ax2.set_ylim(0.5, 1.3)
+ax2.axhline(1.0, color="#555", lw=0.8)
+ax2.set_ylim(0.4, 2.4)
 ax2.legend(loc="lower left")
 display(fig)
-at = {d: rel[np.argmin(np.abs(delta - d))] for d in (-2.0, -1.0, 0.2, 1.0, 1.5)}
+at = {d: rel[np.argmin(np.abs(delta - d))] for d in (-2.0, -1.0, 0.2, 1.1, 1.5, 1.98)}
+up = delta > 0.5
+cross_up = delta[up][np.argmax(rel[up] > 1.0)]             # pushed up: where E[½Δ²] passes the KL again
 print(f"around Δ = 0, E[½Δ²] stays within 10% of the KL only for Δ between {lo_edge:.2f} and {hi_edge:.2f}; "
-      "E[½Δ²]/KL at Δ = " + ", ".join(f"{d:+.1f}: {v:.2f}" for d, v in at.items()))
+      "E[½Δ²]/KL at Δ = " + ", ".join(f"{d:+.2f}: {v:.2f}" for d, v in at.items())
+      + f"; pushed up, it passes the KL again at Δ = {cross_up:.2f}")
 
 # %%
 assert -0.6 < lo_edge < -0.1 and 0.2 < hi_edge < 0.7        # the ±10% band is narrow: a fraction of a nat
-assert at[0.2] > 0.9 and at[1.0] < 0.9 and at[1.5] < 0.9       # pushed up: ½Δ² undershoots
+assert at[0.2] > 0.9 and 0.78 < at[1.1] < 0.84                   # pushed up a little: ½Δ² undershoots ...
+assert 1.6 < cross_up < 1.8 and 2.1 < at[1.98] < 2.2             # ... pushed up hard, it overshoots
 assert at[-1.0] > 1.1 and at[-2.0] > 1.5                       # pushed down: it overshoots
 
 # %% [markdown]
 # Near $\Delta=0$ the two curves touch (both are the same $\frac12$ Fisher quadratic). The band where
-# $\frac12\Delta^2$ is within 10% is narrow, printed above: less than half a nat either way. For a token
-# pushed *up* it undershoots the KL, for a token pushed *down* it overshoots, by a growing factor. An
-# early-stopping rule built on it is a heuristic threshold, not a measured KL. Takeaway: **one token's $\frac12\Delta^2$ is not
-# a KL; its batch mean is a second-order approximation of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$.**
+# $\frac12\Delta^2$ is within 10% is narrow, printed above: less than half a nat either way. Outside it the error has no
+# fixed sign. For a token pushed *down* it overshoots. For a token pushed *up* it first undershoots (0.81 of the KL at
+# $\Delta=1.1$) and then, once the token takes most of the probability, overshoots (past $\Delta\approx1.7$, and 2.15 times
+# the KL at $\Delta=1.98$), as the right panel shows. An early-stopping rule built on it is a heuristic threshold, not a
+# measured KL. Takeaway: **one token's $\frac12\Delta^2$ is not a KL; its batch mean is a second-order approximation of
+# $\mathrm{KL}(\pi_{old}\|\pi_\theta)$, too high or too low depending on where the policy moved.**
 #
 # ## 2. A tiny real language model: reference, old, new
 #
@@ -311,7 +319,7 @@ path = lm.update_path()
 full_ref = batch.response_layout(lm.next_token_logprobs(ref, batch))
 full_old_b = batch.response_layout(full_old)
 trace = []
-for step, model in enumerate(path):
+for model in path:
     lp = batch.response_layout(lm.logprobs_of(model, batch))
     full = batch.response_layout(lm.next_token_logprobs(model, batch))
     trace.append({
@@ -333,6 +341,11 @@ assert all(a["approx_kl"] < b["approx_kl"] for a, b in zip(trace, trace[1:]))   
 assert stop is not None and 3 <= stop <= 10
 assert trace[0]["kl_ref"] > 0                                              # old already differs from ref
 assert trace[-1]["kl_ref"] > 10 * trace[-1]["exact_theta_ref"]              # unclamped k3 off-policy explodes
+at_stop = trace[stop]
+assert at_stop["kl_ref"] > 10 * at_stop["exact_theta_ref"]                   # ... already at the stop step
+assert 0.1 < at_stop["ppo_kl"] < 0.2 < trace[-1]["ppo_kl"] < 0.25              # ten times a real run's 1e-2
+print(f"at the stop step {stop}: kl_ref = {at_stop['kl_ref']:.2f} against an exact KL(θ‖ref) of "
+      f"{at_stop['exact_theta_ref']:.3f}; approx_kl = {at_stop['approx_kl']:.3f}, ppo_kl = {at_stop['ppo_kl']:.3f}")
 
 # %% [markdown]
 # At step 0 the current policy *is* old and `approx_kl` is exactly 0, while the reference penalty is already
@@ -340,7 +353,13 @@ assert trace[-1]["kl_ref"] > 10 * trace[-1]["exact_theta_ref"]              # un
 # above (threshold 0.25), and zeroes the loss of the remaining minibatches. Without that stop, the unclamped
 # $k_3$ of `kl_ref` explodes while the exact $\mathrm{KL}(\pi_\theta\|\pi_{ref})$ barely moves: a few of old's
 # tokens whose probability the updates crushed have $\pi_{ref}/\pi_\theta$ in the thousands, and $k_3$ grows
-# like that ratio (section 5). Early stopping on `approx_kl` also keeps the reference penalty meaningful.
+# like that ratio (section 5).
+#
+# What early stopping does and does not protect: it bounds how far one batch's epochs move the policy from π_old
+# (the quantity it measures), and with it how far off-policy the later minibatches are. It does **not** make the
+# reference penalty's sampled value meaningful: at the stop step (printed below the table) `kl_ref` already reads
+# more than ten times the exact $\mathrm{KL}(\pi_\theta\|\pi_{ref})$. Without the ratio correction, the
+# unclamped $k_3$ on old's tokens is a poor estimate long before `approx_kl` reaches 0.25.
 #
 # Notice also that on this batch $\frac12\Delta^2$ and even $k_1$ run **above** the exact KL. That is not
 # noise: these are the very tokens the update steps were fitted to, so they are the tokens whose
@@ -372,14 +391,19 @@ assert trace[-1]["approx_kl"] > trace[-1]["exact_old_theta"]                # th
 # ## 5. verl's `low_var_kl`, line by line
 #
 # verl's $k_3$ (`kl_penalty(logprob, ref_logprob, "low_var_kl")`) is reproduced by `klviz.kl_penalty`; this
-# is the one copy of it:
+# is the one copy of it: `_penalty_value` computes the log-ratio and hands k3 to the clamp table,
+# `klviz.framework_rules.VERL_LOW_VAR_KL` (read from verl's source), whose `ClampRule.apply` does the two clamps:
 
 # %%
 import klviz.estimators
+from klviz.framework_rules import VERL_LOW_VAR_KL, ClampRule
+
 klviz.show_source(klviz.estimators._penalty_value)
+print(VERL_LOW_VAR_KL)
+klviz.show_source(ClampRule.apply)
 
 # %% [markdown]
-# - `d = ref_logprob - logprob`: $\log r$ with the policy as the sampler, so it estimates
+# - `log_r = ref_logprob - logprob` (written $d$ below): $\log r$ with the policy as the sampler, so it estimates
 #   $\mathrm{KL}(\pi\|\pi_{ref})$.
 # - **Input clamp to $[-20, 20]$.** $e^{d}$ overflows float32 above $d\approx 88.7$: a token to which the
 #   policy gives a probability below $10^{-38}$ but the reference does not. The forward value would still be clamped to 10 at the end;
@@ -387,7 +411,7 @@ klviz.show_source(klviz.estimators._penalty_value)
 #   NaN, and one NaN gradient destroys the weights. Clamping $d$ first keeps everything finite.
 
 # %%
-d_values = torch.tensor([0.5, 3.0, 25.0, 100.0])
+d_values = torch.tensor([0.5, 3.0, 25.0, 100.0, -12.0])
 with_clamp = tk.low_var_kl_gradient(d_values, input_clamp=True)
 without = tk.low_var_kl_gradient(d_values, input_clamp=False)
 for d, v, g1, g2 in zip(d_values.tolist(), with_clamp["value"].tolist(), with_clamp["grad"].tolist(),
@@ -398,23 +422,30 @@ for d, v, g1, g2 in zip(d_values.tolist(), with_clamp["value"].tolist(), with_cl
 assert bool(torch.isfinite(with_clamp["grad"]).all()) and math.isnan(without["grad"][3].item())
 assert math.isfinite(torch.exp(torch.tensor(88.7)).item()) and math.isinf(torch.exp(torch.tensor(88.8)).item())
 assert math.exp(-88.7) < 1e-38
+assert with_clamp["value"][4] == 10.0 and with_clamp["grad"][4] == 0.0     # d = -12: clamped, no gradient
 assert torch.equal(with_clamp["value"], without["value"])         # same forward value: only the backward differs
 
 # %% [markdown]
 # - **Output clamp to $[-10, 10]$.** Its lower half can never act: $k_3=e^{d}-d-1\ge 0$ because
 #   $e^{d}\ge 1+d$ (the tangent line lies under the convex curve). Computed verl's way,
 #   `exp(d) - d - 1` in float32, rounding can at worst leave values a hair below 0 near $d=0$ (of the order
-#   of float32's spacing $10^{-7}$), nowhere near $-10$. The upper half acts when $d$ passes the crossing point printed below, a token the reference
-#   finds about 13.6 times likelier than the policy does; there it also sets the gradient to 0.
+#   of float32's spacing $10^{-7}$), nowhere near $-10$. The upper half acts on **both** sides of $d=0$, at the two crossing points printed below. For $d>2.61$, a token
+#   the reference finds about 13.6 times likelier than the policy does: the heavy tail of $k_3$. And for $d<-11.0$, a
+#   token the *policy* finds $e^{11}\approx 6\cdot10^4$ times likelier than the reference: there $k_3\approx -d-1$ is
+#   nearly linear, not heavy-tailed at all, and these are the tokens RL pushed up hardest. On both sides the clamp
+#   sets the gradient to 0 (the last row of the table above, $d=-12$): the penalty stops pulling back exactly the tokens
+#   that moved most.
 
 # %%
 tiny = torch.logspace(-9, -1, 2_001)
 grid = torch.cat([torch.linspace(-30, 30, 200_001), tiny, -tiny])     # float32, as in training
 k3_verl_way = torch.exp(grid) - grid - 1
-d_star = tk.k3_crossing_point()
+d_star, d_low = tk.k3_crossing_point(), tk.k3_crossing_point(negative=True)
 print(f"smallest k3 over log r in [-30, 30]: {k3_verl_way.min().item():.3g} (verl's formula), "
-      f"{klviz.k3(grid).min().item():.3g} (klviz's expm1); k3 reaches 10 at log r = {d_star:.4f}, "
-      f"a ratio of {math.exp(d_star):.1f}")
+      f"{klviz.k3(grid).min().item():.3g} (klviz's expm1); k3 reaches 10 at log r = {d_star:.4f} "
+      f"(π_ref/π = {math.exp(d_star):.1f}) and at log r = {d_low:.4f} (π/π_ref = {math.exp(-d_low):.3g})")
+assert abs(d_low + 11.0) < 1e-3 and 5e4 < math.exp(-d_low) < 7e4
+assert abs(float(klviz.k3(torch.tensor(d_low, dtype=torch.float64))) - 10) < 1e-9
 assert k3_verl_way.min().item() > -1e-6 and klviz.k3(grid).min().item() > -1e-6
 assert abs(d_star - 2.6109) < 1e-4 and abs(math.exp(d_star) - 13.6) < 0.05
 
@@ -434,13 +465,25 @@ manual = klviz.k3(lp_ref_b - lp_new_b)
 assert abs(effect["mean_unclamped"] - float(klviz.masked_mean(manual, R_mask))) < 1e-5
 assert effect["fraction_clamped"] < 0.05 and effect["removed_share"] > 0.1    # a few tokens, much of the value
 assert effect["smallest_k3"] > -1e-6
+assert float((lp_ref_b - lp_new_b)[R_mask.bool()].min()) > tk.k3_crossing_point(negative=True)   # all on the d > 2.61 side
 
 # %% [markdown]
 # A handful of tokens, each with a ratio above 13.6, carry a large share of the unclamped mean: $k_3$'s
 # variance is dominated by its tail (lesson 02), and the clamp trades that variance for a bias, on exactly the
-# tokens where policy and reference disagree most. `ppo_kl`, finally, is the other KL:
-# `masked_mean(old_log_prob - log_prob)`, the $k_1$ of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$, unclamped, and it
-# can come out negative on a single minibatch.
+# tokens where policy and reference disagree most (on this batch all clamped tokens are on the $d>2.61$ side; a run that
+# pushes some tokens up by a factor of $6\cdot10^4$ meets the other side). `ppo_kl`, finally, is the other KL:
+# `masked_mean(old_log_prob - log_prob)`, the $k_1$ of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$, with the log-ratio clamped to $\pm20$
+# in verl's default loss (`compute_policy_loss_vanilla`, since PR #1779), and it can come out negative on a single
+# minibatch.
+#
+# **Calibrating your dashboard.** The numbers of this lesson are large because the shipped update steps are large:
+# `ppo_kl` reaches 0.15 per token at the step where MiniMind stops, and 0.21 at the last step (section 4). Large-model runs with learning
+# rates near $10^{-6}$ and a clip of 0.2 typically log `actor/ppo_kl` of order $10^{-3}$–$10^{-2}$ per token; a value like
+# this lesson's would mean a runaway update. And `ppo_kl` on verl's *first* minibatch is exactly 0 only if `old_log_prob`
+# was recomputed by the trainer with the same numerics as the update's forward pass. When the rollout engine's
+# log-probabilities of the tokens it sampled stand in for `old_log_prob` (rollout-correction bypass mode, MiniMind's
+# `rollout_result.per_token_logps`), the first-minibatch value is the engine–trainer mismatch, not an update: lesson
+# [08](08_sampler_vs_trainer.ipynb) measures it.
 #
 # ## 6. One batch through every framework
 #
@@ -484,7 +527,8 @@ assert abs(val[("verl", "actor/ppo_kl", "KL(π_old‖π_θ)")] - ex_tok["KL(π_o
 # - **Directions.** Rows that compare old with the reference (verl and OpenRLHF in the reward, TRL PPO's
 #   `objective/kl`) estimate $\mathrm{KL}(\pi_{old}\|\pi_{ref})$; the loss terms compare π_θ with the
 #   reference on old's tokens. `ppo_kl`, `approx_kl` and `approxkl` estimate $\mathrm{KL}(\pi_{old}\|\pi_\theta)$.
-# - **Clamps.** verl, OpenRLHF and NeMo-RL clamp $k_3$ at 10; TRL and MiniMind do not. On the same tokens
+# - **Clamps.** verl and OpenRLHF clamp $k_3$ at 10; NeMo-RL clamps the importance weight times $k_3$ at 10 (since
+#   its PR #2958); TRL and MiniMind do not clamp. On the same tokens
 #   the unclamped token mean is larger (the tail of section 5).
 # - **Off-policy.** π_θ did not sample these tokens. $k_3$ of π_θ vs ref on old's tokens is biased for
 #   $\mathrm{KL}(\pi_\theta\|\pi_{ref})$; multiplying by $\pi_\theta/\pi_{old}$ (TRL `use_bias_correction_kl`,
@@ -544,17 +588,41 @@ panel.set(step=4);
 # update moved *other* tokens at that position); set the threshold to 0.1 and see how much earlier PPO would
 # stop; compare $k_2$ and $k_3$ colourings on the tokens of *good*, *kind*, *happy*, which the reward pushed up.
 #
+# ## 8. What to set in your config
+#
+# Which flag selects each placement and estimator, its default, and which logged metric estimates which KL. Read from
+# each framework's config and loss code (files named; `klviz.frameworks` follows the same code, commit in each docstring).
+#
+# | framework | KL in the reward | KL in the loss | clip, epochs | logged: name → estimates |
+# |---|---|---|---|---|
+# | **verl** (`verl/trainer/config/actor/actor.yaml`, `algorithm.py`, `core_algos.py`, `workers/utils/losses.py`) | `algorithm.use_kl_in_reward` (False), `algorithm.kl_penalty` (`kl` = k1), `kl_ctrl.kl_coef` (0.001) | `actor.use_kl_loss` (False), `kl_loss_type` (`low_var_kl` = clamped k3; `+` suffix: k2's gradient), `kl_loss_coef` (0.001), `loss_agg_mode` (`token-mean`) | `clip_ratio` 0.2; `ppo_epochs` (1); `ppo_mini_batch_size` (256) splits a batch into several updates | `actor/reward_kl_penalty` → KL(π_old‖π_ref) (mean of per-sequence token means); `actor/kl_loss` → KL(π_θ‖π_ref) on π_old's tokens; `actor/ppo_kl` → KL(π_old‖π_θ), k1, log-ratio clamped ±20 |
+# | **TRL** GRPO (`trl/trainer/grpo_config.py`, `grpo_trainer.py`, release 1.16.0) | — | `beta` (**0.0**: no KL, no reference model), k3 unclamped, `use_bias_correction_kl` (True: × ρ) | `epsilon` 0.2; `num_iterations` (1) | `kl` → token mean of (ρ·)k3, KL(π_θ‖π_ref) |
+# | **TRL** PPO (`trl/experimental/ppo/ppo_config.py`, `ppo_trainer.py`; not in release 1.16.0) | `kl_estimator` (`k1`; or `k3`), `kl_coef` (0.05) | — | `cliprange` 0.2; `num_ppo_epochs` (4) | `objective/kl` → KL(π_old‖π_ref) as a **per-sequence sum**; `policy/approxkl_avg` → ½Δ², padding-diluted |
+# | **OpenRLHF** (`openrlhf/cli/train_ppo_ray.py`, `models/utils.py`) | default: `--algo.kl.estimator` (`k1`), `--algo.kl.init_coef` (0.01); every estimator clamped ±10 | `--algo.kl.use_loss` (off; for GRPO) | `eps_clip` 0.2; `max_epochs` (1); `rollout_batch_size` 1024 over `train_batch_size` 128: 8 updates per batch | `kl` → KL(π_old‖π_ref) (reward) or KL(π_θ‖π_ref) (loss), mean of per-sequence means |
+# | **NeMo-RL** (`nemo_rl/algorithms/loss/loss_functions.py`, `utils.py`, `examples/configs/grpo_math_1B.yaml`) | — | `reference_policy_kl_penalty` (0.01), `reference_policy_kl_type` (`k3`), input clamp 20, output clamp 10 on weight × k3; `use_on_policy_kl_approximation` (False) | `ratio_clip_min/max` 0.2 | `kl_penalty` → KL(π_θ‖π_ref) |
+# | **MiniMind** (`trainer/train_ppo.py`) | — | `--kl_coef` (0.02), k3 unclamped (`kl_ref_penalty`) | `--clip_epsilon` 0.2; `--ppo_update_iters` (2); `--early_stop_kl` (0.25) on `approx_kl` | `kl_ref` → KL(π_θ‖π_ref); `approx_kl` → ½Δ² ≈ KL(π_old‖π_θ) |
+#
+# **With more than one update per batch** (a second epoch, or the second of several minibatches): the tokens come from
+# π_old ≠ π_θ. A KL **in the reward** was computed once, at rollout, and does not change; PPO then weights the whole
+# advantage by ρ, which leaves a bias that grows with the drift (lesson 05 §6). A KL **in the loss** is recomputed every
+# update with π_θ on π_old's tokens: without ρ (verl, OpenRLHF, MiniMind) it is off-policy and its value is no longer a
+# KL estimate (section 4 above); TRL's `use_bias_correction_kl` and NeMo-RL weight it by ρ. `ppo_kl` and `approx_kl`
+# grow from 0 across the updates of a batch; early stopping on them bounds the drift, not the reference penalty's error.
+#
 # ## Takeaways
 #
-# - One token's $\frac12\Delta^2$ (0.02, 1.125 in the seed) is not a KL. The batch mean of $\frac12\Delta^2$ is
+# - One token's $\frac12\Delta^2$ (0.02, 1.125 above) is not a KL. The batch mean of $\frac12\Delta^2$ is
 #   a second-order approximation of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$, within 10% only for
-#   $|\Delta|$ well below 1; $k_1$ and $k_3$ are unbiased for it.
+#   $|\Delta|$ well below 1, and too low or too high beyond; $k_1$ and $k_3$ are unbiased for it.
 # - The mask: response tokens up to and including the first EOS, no padding, denominator at least 1.
 # - Token mean, sequence mean and sequence sum are three different numbers from the same tokens.
 # - `approx_kl`/`ppo_kl` (old vs current, old's tokens) guard the PPO update; the reference penalty
 #   (current vs reference) shapes the objective. The sampler decides each direction.
 # - verl's input clamp protects gradients from NaN; the output clamp's lower half never acts, its upper half
-#   removes the heavy tail of $k_3$ (a biased but stable penalty).
+#   binds twice: on the heavy tail of $k_3$ ($\pi_{ref}/\pi>13.6$) and on tokens the policy pushed up by $6\cdot10^4$,
+#   where it zeroes the gradient that should pull them back.
+# - Early stopping on `approx_kl` bounds the drift per batch; it does not make an off-policy reference penalty accurate.
+# - Real `ppo_kl` is of order $10^{-3}$–$10^{-2}$ per token; a non-zero first-minibatch value is engine–trainer mismatch (lesson 08).
 # - Measured on the batch the update was fitted to, sampled-token KLs overstate the drift; on fresh tokens
 #   $k_1$ is unbiased for the exact per-position KL.
 #
@@ -628,17 +696,17 @@ assert klviz.check.lesson04.low_var_kl(my_low_var_kl)
 #
 # - MiniMind, [`trainer/train_ppo.py`](https://github.com/jingyaogong/minimind/blob/master/trainer/train_ppo.py):
 #   `approx_kl`, `early_stop_kl`, `kl_ref_penalty`, `resp_policy_mask`.
-# - verl, [`verl/trainer/ppo/core_algos.py`](https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py):
-#   `kl_penalty` (`low_var_kl` and its clamps), `agg_loss`, `compute_policy_loss` (`ppo_kl`); issues
-#   [#2928](https://github.com/volcengine/verl/issues/2928) (why clamp at −10), [#891](https://github.com/volcengine/verl/issues/891)
-#   and [#751](https://github.com/volcengine/verl/issues/751) (NaN from `low_var_kl`).
+# - verl, [`verl/trainer/ppo/core_algos.py`](https://github.com/verl-project/verl/blob/main/verl/trainer/ppo/core_algos.py):
+#   `kl_penalty` (`low_var_kl` and its clamps), `agg_loss`, `compute_policy_loss_vanilla` (`ppo_kl`); `verl/trainer/config/actor/actor.yaml` (the config card); issues
+#   [#2928](https://github.com/verl-project/verl/issues/2928) (why clamp at −10), [#891](https://github.com/verl-project/verl/issues/891)
+#   and [#751](https://github.com/verl-project/verl/issues/751) (NaN from `low_var_kl`).
 # - OpenRLHF, [`openrlhf/models/utils.py`](https://github.com/OpenRLHF/OpenRLHF/blob/main/openrlhf/models/utils.py):
-#   `compute_approx_kl`, `compute_reward`.
+#   `compute_approx_kl`, `compute_reward`; [`openrlhf/cli/train_ppo_ray.py`](https://github.com/OpenRLHF/OpenRLHF/blob/main/openrlhf/cli/train_ppo_ray.py) (flags).
 # - TRL, [`trl/trainer/grpo_trainer.py`](https://github.com/huggingface/trl/blob/main/trl/trainer/grpo_trainer.py)
-#   (`per_token_kl`, `use_bias_correction_kl`) and [`trl/trainer/ppo_trainer.py`](https://github.com/huggingface/trl/blob/main/trl/trainer/ppo_trainer.py)
+#   (`per_token_kl`, `use_bias_correction_kl`) and [`trl/experimental/ppo/ppo_trainer.py`](https://github.com/huggingface/trl/blob/main/trl/experimental/ppo/ppo_trainer.py)
 #   (`kl_estimator`, `objective/kl`, `approxkl`); issues [#2914](https://github.com/huggingface/trl/issues/2914) (direction)
 #   and [#925](https://github.com/huggingface/trl/issues/925) (negative KL with k1).
 # - NeMo-RL, [`nemo_rl/algorithms/utils.py`](https://github.com/NVIDIA-NeMo/RL/blob/main/nemo_rl/algorithms/utils.py)
-#   (`calculate_kl`) and `nemo_rl/algorithms/loss_functions.py` (the importance-weighted KL term).
+#   (`calculate_kl`) and [`nemo_rl/algorithms/loss/loss_functions.py`](https://github.com/NVIDIA-NeMo/RL/blob/main/nemo_rl/algorithms/loss/loss_functions.py) (the importance-weighted KL term).
 # - J. Schulman, [Approximating KL Divergence](http://joschu.net/blog/kl-approx.html) (2020).
 # - Y. Bengio et al., *A Neural Probabilistic Language Model*, JMLR 2003: the architecture of `klviz.lm`.

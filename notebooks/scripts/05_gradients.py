@@ -18,11 +18,13 @@
 # - on the triangle of three tokens: the field each choice follows, and where gradient descent goes;
 # - in a KL-regularised bandit, the fixed point of each choice against the optimum $\pi^*\propto\pi_\text{ref}\,e^{R/\beta}$;
 # - for sequences: token-level losses give only a **partial** gradient; k1 in the reward with reward-to-go gives the full one;
-# - off-policy (tokens from $\pi_\text{old}$): the bias of each placement, with and without importance weights, and
-#   which way k1 as a loss really moves the policy.
+# - what a clamp does to the ratio-corrected k3 (verl's clamped `low_var_kl` times $\rho$; NeMo-RL);
+# - off-policy (tokens from $\pi_\text{old}$): the bias of each placement, with and without importance weights, which way
+#   k1 as a loss really moves the policy, and the bias of what PPO-style trainers actually do with a KL in the reward
+#   (the value frozen at rollout, the advantage weighted by $\rho$).
 #
 # **Time**: about 40 minutes of reading, plus two panels and three exercises.
-# **Runs in**: about 15 s on an idle 2-core CPU.
+# **Runs in**: about 20 s on an idle 2-core CPU (measured under nbval: 20 s).
 #
 # Notation as in the whole suite: $\pi=\pi_\theta=\mathrm{softmax}(\theta)$ is the policy being trained, tokens
 # $x\sim\pi$ (on-policy), $r(x)=\pi_\text{ref}(x)/\pi(x)$ (target over sampler), $\log r = \log\pi_\text{ref}(x)-\log\pi(x)$,
@@ -39,9 +41,9 @@ import numpy as np
 import torch
 from IPython.display import display
 
-from klviz.bandit import (BETA_GRID, IMPORTANCE_WEIGHTS, REF_PROBS, REWARDS, SequenceToy, bandit_table,
-                          forward_kl_optimum, offpolicy_expected_gradient, reverse_kl_optimum, reward_updates,
-                          tv_distance)
+from klviz import frameworks as fw
+from klviz.bandit import (BETA_GRID, REF_PROBS, REWARDS, SequenceToy, bandit_table, forward_kl_optimum,
+                          offpolicy_expected_gradient, reverse_kl_optimum, reward_updates, tv_distance)
 from klviz.divergences import categorical_kl
 from klviz.plotting import COLORS, new_figure
 from klviz.policies import TOY_VOCAB, move_policy, toy_sampler_logits
@@ -76,10 +78,12 @@ from klviz.widgets.lesson05 import BanditPanel, SimplexFlowPanel
 # through the policy-gradient term $-A\,\log\pi(x)$, so its own gradient is the value times the score.) The reverse
 # KL $\mathrm{KL}(\pi\|\pi_\text{ref})$ is what RLHF regularises; its gradient is the target.
 #
-# The library keeps this table in one place:
+# The library keeps this table in one place: `klviz.gradient_coefficient` checks its input and hands the work to
+# `klviz.gradients.use_coefficient`, which is the table:
 
 # %%
 klviz.show_source(klviz.gradient_coefficient)
+klviz.show_source(klviz.gradients.use_coefficient)
 
 # %% [markdown]
 # **Code.** Do not trust the table: build each surrogate loss the way RL code builds it, one token at a time, and let
@@ -201,6 +205,65 @@ display(fig)
 # loss, the ratio-corrected k3, k3+), k3 in the loss follows the forward KL, and the other three are biased; k1 in the
 # loss only adds noise.
 #
+# **A clamp breaks the equivalence.** The table assumes the estimator as written. verl's `low_var_kl` clamps $k_3$ at 10,
+# and a clamped value has zero gradient. Multiply that by $\rho$ and the token's gradient is $k_3\,\nabla\rho = 10\,s(x)$
+# instead of $k_1\,s(x)$: on exactly the tokens where policy and reference disagree most, the term pushes with a constant
+# of the wrong sign. The combination arises wherever a ratio multiplies an already clamped $k_3$: NeMo-RL computed
+# `weights * calculate_kl(...)` between its PR #2506 and PR #2958 (June 2026;
+# `fw.nemo_rl_kl_loss(weight_inside_clamp=False)`), and so does any code that multiplies verl's `low_var_kl` by an
+# importance ratio. NeMo-RL now clamps the product $\rho\,k_3$ instead (`calculate_kl` with `importance_sampling_weights`),
+# which zeroes the clamped token's term. Take the lesson's policy and crush one token, " rug", by 4 in logit, as an
+# RL update does to a token it punishes; its ratio $\pi_\text{ref}/\pi$ passes 13.6, where $k_3$ passes 10:
+
+# %%
+crushed = logits.clone()
+crushed[5] -= 4.0                                            # the update crushed one token
+lp_c, lr_c = torch.log_softmax(crushed, -1), torch.log_softmax(log_ref, -1)
+
+
+def expected_of(per_token):
+    """Exact expected gradient of a per-token term built from log pi (sampling weights detached)."""
+    theta = crushed.detach().clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, -1)
+    (grad,) = torch.autograd.grad((logp.exp().detach() * per_token(logp)).sum(), theta)
+    return grad
+
+
+rho_of = lambda logp: torch.exp(logp - logp.detach())        # noqa: E731 - value 1, gradient of log pi
+forms = {"k3·ρ, unclamped (TRL)": lambda logp: rho_of(logp) * klviz.k3(lr_c - logp),
+         "ρ × verl's clamped k3": lambda logp: rho_of(logp) * klviz.kl_penalty(logp, lr_c, "low_var_kl"),
+         "NeMo-RL: clamp(ρ·k3)": lambda logp: fw.nemo_rl_calculate_kl(logp, lr_c, "k3",
+                                                                     importance_sampling_weights=rho_of(logp))}
+rev_c = klviz.reverse_kl_gradient(crushed, log_ref)
+print(f"crushed token {TOY_VOCAB[5]!r}: pi = {float(lp_c[5].exp()):.4f}, ratio pi_ref/pi = {float((lr_c - lp_c)[5].exp()):.1f}, "
+      f"k3 = {float(klviz.k3(lr_c - lp_c)[5]):.1f}")
+print(f"{'form':<24}{'rel. error vs ∇KL':>18}{'∂/∂θ of the crushed token':>28}   (reverse KL: {float(rev_c[5]):+.5f})")
+clamp_grads = {}
+for name, per_token in forms.items():
+    g = expected_of(per_token)
+    clamp_grads[name] = g
+    print(f"{name:<24}{float((g - rev_c).norm() / rev_c.norm()):18.4f}{float(g[5]):+28.5f}")
+
+# %%
+g_trl, g_verl, g_nemo = clamp_grads.values()
+assert torch.allclose(g_trl, rev_c, atol=1e-12)                        # unclamped: the reverse-KL gradient
+assert float(klviz.k3(lr_c - lp_c)[5]) > 10 and (klviz.k3(lr_c - lp_c) > 10).sum() == 1   # one token clamped
+assert rev_c[5] < 0 < g_verl[5]                                        # the restoring push flips sign ...
+assert g_verl[5] > 1.5 * abs(float(rev_c[5]))                          # ... and is larger than the right one
+assert abs(float(g_nemo[5])) < 0.2 * abs(float(rev_c[5]))              # clamping the product removes most of it
+# the per-token gradient of rho x clamped k3 on the clamped token is 10 s(x), by hand:
+s5 = torch.nn.functional.one_hot(torch.tensor(5), 12).double() - lp_c.exp()
+by_hand = rev_c - lp_c.exp()[5] * (klviz.k1(lr_c - lp_c)[5] - 10.0) * s5
+assert torch.allclose(g_verl, by_hand, atol=1e-12)
+
+# %% [markdown]
+# The token RL crushed hardest is the one a reverse-KL penalty should pull back up (negative $\partial/\partial\theta$:
+# descent raises its logit). With $\rho$ times verl's clamped $k_3$ its coefficient is 10 instead of $k_1$, and the push
+# **flips sign**: it drives the token further down, harder than the right gradient would lift it. The vector as a whole
+# moves little here because the crushed token is rare (its weight is its probability); on a language model the same
+# thing happens on every clamped token, and lesson 07 §5 measures it on all 45k parameters. Clamping the product
+# (NeMo-RL today) does not flip the sign but removes most of the restoring push. Unclamped $k_3\cdot\rho$ (TRL) is exact.
+#
 # ## 2. How noisy is each gradient?
 #
 # **Question.** Several choices share one expected gradient. Do they cost the same number of tokens?
@@ -233,7 +296,8 @@ for label, name in shown.items():
         exact_mse = terms["bias_sq"] + terms["variance"] / n
         assert abs(mse - exact_mse) < 4 * se, (name, n, mse, exact_mse, se)
         ax.plot([n], [math.sqrt(mse)], "o", color=color, ms=5)
-ax.set_xscale("log"); ax.set_yscale("log")
+ax.set_xscale("log")
+ax.set_yscale("log")
 ax.set_xlabel("tokens per gradient estimate N")
 ax.set_ylabel("RMS error vs ∇KL(π‖π_ref)")
 ax.set_title("error of the mean gradient of N tokens: lines exact, dots measured")
@@ -244,6 +308,22 @@ display(fig)
 # The four reverse-KL choices are one curve: identical per-sample gradients, identical variance, error falling like
 # $1/\sqrt N$. k1 in the loss has the full variance of the score and no signal. The biased choices flatten out at
 # their bias: more tokens do not help them.
+#
+# **Low variance in value, not in gradient.** `low_var_kl` earned its name as a *value*: one token's $k_3$ has far less
+# variance than one token's $k_1$ (lesson 02). Used as a loss, its *gradient* is another matter: the table above gives
+# the per-token gradient variance of k3 in the loss beside the reverse-KL group's. Checked, with the value variances:
+
+# %%
+gvar = {n: gradient_error_terms(logits, log_ref, n)["variance"] for n in ("k1 in reward", "k3 in loss")}
+log_r_all = torch.log_softmax(log_ref, -1) - torch.log_softmax(logits, -1)
+value_var = {k: float(pi @ (fn(log_r_all) - pi @ fn(log_r_all)) ** 2) for k, fn in (("k1", klviz.k1), ("k3", klviz.k3))}
+print(f"value variance per token:    k1 {value_var['k1']:.3f}   k3 {value_var['k3']:.3f}")
+print(f"gradient variance per token: reverse-KL group {gvar['k1 in reward']:.3f}   k3 in the loss {gvar['k3 in loss']:.3f}")
+assert value_var["k3"] < value_var["k1"]                       # low variance as a value ...
+assert gvar["k3 in loss"] > 1.3 * gvar["k1 in reward"]         # ... noisier than the reverse-KL group as a loss
+
+# %% [markdown]
+# So here the "low-variance" estimator is the *noisier* KL loss, and it follows the forward KL besides.
 #
 # ## 3. On the triangle: the field each choice follows
 #
@@ -463,7 +543,13 @@ assert runs["k1 in loss"]["kl"][-1] > 2 * runs["k1 in reward, reward-to-go"]["kl
 # `none` (as on-policy code writes it), `detached` (an importance weight $\mathrm{sg}(\pi_\theta/\pi_\text{old})$, one of
 # `IMPORTANCE_WEIGHTS`: it restores the on-policy expectation of the same surrogate) and `ratio` (the use's weighting
 # `"rho"`: the term times $\rho=\pi_\theta/\mathrm{sg}(\pi_\text{old})$ with the gradient flowing through $\rho$,
-# DeepSeek-V3.2's form; verl's straight-through `k3+` has no such form). The ratio form of k3 has gradient
+# DeepSeek-V3.2's form; verl's straight-through `k3+` has no such form). For a KL **in the reward** there is a fourth
+# option, and it is the one PPO-style trainers use: the KL reward is computed once, when the batch is scored (k1 of
+# $\pi_\text{old}$ against $\pi_\text{ref}$: verl's `apply_kl_penalty` on `old_log_probs`, OpenRLHF's `compute_reward`, the
+# lab of lesson 07), it is part of the advantage, and later epochs only re-weight that advantage by
+# $\rho=\pi_\theta/\mathrm{sg}(\pi_\text{old})$ (`offpolicy_expected_gradient(..., reward_values="rollout")`). Its expected
+# gradient is $\mathbb E_{\pi_\theta}[k_1^{\text{old}}\,s] = \nabla\mathrm{KL}(\pi_\theta\|\pi_\text{ref}) - \nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$
+# ($\pi_\text{old}$ held fixed): the reward was scored by the old policy, so it still rewards the old policy's log-ratios. The ratio form of k3 has gradient
 # $\rho\,k_1\,s$, whose $\pi_\text{old}$-expectation is $\mathbb E_{\pi_\theta}[k_1 s]=\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$.
 #
 # **Code.** $\pi_\text{old}$ is the lesson's policy before the batch; $\pi_\theta$ is $\pi_\text{old}$ after $k$ exact
@@ -472,9 +558,11 @@ assert runs["k1 in loss"]["kl"][-1] > 2 * runs["k1 in reward, reward-to-go"]["kl
 
 # %%
 old_logits = logits.clone()                                      # pi_old: sampled the batch
-R12 = torch.zeros(len(TOY_VOCAB), dtype=torch.float64); R12[1], R12[3] = 1.0, 0.5
+R12 = torch.zeros(len(TOY_VOCAB), dtype=torch.float64)
+R12[1], R12[3] = 1.0, 0.5
 UPDATES = list(range(0, 9))                                       # inner updates since the batch was sampled
 WEIGHTS = ("none", "detached", "ratio")
+FROZEN = ("k1 in reward", "frozen at rollout, ×ρ")               # PPO's practice (see the text above)
 
 
 def offpolicy_term(base, weight):
@@ -496,6 +584,10 @@ for k in UPDATES:
         bias[c].append(float((g - target).norm() / target.norm()))
         if k == 0 and c[1] != "ratio":                            # on-policy: the plain choice again
             assert torch.allclose(g, klviz.expected_kl_gradient(theta_k, log_ref, CHOICES[c[0]]), atol=1e-12), c
+    # what PPO, verl, OpenRLHF and the lab do: k1 frozen at rollout, advantage times rho
+    frozen = offpolicy_expected_gradient(theta_k, old_logits, log_ref, "k1·ρ in reward", reward_values="rollout")
+    assert torch.allclose(frozen, target - klviz.reverse_kl_gradient(theta_k, old_logits), atol=1e-12)   # the identity
+    bias.setdefault(FROZEN, []).append(float((frozen - target).norm() / target.norm()))
 
 k_show = 4
 print(f"relative bias after {k_show} updates (pi_theta(sofa) = {float(torch.softmax(reward_updates(old_logits, R12, steps=k_show, lr=2.0), -1)[1]):.2f}, "
@@ -504,6 +596,8 @@ print(f"{'use':<22}" + "".join(f"{w:>12}" for w in WEIGHTS))
 for b in bases:
     print(f"{b.label:<22}" + "".join(f"{bias[(b.label, w)][k_show]:12.3f}" if (b.label, w) in bias else f"{'—':>12}"
                                      for w in WEIGHTS))
+print("k1 in reward, value frozen at rollout, advantage × ρ (PPO, verl, OpenRLHF): relative bias "
+      + ", ".join(f"{bias[FROZEN][k]:.2f} at k = {k}" for k in (1, 4, 8)))
 
 for k in UPDATES:
     for c in (("k3 in loss", "ratio"), ("k1 in loss", "ratio"), ("k2 in loss", "detached"),
@@ -511,12 +605,16 @@ for k in UPDATES:
         assert bias[c][k] < 1e-10, (c, k)                         # unbiased off-policy
 assert bias[("k2 in loss", "ratio")][0] > 0.1                    # ratio times k2: biased even on-policy
 assert bias[("k2 in loss", "none")][k_show] > 0.1 and bias[("k1 in reward", "none")][k_show] > 0.1
+assert bias[FROZEN][0] < 1e-12                                   # exact on the first minibatch ...
+assert [round(bias[FROZEN][k], 2) for k in (1, 4, 8)] == [0.29, 0.55, 0.63]   # ... then biased, growing with k
 
 fig, ax = new_figure(7.5, 3.4)
 for c, style in ((("k1 in loss", "none"), "-"), (("k2 in loss", "none"), "-"), (("k3 in loss", "none"), "-"),
-                 (("k1 in reward", "none"), "--"), (("k3 in loss", "detached"), ":"), (("k3 in loss", "ratio"), "-.")):
+                 (("k1 in reward", "none"), "--"), (("k3 in loss", "detached"), ":"), (("k3 in loss", "ratio"), "-."),
+                 (FROZEN, (0, (1, 1)))):
     color = CHOICE_COLORS[c[0]] if c[1] != "ratio" else CHOICE_COLORS["k3·ρ in loss"]
-    ax.plot(UPDATES, bias[c], style, marker="o", ms=3, color=color, label=f"{c[0]}, weight: {c[1]}")
+    color = "#000000" if c == FROZEN else color
+    ax.plot(UPDATES, bias[c], ls=style, marker="o", ms=3, color=color, label=f"{c[0]}, weight: {c[1]}" if c != FROZEN else "k1 in reward, frozen at rollout, ×ρ (PPO)")
 ax.set_yscale("symlog", linthresh=0.01)
 ax.set_xlabel("updates since the batch was sampled (k)")
 ax.set_ylabel("relative bias vs ∇KL(π_θ‖π_ref)")
@@ -529,9 +627,14 @@ display(fig)
 # sum.) At $k=0$ the `none` and `detached` weightings are exactly the on-policy choices of section 1 (checked); the
 # `ratio` form changes the gradient even on-policy, which is its purpose for k3. Off-policy, the unweighted terms drift away from
 # the target as $\pi_\theta$ moves: k2 in the loss and k1 in the reward lose their exactness, k3 in the loss gets much
-# worse. Importance weights repair what was right on-policy: `detached` weights on k2/k3+ in the loss and on k1 in
-# the reward, and the `ratio` form of k3 (and, less known, of k1) are exact for every $k$. The `ratio` form of k2 is
-# **not**: differentiating through $\rho$ adds $\mathbb E[k_2 s]$, biased even on-policy.
+# worse. Importance weights repair what was right on-policy: `detached` weights on k2/k3+ in the loss, and the `ratio` form
+# of k3 (and, less known, of k1), are exact for every $k$; so is k1 in the reward *recomputed at the current
+# $\pi_\theta$* with a detached weight. That last one is not what trainers run. PPO, verl, OpenRLHF and the lab of lesson 07
+# freeze the KL reward at rollout and weight the advantage by $\rho$: exact on the first minibatch, then biased by
+# $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$ (the identity is checked to $10^{-12}$ above), a relative bias of 0.29 after one
+# update, 0.55 after four and 0.63 after eight in this setting (the black dotted curve). PPO's clip and small inner
+# steps keep $\pi_\theta$ close to $\pi_\text{old}$, which is what keeps this bias small in practice. The `ratio` form of k2 is
+# **not** exact: differentiating through $\rho$ adds $\mathbb E[k_2 s]$, biased even on-policy.
 #
 # **Which way does k1 as a loss move the policy off-policy?** Sources disagree on this, so measure it. The exact
 # expected gradient of $\sum_x \pi_\text{old}(x)\,k_1(x)$ is
@@ -578,33 +681,48 @@ assert frac - 4 * se > 0.5
 #
 # ## 7. What this says about the papers
 #
-# Measured in this lesson, on exact sums (no sampling noise in the claims), at toy scale:
+# Each paper's claim in its own words (with where it says it), then what the exact sums of this lesson show, at toy scale:
 #
-# - **Tang & Munos, "On a few pitfalls in KL divergence gradient estimation for RL" (arXiv 2506.09477).** Both pitfalls
-#   reproduce exactly: differentiating a KL estimate as a loss does not give the KL gradient in general (k1: zero, k3:
-#   forward KL), and token-level KL losses give a partial gradient that converges to a different policy than the
-#   sequence-level optimum (section 5: TV printed above); k1 in the reward with reward-to-go gives the full gradient.
-# - **Shah et al., "A Comedy of Estimators" (arXiv 2512.21852).** Agrees: k1 in the reward is unbiased; k1 in the loss
-#   and k3 in the reward are biased. Our toy adds a sharper picture of "biased": k3 in the reward does not just bias the
-#   gradient, its fixed points lie on the boundary of the simplex (section 4), and from a start near a corner it
-#   *increases* the KL (section 3). Their claims about downstream accuracy of 7B–8B models cannot be tested here.
-# - **Liu et al., "Rethinking KL Regularization in RLHF" (arXiv 2510.01555).** Agrees: k2 in the loss equals k1 in the
-#   reward on-policy, sample by sample (section 1), and k3 in the loss matches the reverse-KL gradient only to first
-#   order. Where the toy is blunter: k3 in the loss is not an approximation that degrades gracefully, it exactly solves
-#   a *different* problem (the forward-KL one), whose solution differs from $\pi^*$ by up to the TV printed in section 4.
-#   Off-policy, k2 in the loss loses its equivalence unless importance-weighted (section 6).
+# - **Tang & Munos, "On a few pitfalls in KL divergence gradient estimation for RL" (arXiv 2506.09477).** Abstract: "The
+#   first major pitfall is to differentiate through the KL estimate as loss functions to minimize KL divergence. We show
+#   that such implementations are generally incorrect"; and "some implementations do not account for the sequential
+#   nature of the estimation problem and produce a partial gradient at best". *Agrees, exactly:* k1 as a loss has zero
+#   mean gradient and k3 as a loss follows the forward KL (section 1); token-level losses give the partial gradient and
+#   converge to a different policy than the sequence optimum (section 5); k1 in the reward with reward-to-go is exact.
+# - **Shah et al., "A Comedy of Estimators: On KL Regularization in RL Training of LLMs" (arXiv 2512.21852).** Abstract:
+#   "in on-policy settings: (1) estimator configurations with biased gradients can result in training instabilities; and
+#   (2) using estimator configurations resulting in unbiased gradients leads to better performance"; §3 ("Inspecting KL
+#   estimators") adds that none of the four common configurations gives an unbiased sequence-level gradient off-policy.
+#   Their main target is the configuration most libraries ship, k3 in the loss (GRPO's, verl's `use_kl_loss`), against
+#   k1 in the reward. *Agrees:* k1 in the reward is exact on-policy; k3 in the loss is biased (it is exactly the
+#   forward-KL gradient, section 1) and converges to the forward-KL optimum (section 4); k1 in the loss and k3 in the
+#   reward are biased, and k3 in the reward even *increases* the KL from a start near a corner (section 3). *Adds:*
+#   off-policy, the frozen k1 reward that PPO-style trainers use is biased too (section 6), consistent with their §3
+#   remark. Their downstream accuracy on 4B–8B models cannot be tested here.
+# - **Liu et al., "Rethinking KL Regularization in RLHF: From Value Estimation to Gradient Optimization" (arXiv
+#   2510.01555).** Abstract: "under on-policy conditions, the 'k2 as loss' formulation is, in fact, gradient-equivalent
+#   to 'k1 in reward'"; "'k3 as loss' (like GRPO) is merely a first-order, biased approximation"; "common off-policy
+#   implementations of 'kn as loss' methods are biased due to neglected importance sampling". *Agrees:* the equivalence
+#   holds sample by sample (section 1); off-policy, k2 in the loss needs the weight (section 6). *Blunter here:* k3 in
+#   the loss is not an approximation that degrades gracefully; it exactly solves the forward-KL problem, whose solution
+#   differs from $\pi^*$ by up to the TV printed in section 4.
 #
 # ## Takeaways
 #
 # - A per-sample gradient is $c(x)\,s(x)$; write down $c$ before you trust a KL term. k1 in the loss: $c=1$, nothing on
 #   average. k2 in the loss, k1 in the reward, k3·ρ, k3+: $c=k_1$, the reverse-KL gradient, identical per sample.
-#   k3 in the loss: $c=1-r$, the forward-KL gradient.
+#   k3 in the loss: $c=1-r$, the forward-KL gradient, and a noisier one than the reverse-KL group's, although $k_3$ is
+#   the low-variance *value*.
+# - A clamp on $k_3$ breaks the ratio correction: $\rho$ times a clamped $k_3$ pushes the most-crushed tokens the wrong
+#   way. Clamp after multiplying, or do not clamp.
 # - The fixed point is what matters in the end: reverse-KL choices converge to $\pi^*\propto\pi_\text{ref}e^{R/\beta}$; k3 in the
 #   loss converges to the forward-KL solution; k1 in the loss, k2 and k3 in the reward do not regularise towards
 #   $\pi_\text{ref}$ at all in the bandit.
 # - For sequences, per-token losses give the partial gradient; reward-to-go of k1 in the reward gives the full one.
-# - Off-policy, weight by $\pi_\theta/\pi_\text{old}$ (detached for k2/k1-in-reward; through the ratio for k3). Unweighted k1 as a loss
-#   pushes the policy away from $\pi_\text{old}$.
+# - Off-policy, a KL in the loss needs $\rho=\pi_\theta/\pi_\text{old}$ (detached for k2; through the ratio for k3). The KL in
+#   the reward as PPO computes it (frozen at rollout, advantage times $\rho$) is exact only on the first minibatch; its
+#   bias, $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$, grows with the inner steps. Unweighted k1 as a loss pushes the policy
+#   away from $\pi_\text{old}$.
 #
 # ## Exercises
 #
@@ -671,9 +789,11 @@ assert klviz.check.lesson05.reward_to_go(reward_to_go)
 # - Liu et al., [Rethinking KL Regularization in RLHF: From Value Estimation to Gradient Optimization](https://arxiv.org/abs/2510.01555) (2025).
 # - J. Schulman, [Approximating KL Divergence](http://joschu.net/blog/kl-approx.html) (2020): the estimators whose gradients this lesson takes.
 # - DeepSeek-AI, DeepSeek-V3.2 (2025): the ratio-corrected k3; TRL GRPO `use_bias_correction_kl`; verl `kl_loss_type` with the
-#   `+` suffix ([core_algos.py](https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py)); verl PR #2953.
+#   `+` suffix ([core_algos.py](https://github.com/verl-project/verl/blob/main/verl/trainer/ppo/core_algos.py)); verl PR #2953;
+#   NeMo-RL [`calculate_kl`](https://github.com/NVIDIA-NeMo/RL/blob/main/nemo_rl/algorithms/utils.py) and
+#   [`loss_functions.py`](https://github.com/NVIDIA-NeMo/RL/blob/main/nemo_rl/algorithms/loss/loss_functions.py) (PRs #2506, #2958).
 # - Z. Shao et al., [DeepSeekMath](https://arxiv.org/abs/2402.03300) (2024): GRPO puts k3 in the loss.
-# - User questions this lesson answers: verl [#3276](https://github.com/volcengine/verl/issues/3276) and
-#   [#509](https://github.com/volcengine/verl/issues/509) (reward or loss?), OpenRLHF [#768](https://github.com/OpenRLHF/OpenRLHF/issues/768),
+# - User questions this lesson answers: verl [#3276](https://github.com/verl-project/verl/issues/3276) and
+#   [#509](https://github.com/verl-project/verl/issues/509) (reward or loss?), OpenRLHF [#768](https://github.com/OpenRLHF/OpenRLHF/issues/768),
 #   TRL [#3556](https://github.com/huggingface/trl/issues/3556) (token vs sequence).
 # - Next: lesson 06 (pitfalls in your own rollouts), lesson 07 (train a tiny model with each placement).

@@ -13,7 +13,7 @@
 # - short answers to the questions people keep asking on GitHub, each linked to the place in the suite
 #   that shows the answer.
 #
-# **Time:** 40 minutes of reading and playing · **Runs in:** about 20 s on a 2-core CPU.
+# **Time:** 40 minutes of reading and playing · **Runs in:** about 15 s on a 2-core CPU (measured under nbval: 14 s).
 #
 # Direction rule, as in every lesson: tokens $x$ come from the **sampler** $q$, $\log r=\log p(x)-\log q(x)$
 # (target minus sampler), and k1, k2, k3 estimate $\mathrm{KL}(q\,\|\,p)$.
@@ -151,7 +151,10 @@ assert abs(cov - exact["cov"]) < 4 * cov_se and cov > 0
 # **Intuition.** A clamp only changes tokens where it binds. While the policies are close, no token comes near
 # the bounds and the clamp is free. As they separate, $k_3$ grows like $e^{\log r}$ on tokens the target likes far more
 # than the sampler; the output clamp cuts exactly the tokens that carry the mean, so the clamped k3 becomes biased
-# *downwards*. verl's lower bound $-10$ can never act because $k_3\ge 0$.
+# *downwards*. verl's lower bound $-10$ can never act because $k_3\ge 0$, but its upper bound binds on **both** sides:
+# also where $\log r<-11$, a token the *policy* finds $e^{11}\approx6\cdot10^4$ times likelier than the reference. There
+# $k_3\approx-\log r-1$ is linear, not heavy-tailed, and the clamp sets its gradient to zero on the very tokens RL pushed up
+# hardest (lesson [04](04_worked_tokens.ipynb) §5 computes both crossing points).
 #
 # **Math.** For the Gaussian pair the clamped expectations are one-dimensional integrals over $x\sim\mathcal N(0,1)$;
 # `pf.gaussian_clamped_expectation` evaluates them by quadrature, and we check it against sampling.
@@ -226,7 +229,8 @@ print(f"\nverl's clamp moves the k3 token-mean from {k3_mean:.4f} by "
 # **Takeaway.** A clamp that touches a fraction of a percent of the tokens can still move the mean noticeably,
 # because those are exactly the tokens that carry k3's mean. Clamps keep `exp` finite (an input clamp at 20 is
 # what prevents `inf` and `NaN`, see [FAQ](#faq)); they are not free when the policies are far apart, and OpenRLHF's
-# clamp on k1 makes even k1 biased.
+# clamp on k1 makes even k1 biased. The clamp at 10 is not only "the heavy tail": it also stops the
+# penalty from pulling back tokens whose probability RL multiplied by $6\cdot10^4$ or more.
 
 # %% [markdown]
 # ## 3 · Low precision <a id="precision"></a>
@@ -297,8 +301,11 @@ ax.legend(title="computed in")
 display(fig)
 
 # %% [markdown]
-# **Takeaway.** Upcast logits to float32 before the log-softmax (verl and TRL do), and compute policy and
-# reference log-probs the same way. The k1 batch mean tolerates independent rounding; k2 and k3 turn rounding
+# **Takeaway.** Compute the log-softmax in float32 (upcast the logits first), and compute policy and reference
+# log-probs the same way. Do not assume your framework does it: verl's `logprobs_from_logits_v2`
+# (`verl/utils/torch_functional.py`, used when flash-attn's fused kernel is not) and TRL's `selective_log_softmax`
+# (`trl/trainer/utils.py`) run `log_softmax` row by row **in the logits' own dtype**, so bf16 logits stay bf16 there;
+# OpenRLHF's `compute_approx_kl` casts the *log-probabilities* to float32, after they were computed. The k1 batch mean tolerates independent rounding; k2 and k3 turn rounding
 # noise into a positive "KL" even between identical models.
 
 # %% [markdown]
@@ -509,14 +516,17 @@ for name, fn in (("k1", klviz.k1), ("k3", klviz.k3)):
     print(f"{name}: mean − exact = {diff:+.4f} ± {2 * se:.4f}")
     assert abs(diff) < 4 * se
 
+row15 = table["Gaussian, KL = 1.125"]                        # both variance ratios pass 1 there
+assert abs(row15["k2"][0] - 2.3906) < 1e-3 and abs(row15["k3"][0] - 2.7731) < 1e-3 and min(row15["k2"][0], row15["k3"][0]) > 1
+
 # %% [markdown]
 # Read it row by row. When the policies are close, k2 and k3 have far less variance than k1 and k2's bias is
-# negligible. As they separate, both ratios climb towards 1 and k3's passes it (its variance grows like $e^{\mu^2}$
-# for Gaussians), while k2's bias grows like $\mu^2/4$. The tiny language model's tokens are heavy-tailed, so its
+# negligible. As they separate, both ratios climb; at KL = 1.125 ($\mu=1.5$) **both** pass 1 (k2's 2.39, k3's 2.77: k3's
+# variance grows like $e^{\mu^2}$ for Gaussians, k2's polynomially), while k2's bias grows like $\mu^2/4$. The tiny language model's tokens are heavy-tailed, so its
 # row looks like a far-apart Gaussian although its KL is small; its k1 and k3 "bias" entries are Monte Carlo
 # noise (checked against the exact KL just above). A single row of ratios with no KL and no distribution
-# attached, as in the seed, cannot be reproduced or compared.
-# (The seed's schedule advice, k2 for warm-up then k3, is an anecdote; it is not tested here, so it is not taught.)
+# attached, as it is often quoted, cannot be reproduced or compared.
+# (Schedule advice sometimes given with it, k2 for warm-up then k3, is an anecdote; it is not tested here, so it is not taught.)
 
 # %% [markdown]
 # ## 10 · Misspelled estimator names <a id="fall-through"></a>
@@ -600,19 +610,24 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 #
 # **Per token or per sequence?** (trl#3556) By the chain rule the per-token k1 summed over a response estimates the
 # sequence KL; a token-mean is the same thing divided by length, with a different weighting of short and long responses.
-# See [section 5](#sum-vs-mean) and [04 Worked tokens](04_worked_tokens.ipynb).
+# For the *gradient* the difference is larger than a weighting: a per-token KL loss (or a per-token k1 reward without
+# reward-to-go) gives only the **partial** gradient of the sequence KL, which leaves out how a token steers the later
+# ones; k1 in the reward summed to go gives the full one ([05 Gradients](05_gradients.ipynb) §5). See [section 5](#sum-vs-mean)
+# and [04 Worked tokens](04_worked_tokens.ipynb).
 #
 # **KL in the reward or in the loss, and is it counted twice?** (verl#3276, verl#509, OpenRLHF#768) In the reward, the
 # detached k1 value enters the advantages and acts through the score function; in the loss, the estimator is
 # differentiated, and only some choices (k2, or ratio-corrected k3) give the gradient of $\mathrm{KL}(\pi\|\pi_\text{ref})$. Using
 # both penalises twice with two different gradients; pick one. See [05 Gradients](05_gradients.ipynb).
 #
-# **Why does verl clamp k3 to $[-10,10]$, and why the lower bound?** (verl#2928) The upper bound caps rare huge tokens;
-# the lower one can never act because $k_3\ge0$. Clamps bias the mean when policies drift. See [section 2](#clamps).
+# **Why does verl clamp k3 to $[-10,10]$, and why the lower bound?** (verl#2928) The upper bound caps rare huge tokens
+# (and also binds at $\log r<-11$, on tokens the policy pushed far above the reference, zeroing their gradient); the lower
+# one can never act because $k_3\ge0$. Clamps bias the mean when policies drift. See [section 2](#clamps).
 #
 # **`low_var_kl` gives NaN / inf.** (verl#891, verl#751) `exp(log r)` overflows float32 beyond $\log r\approx88$, and
-# $-\infty-(-\infty)$ at padded positions is NaN: clamp the input (verl uses 20), use `expm1`, and mask padding before
-# reducing. `klviz diagnose` lists NaN/inf tokens and huge ratios. See [section 2](#clamps) and [section 11](#diagnose).
+# $-\infty-(-\infty)$ at padded positions is NaN: clamp the input (verl uses 20): that is what prevents the
+# overflow. `expm1(log r) - log r` does not help there (it overflows at the same point); it keeps k3's digits near
+# $\log r=0$, where `exp(log r) - 1` loses them. And mask padding before reducing. `klviz diagnose` lists NaN/inf tokens and huge ratios. See [section 2](#clamps) and [section 11](#diagnose).
 #
 # **My logged k1 KL is negative.** (trl#925, trl#1161) k1 is unbiased but negative on tokens the reference prefers; when
 # the KL is small, the batch mean is negative by chance. Clearly negative beyond its standard error means the tokens

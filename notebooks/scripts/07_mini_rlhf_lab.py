@@ -7,21 +7,24 @@
 # gradient. Here the same choices train a real (tiny) language model: a character-level model of about 45k
 # parameters that writes short sentences, a reward that likes positive words, and a REINFORCE/GRPO-style loop with
 # the KL in the reward or in the loss. You watch reward, KL and entropy move, and compare the placements side by
-# side with the same seed.
+# side, each over eight seeds: a difference between two runs of one seed is no evidence at all.
 #
 # **What you will learn**
 # - what one RLHF training step does, in about 80 lines you can read (`klviz.rlhf`);
 # - how to measure the **true** KL of a trained policy: the exact next-token KL summed along sampled responses,
 #   beside the number the estimator reports;
-# - what each placement does to reward, KL and entropy: k1 in the loss restrains nothing; k1 in the reward, k2,
-#   k3+ and the ratio-corrected k3 in the loss do; k3 in the loss pulls towards a different (forward-KL) target;
+# - what each placement does to reward, KL and entropy, as mean ± standard error over eight seeds: k1 in the loss
+#   restrains nothing; k1 in the reward, k2 and k3 in the loss do; which differences the seeds resolve and which not;
 # - that on-policy, k2 in the loss, k3+ and the ratio-corrected k3 take *identical* gradient steps (checked on a batch);
-# - what happens with several epochs per batch (off-policy) and PPO-style early stopping on `approx_kl`;
+# - PPO's ratio clip, and why the KL term sits outside it;
+# - what happens with several epochs per batch (off-policy), PPO-style early stopping on `approx_kl`, and how k1 as a
+#   loss wrecks the model at β = 1, clip or no clip;
 # - what these runs say, at this scale, about three recent papers on KL gradients.
 #
 # **Time**: about 30 minutes of reading, plus the panel and two exercises.
-# **Runs in**: about 25 s on an idle 2-core CPU (`STEPS` below sets the length of the side-by-side runs; each run of the
-# panel takes 2–5 s at its defaults). The same code runs on a GPU when one is present (`device`).
+# **Runs in**: about 15 s on an idle 2-core CPU (measured under nbval: 12 s). The multi-seed runs (13 settings × 8 seeds, about 3 minutes) are
+# stored in `klviz/data/lab_seeds.npz` by `scripts/lab_seeds.py`; the notebook loads them and re-trains two of them to
+# check that they reproduce exactly. Each run of the panel takes 1–5 s at its defaults. The same code runs on a GPU when one is present (`device`).
 
 # %%
 import klviz
@@ -36,7 +39,7 @@ from IPython.display import display
 
 from klviz import lm
 from klviz.plotting import new_figure
-from klviz.rlhf import PLACEMENT_COLORS, PLACEMENTS, LabConfig, cached_run, train_policy
+from klviz.rlhf import LAB_SEED_CONFIGS, PLACEMENT_COLORS, cached_run, load_lab_seeds
 from klviz.widgets.lesson07 import RLHFLabPanel
 
 # %% [markdown]
@@ -75,6 +78,34 @@ klviz.show_source(klviz.rlhf.TrainingRun._advance)
 # estimate of the sequence KL with no sampling noise inside each position (the Rao-Blackwellized estimator of
 # Amini et al.). The lab logs it beside what the chosen estimator reports.
 #
+# **PPO's clip, and where the KL term sits.** With `LabConfig(clip=0.2)` the advantage term becomes PPO's
+# $-\min(\rho_tA_t,\ \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon)A_t)$ (the `cfg.clip` branch above). The KL term is added
+# *after* it, unclipped, as in verl (`policy_loss += kl_loss * kl_loss_coef`, `verl/workers/utils/losses.py`) and MiniMind
+# (`clipped surrogate + args.kl_coef * kl_ref_penalty`, `trainer/train_ppo.py`). So a token whose ratio has left the clip
+# range gets no gradient from the reward any more, and still the full gradient of the KL term. Per token, by autograd:
+
+# %%
+CLIP = 0.2
+logp = torch.tensor([-2.0, -1.0, -0.4], requires_grad=True)       # three tokens after a few epochs
+old_logp, ref_logp_t = torch.tensor([-2.0, -1.1, -1.2]), torch.tensor([-2.2, -1.5, -2.0])
+adv = torch.ones(3)                                                # all three were rewarded
+ratio = torch.exp(logp - old_logp)
+ratio_value = ratio.detach()
+pg = -torch.minimum(ratio * adv, ratio.clamp(1 - CLIP, 1 + CLIP) * adv)   # the lab's clipped term
+kl_term = klviz.kl_penalty(logp, ref_logp_t, "k3")                 # added outside the clip
+(g_pg,) = torch.autograd.grad(pg.sum(), logp, retain_graph=True)
+(g_kl,) = torch.autograd.grad(kl_term.sum(), logp)
+for t in range(3):
+    print(f"token {t}: ratio {float(ratio_value[t]):.3f}  d(clipped pg)/d log π = {float(g_pg[t]):+.3f}   "
+          f"d(k3 term)/d log π = {float(g_kl[t]):+.3f}")
+assert g_pg[2] == 0 and float(ratio_value[2]) > 1 + CLIP and g_kl[2] != 0   # clipped token: the KL still pulls
+assert bool((g_pg[:2] != 0).all()) and bool((g_kl != 0).all())       # inside the range both act
+
+# %% [markdown]
+# The third token's ratio is past $1+\epsilon$: the clipped term gives it nothing, the KL term pulls at it as before.
+# That is by design (the penalty should act however far the policy went), and it is why a KL term with the wrong
+# gradient is not tamed by the clip either (section 6 shows it).
+#
 # ## 3. Watch it train
 #
 # Pick a placement and a β: the run trains in the background (1–5 s) and its curves grow every few steps; the
@@ -87,75 +118,117 @@ lab = RLHFLabPanel(device)
 lab
 
 # %% [markdown]
-# ## 4. Side by side, same seed
+# ## 4. Side by side, across seeds
 #
-# Every placement, the same settings and seed: the same first batch, the same initial policy. `STEPS` is the length
-# of these runs (40 keeps the whole notebook well under a minute on two cores; the panel's `steps` slider goes to 200).
+# Every placement with the same settings (β = 0.2, 40 steps, one epoch per batch), each trained with eight seeds; a
+# seed fixes the batches sampled and nothing else, so runs with the same seed start from the same first batch and their
+# differences can be paired. `load_lab_seeds()` reads what `scripts/lab_seeds.py` stored; two of the runs are trained
+# again here (seed 0), and must reproduce the stored numbers exactly.
 
 # %%
-STEPS = 40                 # training steps per run (more: slower, closer to convergence)
-BETA = 0.2
+lab = load_lab_seeds()
 SHOWN = ("none", "k1 in loss", "k1 in reward", "k2 in loss", "k3 in loss")
-runs = {p: cached_run(LabConfig(placement=p, beta=BETA, steps=STEPS), device) for p in SHOWN}
+ON = {p: f"on · {p}" for p in SHOWN}                     # the names of the stored runs
+BETA, STEPS = LAB_SEED_CONFIGS[ON["none"]].beta, LAB_SEED_CONFIGS[ON["none"]].steps
+# the stored runs are what this code trains: re-train seed 0 of two of them (1-2 s each) and compare
+again = {n: cached_run(LAB_SEED_CONFIGS[n], device) for n in (ON["k1 in reward"], ON["k3 in loss"])}
+for n, h in again.items():
+    for m in ("reward", "true_kl", "reported_kl", "entropy"):
+        stored = lab.metrics[n][m][lab.seeds.index(0)]
+        gap = float(np.abs(np.asarray(h.metrics[m]) - stored).max())
+        assert gap < 1e-5 if device.type == "cpu" else True, (n, m, gap)   # exact on a CPU (float rounding aside)
+print(f"{len(lab.seeds)} seeds × {len(lab.configs)} settings loaded (torch {lab.torch_version}); "
+      f"seed 0 of {', '.join(again)} re-trained here: identical")
 
 fig, axes = new_figure(9.0, 5.4, nrows=2, ncols=2, sharex=True)
 panels = (("reward", "reward (batch mean)"), ("true_kl", "true KL(π‖π_ref) per response [nats]"),
           ("reported_kl", "KL the estimator reports [nats]"), ("entropy", "entropy per token [nats]"))
+steps = np.arange(STEPS)
 for ax, (metric, title) in zip(axes.flat, panels):
-    for p, h in runs.items():
-        ax.plot(h.metrics[metric], color=PLACEMENT_COLORS[p], lw=1.6, label=p)
+    for p in SHOWN:
+        runs_m = lab.metrics[ON[p]][metric]                    # [seeds, steps]
+        mean, se = runs_m.mean(0), runs_m.std(0, ddof=1) / math.sqrt(len(runs_m))
+        ax.plot(steps, mean, color=PLACEMENT_COLORS[p], lw=1.6, label=p)
+        ax.fill_between(steps, mean - 2 * se, mean + 2 * se, color=PLACEMENT_COLORS[p], alpha=0.2, lw=0)
     ax.set_title(title, fontsize=9.5)
 for ax in axes[1]:
     ax.set_xlabel("training step")
 axes[0, 0].legend(fontsize=7.5)
-fig.suptitle(f"Five placements, β = {BETA}, seed 0, {STEPS} steps", fontsize=10)
+fig.suptitle(f"Five placements, β = {BETA}: mean of {len(lab.seeds)} seeds ± 2 SE (bands)", fontsize=10)
 display(fig)
 
-print(f"{'placement':<14}{'reward':>8}{'true KL':>9}{'reported':>10}{'entropy':>9}{'seconds':>9}   (means of the last 5 steps)")
-for p, h in runs.items():
-    s = h.summary()
-    print(f"{p:<14}{s['reward']:8.2f}{s['true_kl']:9.2f}{s['reported_kl']:10.2f}{s['entropy']:9.2f}{s['seconds']:9.1f}")
+print(f"{'placement':<14}{'reward':>13}{'true KL':>13}{'entropy':>13}   (last 5 steps, mean ± SE over {len(lab.seeds)} seeds)")
+for p in SHOWN:
+    cells = [lab.final(ON[p], m) for m in ("reward", "true_kl", "entropy")]
+    print(f"{p:<14}" + "".join(f"{v.mean():8.2f} ±{v.std(ddof=1) / math.sqrt(len(v)):4.2f}" for v in cells))
+print("\na response from the last step of each run (seeds 0 and 1):")
+for p in SHOWN:
+    print(f"  {p:<14}{lab.samples[ON[p]][0]!r:<32}{lab.samples[ON[p]][1]!r}")
+
 
 # %% [markdown]
-# The checks below state what the table shows, for this seed; each inequality has a wide margin in the run above.
+# Every comparison below is paired by seed: the difference of the two final values within each seed, its mean and
+# standard error over the eight seeds, and in how many seeds the first came out above. A comparison counts as resolved
+# when the mean difference is at least 3 standard errors from zero.
 
 # %%
-kl = {p: runs[p].last("true_kl") for p in SHOWN}
-ent = {p: runs[p].last("entropy") for p in SHOWN}
-# the penalties that follow the reverse-KL gradient (and k3's forward KL) hold the KL down ...
-for p in ("k1 in reward", "k2 in loss", "k3 in loss"):
-    assert kl[p] < kl["none"] / 2, p
-# ... k1 in the loss does not: it ends closer to no penalty than to the real ones
-assert kl["k1 in loss"] > 2 * kl["k1 in reward"]
+def paired(a, b, metric="true_kl"):
+    c = lab.compare(a, b, metric)
+    print(f"{a:<20} vs {b:<20} [{metric}]: {c['a']:6.2f} ± {c['a_se']:.2f} vs {c['b']:6.2f} ± {c['b_se']:.2f};  "
+          f"difference {c['diff']:+6.2f} ± {c['diff_se']:.2f};  first above in {c['a_above']}/{c['seeds']}")
+    return c
+
+
+penalties = {p: paired(ON[p], ON["none"]) for p in ("k1 in reward", "k2 in loss", "k3 in loss")}
+k1_vs_reward = paired(ON["k1 in loss"], ON["k1 in reward"])
+k1_vs_none = paired(ON["k1 in loss"], ON["none"])
+ent = {p: paired(ON[p], ON["k1 in reward"], "entropy") for p in ("none", "k1 in loss")}
+# the penalties with a real gradient hold the KL far below no penalty, in every seed
+for p, c in penalties.items():
+    assert c["diff"] + 3 * c["diff_se"] < 0 and c["a"] < c["b"] / 2 and c["a_above"] == 0, p
+# k1 in the loss holds nothing: far above k1 in the reward in every seed ...
+assert k1_vs_reward["diff"] - 3 * k1_vs_reward["diff_se"] > 0 and k1_vs_reward["a_above"] == len(lab.seeds)
+# ... and not resolved from no penalty at all (on-policy its mean gradient is zero)
+assert abs(k1_vs_none["diff"]) < 3 * k1_vs_none["diff_se"]
 # without a working penalty the entropy collapses further
-assert ent["none"] < ent["k1 in reward"] and ent["k1 in loss"] < ent["k1 in reward"]
+for p, c in ent.items():
+    assert c["diff"] + 3 * c["diff_se"] < 0, p
 
-# the reported number of an unbiased estimator tracks the true KL: mean difference within 4 standard errors
+# the reported number against the true KL, per seed averaged over all steps
+report_bias = {}
 for p in ("k1 in reward", "k3 in loss"):
-    diff = np.array(runs[p].metrics["reported_kl"]) - np.array(runs[p].metrics["true_kl"])
-    se = diff.std(ddof=1) / math.sqrt(len(diff))
-    print(f"{p}: reported - true = {diff.mean():+.3f} ± {2 * se:.3f} (2 SE over {len(diff)} batches)")
-    assert abs(diff.mean()) < 4 * se + 1e-9
+    d = (lab.metrics[ON[p]]["reported_kl"] - lab.metrics[ON[p]]["true_kl"]).mean(-1)
+    report_bias[p] = (d.mean(), d.std(ddof=1) / math.sqrt(len(d)))
+    print(f"{p}: reported - true = {report_bias[p][0]:+.3f} ± {report_bias[p][1]:.3f} (1 SE over {len(d)} seeds)")
+assert abs(report_bias["k1 in reward"][0]) < 3 * report_bias["k1 in reward"][1]   # k1: unbiased
+assert report_bias["k3 in loss"][0] + 3 * report_bias["k3 in loss"][1] < 0         # low_var_kl reads low: the clamp
 
 # %% [markdown]
-# How much do the runs differ by chance? Run the two placements whose gradients differ only in the *future* terms
-# (k1 in the reward with reward-to-go: full sequence gradient; k2 in the loss: partial gradient) with a second seed:
+# What the seeds say, in words. The three penalties with a real gradient hold the true KL near 3 nats, a third of the
+# no-penalty run's, in every seed. k1 in the loss ends far above them, and its difference from no penalty at all is
+# not resolved by eight seeds (its mean gradient is zero on-policy, lesson 05): a reading that it ends *above* the
+# no-penalty run comes from one seed. The reported k1 tracks the true KL within its standard error; verl's
+# `low_var_kl` reads a little low, because its clamp at 10 cuts off the heaviest tokens (lesson 04 §5).
+#
+# Two finer comparisons: the partial gradient of the token-level k2 loss against the full gradient of k1 in the reward
+# with reward-to-go (lesson 05 §5), and k3 in the loss (the forward-KL gradient) against k1 in the reward:
 
 # %%
-seed_runs = {(p, s): (runs[p] if s == 0 else cached_run(LabConfig(placement=p, beta=BETA, steps=STEPS, seed=s), device))
-             for p in ("k1 in reward", "k2 in loss") for s in (0, 1)}
-for (p, s), h in seed_runs.items():
-    print(f"{p:<14} seed {s}: reward {h.last('reward'):.2f}, true KL {h.last('true_kl'):.2f}")
-seed_spread = abs(seed_runs[("k1 in reward", 0)].last("true_kl") - seed_runs[("k1 in reward", 1)].last("true_kl"))
-placement_gap = abs(seed_runs[("k1 in reward", 0)].last("true_kl") - seed_runs[("k2 in loss", 0)].last("true_kl"))
-print(f"\nKL gap between the placements (seed 0): {placement_gap:.2f};  between seeds (k1 in reward): {seed_spread:.2f}")
-assert placement_gap < seed_spread
-assert abs(kl["k3 in loss"] - kl["k1 in reward"]) < seed_spread   # k3 in the loss: no visible instability either
+partial_vs_full = paired(ON["k2 in loss"], ON["k1 in reward"])
+forward_vs_reverse = paired(ON["k3 in loss"], ON["k1 in reward"])
+forward_reward = paired(ON["k3 in loss"], ON["k1 in reward"], "reward")
+assert abs(partial_vs_full["diff"]) < 3 * partial_vs_full["diff_se"]                 # not resolved
+assert forward_vs_reverse["diff"] + 2.5 * forward_vs_reverse["diff_se"] < 0           # lower KL ...
+assert forward_vs_reverse["a_above"] <= 1
+assert forward_reward["diff"] + 3 * forward_reward["diff_se"] < 0 and forward_reward["a_above"] == 0   # ... less reward
 
 # %% [markdown]
-# At this scale the partial gradient of the token-level k2 loss and the full gradient of k1 in the reward end in the
-# same place within seed-to-seed noise. Lesson 05 showed the difference exactly on an enumerable toy; here the
-# responses are short, β·(future KL) is small next to the reward signal, and 40 noisy steps do not resolve it.
+# The partial gradient is not resolved: the token-level k2 loss and k1 in the reward with reward-to-go end at the same
+# KL within a fifth of a nat; the responses are short and β·(future KL) is small next to the reward signal. Lesson 05
+# shows the difference exactly on an enumerable toy. k3 in the loss, on the other hand, ends **lower** in KL than k1 in
+# the reward in seven seeds of eight, and lower in reward in all eight: it is a different penalty (the forward KL), and
+# at this β it restrains the policy more. A one-seed comparison of these two placements would have read "a gap smaller
+# than the noise".
 #
 # ## 5. Identical steps on-policy: k2, k3+, ratio-corrected k3, and k1 in the reward (same token)
 #
@@ -164,7 +237,7 @@ assert abs(kl["k3 in loss"] - kl["k1 in reward"]) < seed_spread   # k3 in the lo
 # with respect to all 45k parameters.
 
 # %%
-policy = runs["k1 in reward"].policy                  # a policy that has moved away from pi_ref
+policy = again[ON["k1 in reward"]].policy           # seed 0, re-trained above: it has moved away from pi_ref
 policy.requires_grad_(True)
 batch = lm.sample_rollouts(policy, list(lm.PROMPTS[:8]), klviz.make_generator(1), max_new_tokens=24)
 mask = batch.response_mask
@@ -200,13 +273,12 @@ policy.requires_grad_(False)
 
 # %% [markdown]
 # Identical to float32 rounding, on 45k parameters, for the ratio-corrected k3 computed as TRL computes it. Built on
-# verl's `low_var_kl`, whose value is clamped at 10, the product $
-# ho\cdot k_3$ is no longer exact: on a clamped token the
-# gradient of $k_3$ is zero and only $k_3\,
-# abla
-# ho = 10\,
-# abla\log\pi$ remains (the count of such tokens is printed
-# above; when it is 0 the two rows agree). k3 in the loss is the odd one out: its gradient is the forward-KL one. (k1 in the reward *with reward-to-go*, the placement of section 4, adds the future terms on top.)
+# verl's `low_var_kl`, whose value is clamped at 10, the product $\rho\cdot k_3$ is no longer exact: on a clamped token the
+# gradient of $k_3$ is zero and only $k_3\,\nabla\rho = 10\,\nabla\log\pi$ remains, with the wrong sign for the token the
+# penalty should pull back up (lesson 05 §1 computes it exactly, and names the code where this combination arises). The
+# count of clamped tokens is printed above; when it is 0 the two rows agree. k3 in the loss is the odd one out: its
+# gradient is the forward-KL one. (k1 in the reward *with reward-to-go*, the placement of section 4, adds the future
+# terms on top.)
 #
 # ## 6. Several epochs per batch: off-policy, and early stopping
 #
@@ -214,63 +286,116 @@ policy.requires_grad_(False)
 # $\pi_\text{old}\ne\pi_\theta$, and lesson 05 showed that k1 as a loss then becomes gradient *ascent* on
 # $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$. `approx_kl` (MiniMind's masked mean of $\tfrac12(\log\pi_\theta-\log\pi_\text{old})^2$) measures
 # how far the inner epochs have moved; early stopping skips the remaining epochs of a batch once it passes a threshold.
+# Four epochs per batch, 20 steps, eight seeds each; seed 0 of the early-stopped run is trained again here:
 
 # %%
-OFF_STEPS = 20             # steps per off-policy run (4 epochs each: about 4x the cost of a step above)
-EPOCHS = 4
-off = {p: cached_run(LabConfig(placement=p, beta=BETA, steps=OFF_STEPS, epochs=EPOCHS), device)
-       for p in ("none", "k1 in loss", "k3 in loss", "k3·ρ in loss")}
-stopped = cached_run(LabConfig(placement="k3 in loss", beta=BETA, steps=OFF_STEPS, epochs=EPOCHS, early_stop_kl=0.01), device)
-print(f"{EPOCHS} epochs per batch, {OFF_STEPS} steps:")
-print(f"{'placement':<28}{'reward':>8}{'true KL':>9}{'entropy':>9}{'epochs run':>12}")
-for name, h in list(off.items()) + [("k3 in loss + early stop 0.01", stopped)]:
-    print(f"{name:<28}{h.last('reward'):8.2f}{h.last('true_kl'):9.2f}{h.last('entropy'):9.2f}{np.mean(h.metrics['epochs_run']):12.2f}")
-assert off["k1 in loss"].last("true_kl") > off["none"].last("true_kl")      # k1 loss off-policy: pushes KL up
-assert np.mean(stopped.metrics["epochs_run"]) < EPOCHS                        # early stopping did cut epochs
-assert stopped.last("true_kl") < off["k3 in loss"].last("true_kl")            # ... and the KL stayed lower
+OFF = {"none": "off · none", "k1 in loss": "off · k1 in loss", "k3 in loss": "off · k3 in loss",
+       "k3·ρ in loss": "off · k3·ρ in loss", "k3 in loss + early stop 0.01": "off · k3 in loss, early stop 0.01"}
+EPOCHS = LAB_SEED_CONFIGS[OFF["none"]].epochs
+stopped0 = cached_run(LAB_SEED_CONFIGS[OFF["k3 in loss + early stop 0.01"]], device)
+stored = lab.metrics[OFF["k3 in loss + early stop 0.01"]]
+assert device.type != "cpu" or all(float(np.abs(np.asarray(stopped0.metrics[m]) - stored[m][0]).max()) < 1e-5
+                                   for m in ("true_kl", "approx_kl", "epochs_run"))
+print(f"{EPOCHS} epochs per batch, {LAB_SEED_CONFIGS[OFF['none']].steps} steps, mean ± SE over {len(lab.seeds)} seeds:")
+print(f"{'placement':<30}{'reward':>13}{'true KL':>13}{'entropy':>13}{'epochs run':>12}")
+for name, n in OFF.items():
+    cells = [lab.final(n, m) for m in ("reward", "true_kl", "entropy")]
+    print(f"{name:<30}" + "".join(f"{v.mean():8.2f} ±{v.std(ddof=1) / math.sqrt(len(v)):4.2f}" for v in cells)
+          + f"{lab.metrics[n]['epochs_run'].mean():12.2f}")
+k1_off = paired(OFF["k1 in loss"], OFF["none"])
+early = paired(OFF["k3 in loss + early stop 0.01"], OFF["k3 in loss"])
+rho_vs_plain = paired(OFF["k3·ρ in loss"], OFF["k3 in loss"])
+drift = paired(OFF["k3 in loss"], ON["k3 in loss"])
+assert k1_off["diff"] - 3 * k1_off["diff_se"] > 0            # k1 loss off-policy: the KL ends above no penalty
+assert lab.metrics[OFF["k3 in loss + early stop 0.01"]]["epochs_run"].mean() < EPOCHS   # early stopping cut epochs
+assert early["diff"] + 2.5 * early["diff_se"] < 0 and early["a_above"] <= 1              # ... and the KL stayed lower
+assert abs(rho_vs_plain["diff"]) < 3 * rho_vs_plain["diff_se"]                          # not resolved
+assert drift["diff"] - 3 * drift["diff_se"] > 0                                          # 4 epochs drift further
 
 fig, (ax1, ax2) = new_figure(9.0, 3.2, ncols=2)
-for name, h in list(off.items()) + [("k3 in loss + early stop", stopped)]:
-    color = PLACEMENT_COLORS.get(name, "#2ca02c")
+colors = {**PLACEMENT_COLORS, "k3 in loss + early stop 0.01": "#2ca02c"}
+off_steps = np.arange(LAB_SEED_CONFIGS[OFF["none"]].steps)
+for name, n in OFF.items():
     style = ":" if "early" in name else "-"
-    ax1.plot(h.metrics["true_kl"], style, color=color, label=name)
-    ax2.plot(h.metrics["approx_kl"], style, color=color, label=name)
-ax1.set_title(f"true KL(π‖π_ref), {EPOCHS} epochs per batch"); ax1.set_xlabel("training step"); ax1.set_ylabel("nats")
-ax2.set_title("approx_kl after the batch's last epoch"); ax2.set_xlabel("training step"); ax2.set_ylabel("½ mean (Δ log π)²")
+    for ax, metric in ((ax1, "true_kl"), (ax2, "approx_kl")):
+        runs_m = lab.metrics[n][metric]
+        mean, se = runs_m.mean(0), runs_m.std(0, ddof=1) / math.sqrt(len(runs_m))
+        ax.plot(off_steps, mean, style, color=colors[name], label=name)
+        if metric == "true_kl":                                # (a log axis has no room for a symmetric band)
+            ax.fill_between(off_steps, mean - 2 * se, mean + 2 * se, color=colors[name], alpha=0.15, lw=0)
+ax1.set_title(f"true KL(π‖π_ref), {EPOCHS} epochs per batch")
+ax1.set_xlabel("training step")
+ax1.set_ylabel("nats")
+ax2.set_title("approx_kl after the batch's last epoch")
+ax2.set_xlabel("training step")
+ax2.set_ylabel("½ mean (Δ log π)²")
 ax2.set_yscale("log")
 ax1.legend(fontsize=7.5)
+fig.suptitle(f"mean of {len(lab.seeds)} seeds (left: ± 2 SE)", fontsize=9.5)
 display(fig)
+
+# %% [markdown]
+# With four epochs per batch every run drifts further than with one (k3 in the loss: compare section 4), and k1 in
+# the loss ends **above** the no-penalty run, in seven seeds of eight: off-policy it is no longer a zero-mean term but a
+# push away from $\pi_\text{old}$, as lesson 05 measured. Early stopping on `approx_kl` cuts epochs and keeps the KL lower.
+# Whether the ratio-corrected k3 ends lower than plain k3 is not resolved by these seeds.
+#
+# **k1 as a loss at β = 1.** The push away from $\pi_\text{old}$ scales with β. With β = 1 and four epochs it takes over:
+
+# %%
+BIG = {"k1 in loss": "β=1 · k1 in loss", "k1 in loss, clip 0.2": "β=1 · k1 in loss, clip 0.2",
+       "k3·ρ in loss": "β=1 · k3·ρ in loss"}
+print(f"β = 1, {EPOCHS} epochs per batch, mean ± SE over {len(lab.seeds)} seeds (no penalty: the 'none' row above)")
+for name, n in BIG.items():
+    cells = [lab.final(n, m) for m in ("reward", "true_kl", "entropy")]
+    print(f"{name:<22}" + "".join(f"{v.mean():8.2f} ±{v.std(ddof=1) / math.sqrt(len(v)):5.2f}" for v in cells)
+          + f"   e.g. {lab.samples[n][0]!r}, {lab.samples[n][1]!r}")
+collapse = paired(BIG["k1 in loss"], OFF["none"])
+collapse_reward = paired(BIG["k1 in loss"], OFF["none"], "reward")
+clipped = paired(BIG["k1 in loss, clip 0.2"], OFF["none"])
+assert collapse["a_above"] == len(lab.seeds) and collapse["diff"] - 2 * collapse["diff_se"] > 0
+assert collapse_reward["diff"] + 3 * collapse_reward["diff_se"] < 0 and collapse_reward["a_above"] == 0
+assert clipped["a_above"] == len(lab.seeds) and clipped["diff"] - 2 * clipped["diff_se"] > 0   # the clip does not help
+assert lab.final(BIG["k3·ρ in loss"], "true_kl").max() < lab.final(OFF["none"], "true_kl").min()   # a real penalty holds
 
 
 # %% [markdown]
-# With four epochs per batch every run drifts further than with one (compare section 4), and k1 in the loss ends
-# *above* the no-penalty run: off-policy it is no longer a zero-mean term but a push away from $\pi_\text{old}$, as lesson 05
-# measured. Early stopping on `approx_kl` limits how far each batch can move the policy, and the KL with it.
+# At β = 1 the k1 "penalty" drives the true KL to about three times the no-penalty run's, in every seed, while the reward
+# falls to zero: the samples are no longer sentences. PPO's clip does not stop it, because the KL term sits outside the
+# clip (section 2). The ratio-corrected k3 at the same β holds the KL at a nat and a half.
 #
 # ## 7. What these runs say about the papers
 #
-# One seed per setting, a 45k-parameter model, 20–40 steps: read these as demonstrations, not as benchmarks.
+# Eight seeds per setting, a 45k-parameter model, 20–40 steps: a toy, but the differences stated are resolved by the
+# seeds (each with its SE above). Each paper's claim in its own words first.
 #
-# - **Tang & Munos (arXiv 2506.09477).** *Agrees:* k1 as a loss does not regularise: its KL grows like the no-penalty
-#   run's, several times the KL of k1 in the reward (section 4). *Not resolved here:* the partial-gradient pitfall
-#   (token-level k2 loss vs k1 in the reward with reward-to-go) is smaller than seed-to-seed noise at this scale
-#   (section 4); lesson 05 shows it exactly on an enumerable toy.
-# - **Shah et al., "A Comedy of Estimators" (arXiv 2512.21852).** *Agrees:* k1 in the reward trains stably and holds
-#   the KL; k1 in the loss is the biased configuration that lets the KL run. *Where the toy differs:* on-policy, k3
-#   in the loss shows no instability here: it holds the KL down like k1 in the reward, ending a little lower in KL and
-#   reward in section 4, a gap smaller than the seed-to-seed spread measured there (consistent with lesson 05: it
-#   optimises the forward KL, which near $\pi_\text{ref}$ agrees with the reverse KL to second order). Off-policy with 4 epochs the ratio-corrected k3
-#   and plain k3 differ in the table of section 6, but with one seed that is not evidence for their downstream claims.
-# - **Liu et al., "Rethinking KL Regularization in RLHF" (arXiv 2510.01555).** *Agrees exactly:* k2 in the loss and k1
-#   in the reward (same token) take the same gradient step on-policy, and so do k3+ and the ratio-corrected k3
-#   (section 5, checked on all parameters). k3 in the loss has a different gradient.
+# - **Tang & Munos (arXiv 2506.09477).** Abstract: differentiating "through the KL estimate as loss functions" is
+#   "generally incorrect and do[es] not produce the desired KL gradient", and token-level implementations "produce a
+#   partial gradient at best". *Agrees:* k1 as a loss does not regularise: three times the KL of k1 in the reward in
+#   every seed, and not resolved from no penalty at all (section 4). *Not resolved here:* the partial gradient (k2 loss
+#   vs k1 in the reward with reward-to-go, section 4); lesson 05 §5 shows it exactly.
+# - **Shah et al., "A Comedy of Estimators" (arXiv 2512.21852).** Abstract: "in on-policy settings: (1) estimator
+#   configurations with biased gradients can result in training instabilities; and (2) using estimator configurations
+#   resulting in unbiased gradients leads to better performance". Their main target is k3 in the loss, the configuration
+#   most libraries ship, against k1 in the reward. *Here:* on-policy, k3 in the loss is stable; it ends with **less** KL
+#   and **less** reward than k1 in the reward (section 4, resolved): biased, as they say, towards a stronger restraint at
+#   this β rather than towards instability. The instability we do see is k1 in the loss off-policy (section 6), which
+#   they list among the biased configurations. Their downstream accuracy claims cannot be tested at this scale.
+# - **Liu et al., "Rethinking KL Regularization in RLHF" (arXiv 2510.01555).** Abstract: "under on-policy conditions, the
+#   'k2 as loss' formulation is, in fact, gradient-equivalent to 'k1 in reward'"; "'k3 as loss' (like GRPO) is merely a
+#   first-order, biased approximation". *Agrees exactly:* k2 in the loss and k1 in the reward (same token) take the same
+#   gradient step on-policy, and so do k3+ and the unclamped ratio-corrected k3 (section 5, all parameters); k3 in the
+#   loss has a different gradient and ends elsewhere (section 4).
 #
 # ## Takeaways
 #
-# - Log the **true** KL when you can (exact next-token KL along the sampled responses), not only the estimator's number.
-# - k1 as a loss is not a KL penalty: on-policy it averages to nothing, off-policy it pushes the policy away from $\pi_\text{old}$.
+# - Compare placements over seeds, paired, with standard errors; on this lab a one-seed verdict got two comparisons wrong.
+# - Log the **true** KL when you can (exact next-token KL along the sampled responses), not only the estimator's number;
+#   a clamped `low_var_kl` reads low.
+# - k1 as a loss is not a KL penalty: on-policy it averages to nothing, off-policy it pushes the policy away from
+#   $\pi_\text{old}$, and at β = 1 it wrecks the model; PPO's clip does not help, because the KL term sits outside it.
 # - k1 in the reward (with reward-to-go), k2 in the loss, k3+ and k3·ρ regularise towards $\pi_\text{ref}$; the last three
-#   are the same gradient on-policy. k3 in the loss regularises towards a different, forward-KL target.
+#   are the same gradient on-policy. k3 in the loss regularises towards a different, forward-KL target, and here more strongly.
 # - Several epochs per batch make every placement off-policy; `approx_kl` early stopping bounds the drift per batch.
 #
 # ## Exercises
@@ -324,6 +449,8 @@ assert klviz.check.lesson07.approx_kl_stop(approx_kl_stop)
 # - A. Amini, T. Vieira, R. Cotterell, [Better Estimation of the KL Divergence Between Language Models](https://arxiv.org/abs/2504.10637) (2025):
 #   the exact next-token KL along sampled prefixes.
 # - Z. Shao et al., [DeepSeekMath](https://arxiv.org/abs/2402.03300) (2024): GRPO, group baselines, k3 in the loss.
-# - verl [`kl_penalty`](https://github.com/volcengine/verl/blob/main/verl/trainer/ppo/core_algos.py); MiniMind
-#   `trainer/train_ppo.py` (`approx_kl` early stopping, seed 004); OpenRLHF `compute_approx_kl` (k1 in the reward).
+# - verl [`kl_penalty`](https://github.com/verl-project/verl/blob/main/verl/trainer/ppo/core_algos.py) and
+#   [`losses.py`](https://github.com/verl-project/verl/blob/main/verl/workers/utils/losses.py) (the KL term added after the clipped loss); MiniMind
+#   [`trainer/train_ppo.py`](https://github.com/jingyaogong/minimind/blob/master/trainer/train_ppo.py) (`approx_kl` early stopping, `kl_ref_penalty`); OpenRLHF `compute_approx_kl` (k1 in the reward).
+# - `scripts/lab_seeds.py`: the multi-seed runs of sections 4 and 6.
 # - Previous: lesson 05 (the exact gradient view). Lesson 04 introduced the tiny model.
