@@ -23,7 +23,7 @@ from .kernel import ESTIMATORS
 from .statistics import mean_se
 
 __all__ = [
-    "inverted_k3_exact", "inverted_k3_mc", "seed_compute_kl", "correct_compute_kl",
+    "inverted_k3_exact", "inverted_k3_mc", "inverted_compute_kl", "correct_compute_kl",
     "gaussian_clamped_expectation", "gaussian_clamp_hit_rate", "gaussian_clamp_curve", "CLAMP_RULES", "apply_clamp",
     "logprobs_in_precision", "precision_errors",
     "off_policy_expectations", "aggregation_weights", "prob_negative_k1_mean", "negative_k1_mc",
@@ -38,7 +38,7 @@ def _mu(mu: Any) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. the inverted ratio of seed 001
+# 1. the inverted ratio (a widely copied compute_kl samples from q and uses r = q/p)
 # ---------------------------------------------------------------------------------------------
 
 def inverted_k3_exact(mu: float) -> dict[str, float]:
@@ -60,13 +60,13 @@ def inverted_k3_mc(mu: float, num_samples: int, *, generator: torch.Generator | 
     n = check_positive_int(num_samples, "num_samples")
     x = torch.randn(n, generator=generator, dtype=torch.float64)
     log_r = m * x - 0.5 * m * m                    # log p(x) - log q(x): target over sampler
-    right, wrong = k3(log_r), k3(-log_r)           # the seed's r = q/p is exp(-log_r)
+    right, wrong = k3(log_r), k3(-log_r)           # the inverted r = q/p is exp(-log_r)
     (c, c_se), (w, w_se) = mean_se(right), mean_se(wrong)
     return {"correct": c, "correct_se": c_se, "inverted": w, "inverted_se": w_se}
 
 
-def seed_compute_kl(logp_new: Tensor, logp_old: Tensor) -> Tensor:
-    """The seed's ``compute_kl`` as written: ``ratios = exp(logp_old - logp_new)``, tokens from old.
+def inverted_compute_kl(logp_new: Tensor, logp_old: Tensor) -> Tensor:
+    """A widely copied ``compute_kl``: ``ratios = exp(logp_old - logp_new)`` with tokens from old.
 
     Kept only to measure it: the ratio is sampler over target, the inverse of what k3 needs.
     """
@@ -361,11 +361,11 @@ def mixture_k3_mc(mu: float, alpha: float, num_samples: int, *, generator: torch
 
 
 # ---------------------------------------------------------------------------------------------
-# 9. the seed's variance table, measured
+# 9. a widely quoted variance table, measured
 # ---------------------------------------------------------------------------------------------
 
 def relative_variance_table(log_r: Tensor, exact_kl: float, weights: Tensor | None = None) -> dict[str, dict[str, float]]:
-    """The seed's table (relative variance, bias %) measured on per-token ``log_r`` of tokens x ~ q.
+    """The quoted table (relative variance, bias %) measured on per-token ``log_r`` of tokens x ~ q.
 
     ``exact_kl`` is the true KL(q||p) the tokens estimate (a vocabulary sum); ``weights`` optional
     per-token weights (counts). Returns per estimator ``var_rel_k1`` (variance / variance of k1),

@@ -18,15 +18,14 @@ from .framework_rules import VERL_LOW_VAR_KL
 from .validation import Tensor, as_float_tensor, check_same_shape
 
 __all__ = [
-    "SEED_EXAMPLES", "WORKED_EXAMPLES", "WorkedToken", "worked_token", "one_token_push", "push_expectations",
+    "WORKED_EXAMPLES", "WorkedToken", "worked_token", "one_token_push", "push_expectations",
     "minimind_response_mask", "mask_variants", "aggregations", "low_var_kl_clamp_effect",
     "low_var_kl_gradient", "k3_crossing_point",
 ]
 
-#: The seed's two tokens (MiniMind's ``approx_kl`` walk-through): (old log-prob, new log-prob).
-SEED_EXAMPLES: tuple[tuple[float, float], ...] = ((-2.0, -1.8), (-2.0, -0.5))
+#: The two tokens of MiniMind's ``approx_kl`` walk-through, as widely retold: (old log-prob, new log-prob).
+WORKED_EXAMPLES: tuple[tuple[float, float], ...] = ((-2.0, -1.8), (-2.0, -0.5))
 #: The same two (old, new) log-probability pairs under the name lesson 04 uses.
-WORKED_EXAMPLES = SEED_EXAMPLES
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ class WorkedToken:
 
 
 def worked_token(old_logprob: float, new_logprob: float) -> WorkedToken:
-    """The seed's arithmetic for one token, computed with :func:`klviz.k1`/``k2``/``k3``.
+    """The worked arithmetic for one token, computed with :func:`klviz.k1`/``k2``/``k3``.
 
     >>> t = worked_token(-2.0, -1.8)
     >>> round(t.delta, 4), round(t.ratio, 4), round(t.k2, 4)

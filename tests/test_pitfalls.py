@@ -41,9 +41,9 @@ def test_inverted_ratio_chi2_minus_kl_on_categoricals():
     assert lhs == pytest.approx(chi2 - kl, rel=1e-10)
 
 
-def test_seed_compute_kl_is_k3_of_inverted_ratio():
+def test_inverted_compute_kl_is_k3_of_inverted_ratio():
     new, old = torch.tensor([-1.8, -0.5]), torch.tensor([-2.0, -2.0])
-    seed = pf.seed_compute_kl(new, old)
+    seed = pf.inverted_compute_kl(new, old)
     right = pf.correct_compute_kl(new, old)
     assert torch.allclose(seed, klviz.k3(old - new))
     assert torch.allclose(right, klviz.k3(new - old))

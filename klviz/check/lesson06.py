@@ -40,7 +40,7 @@ def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
                       "stays finite (k3 is e^30 - 31 there, large but finite in float64).")
     inverted = kernel.k3(-log_r)                  # the same estimator fed the ratio upside down
     if torch.allclose(out, inverted, rtol=1e-6, atol=1e-12):
-        return failed("Ratio inverted: that is the seed's exp(logp_old - logp_new), sampler over target. With tokens "
+        return failed("Ratio inverted: that is the often-copied exp(logp_old - logp_new), sampler over target. With tokens "
                       "from old, r must be new/old (target over sampler); the inverted version averages to "
                       "chi²(old||new) - KL(old||new).")
     if torch.allclose(out, old - new, atol=1e-9):

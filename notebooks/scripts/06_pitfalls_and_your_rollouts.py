@@ -5,7 +5,7 @@
 #
 # **What you will learn**
 # - nine ways a KL number in RL code goes wrong, each *measured* here rather than warned about: the
-#   inverted ratio of the seed notes, clamps, low precision, off-policy tokens, sum vs mean, negative k1
+#   inverted ratio of a widely shared `compute_kl`, clamps, low precision, off-policy tokens, sum vs mean, negative k1
 #   logs, a KL loss under `torch.no_grad`, "mix in samples from p" without weights, and an unsourced
 #   variance table;
 # - how to read a dump of your own run's log-probabilities with `klviz diagnose`, and what each trouble
@@ -20,7 +20,7 @@
 #
 # | pitfall | section |
 # |---|---|
-# | the seed's inverted ratio | [1](#inverted-ratio) |
+# | an inverted ratio, as often written | [1](#inverted-ratio) |
 # | clamps (verl, OpenRLHF) | [2](#clamps) |
 # | bfloat16 / float16 log-probs | [3](#precision) |
 # | off-policy tokens (the second PPO epoch) | [4](#off-policy) |
@@ -28,7 +28,7 @@
 # | negative k1 means in your logs | [6](#negative-k1) |
 # | a KL loss computed under `torch.no_grad` | [7](#no-grad) |
 # | "mix in samples from p" without importance weights | [8](#mix-samples) |
-# | the seed's variance table, measured | [9](#variance-table) |
+# | a widely quoted variance table, measured | [9](#variance-table) |
 # | misspelled estimator names | [10](#fall-through) |
 # | **your own rollouts: `klviz diagnose`** | [11](#diagnose) |
 # | FAQ | [12](#faq) |
@@ -53,7 +53,7 @@ from klviz.policies import move_policy, toy_sampler_logits, zipf_logits
 # %% [markdown]
 # ## 1 · The inverted ratio <a id="inverted-ratio"></a>
 #
-# **Question.** Seed note 001 samples tokens from $q$ (the old policy), defines $r=q(x)/p(x)$ and then uses
+# **Question.** A widely shared explanation of PPO's KL samples tokens from $q$ (the old policy), defines $r=q(x)/p(x)$ and then uses
 # $k_3=(r-1)-\log r$. Its code does the same: `ratios = torch.exp(logp_old - logp_new)`. Does it matter
 # which way up the ratio is?
 #
@@ -62,12 +62,12 @@ from klviz.policies import move_policy, toy_sampler_logits, zipf_logits
 #
 # **Math.** With $r'=q/p$ and $x\sim q$:
 # $\mathbb{E}_q[(r'-1)-\log r'] = \chi^2(q\,\|\,p) - \mathrm{KL}(q\,\|\,p)$.
-# For $q=\mathcal N(0,1)$, $p=\mathcal N(\mu,1)$: $\chi^2=e^{\mu^2}-1$ and $\mathrm{KL}=\mu^2/2$, so the seed's estimator averages
+# For $q=\mathcal N(0,1)$, $p=\mathcal N(\mu,1)$: $\chi^2=e^{\mu^2}-1$ and $\mathrm{KL}=\mu^2/2$, so the inverted estimator averages
 # $e^{\mu^2}-1-\mu^2/2$ instead of $\mu^2/2$. Both start as $\mu^2/2$ for small $\mu$: the bug is invisible while the
 # policies are close and grows exponentially as they drift.
 
 # %%
-klviz.show_source(pf.seed_compute_kl)
+klviz.show_source(pf.inverted_compute_kl)
 klviz.show_source(pf.correct_compute_kl)
 
 # %%
@@ -85,7 +85,7 @@ for m, r in mc.items():       # Monte Carlo agrees with both closed forms
 
 fig, ax = new_figure(7.5, 3.4)
 ax.plot(mus, exact_ok, color=COLORS["k3"], label=r"correct $k_3$, $r=p/q$: mean $\mu^2/2$")
-ax.plot(mus, exact_bad, color=COLORS["mu"], label=r"seed's $k_3$, $r=q/p$: mean $e^{\mu^2}-1-\mu^2/2$")
+ax.plot(mus, exact_bad, color=COLORS["mu"], label=r"inverted $k_3$, $r=q/p$: mean $e^{\mu^2}-1-\mu^2/2$")
 ax.errorbar(mc_mus, [mc[m]["correct"] for m in mc_mus], yerr=[2 * mc[m]["correct_se"] for m in mc_mus],
             fmt="o", color=COLORS["k3"], ms=4, label="Monte Carlo ± 2 SE")
 ax.errorbar(mc_mus, [mc[m]["inverted"] for m in mc_mus], yerr=[2 * mc[m]["inverted_se"] for m in mc_mus],
@@ -98,12 +98,12 @@ display(fig)
 
 for m in (0.1, 1.0):
     ex = pf.inverted_k3_exact(m)
-    print(f"μ = {m}: true KL {ex['kl']:.5f}, seed's estimator averages {ex['inverted']:.5f} "
+    print(f"μ = {m}: true KL {ex['kl']:.5f}, the inverted estimator averages {ex['inverted']:.5f} "
           f"({100 * ex['rel_error']:+.1f}%)")
 assert abs(pf.inverted_k3_exact(1.0)["rel_error"] - (2 * math.e - 4)) < 1e-12    # (e - 1 - 1/2)/(1/2) - 1
 
 # %% [markdown]
-# At $\mu=1$ the relative error is exactly $2e-4\approx 1.437$: the seed's estimator reports 144% more than the
+# At $\mu=1$ the relative error is exactly $2e-4\approx 1.437$: the inverted estimator reports 144% more than the
 # true KL. Nothing warns you: the inverted k3 is still never negative and still looks smooth.
 #
 # The same identity holds for any two token distributions, not just Gaussians. A brute-force check on the
@@ -117,7 +117,7 @@ mean_inverted = float((q * klviz.k3(torch.log(q / p))).sum())     # E_q[k3(log q
 chi2 = float((q * q / p).sum() - 1)
 kl = float((q * torch.log(q / p)).sum())
 assert abs(kl - float(klviz.categorical_kl(q, p))) < 1e-6        # klviz's exact KL (float32) agrees
-print(f"E_q[seed's k3] = {mean_inverted:.6f};  χ²(q‖p) − KL(q‖p) = {chi2 - kl:.6f};  KL(q‖p) = {kl:.6f}")
+print(f"E_q[inverted k3] = {mean_inverted:.6f};  χ²(q‖p) − KL(q‖p) = {chi2 - kl:.6f};  KL(q‖p) = {kl:.6f}")
 assert abs(mean_inverted - (chi2 - kl)) < 1e-10
 
 # %% [markdown]
@@ -138,7 +138,7 @@ assert abs(cov - exact["cov"]) < 4 * cov_se and cov > 0
 
 # %% [markdown]
 # **Takeaway.** Write the ratio as *target over sampler*. With tokens from the old policy that is
-# $r=\pi_\text{new}/\pi_\text{old}$, i.e. `log_r = logp_new - logp_old`; the seed's version measures
+# $r=\pi_\text{new}/\pi_\text{old}$, i.e. `log_r = logp_new - logp_old`; the inverted version measures
 # $\chi^2-\mathrm{KL}$ and hides it until the policies drift.
 
 # %% [markdown]
@@ -452,7 +452,7 @@ assert not torch.allclose(demo["kl with grad"]["grad"], demo["pg only"]["grad"])
 # %% [markdown]
 # ## 8 · "Mix in samples from p" without importance weights <a id="mix-samples"></a>
 #
-# **Question.** The seed note suggests sampling part of the batch from $p$ so that regions where $q$ is small are
+# **Question.** A common suggestion is to sample part of the batch from $p$ so that regions where $q$ is small are
 # not under-explored. What does the estimate become?
 #
 # **Math.** With a fraction $\alpha$ of the samples from $p$ and k3 averaged as usual, the mean is
@@ -477,9 +477,9 @@ for alpha in (0.0, 0.1, 0.25, 0.5):
 # that drew them); lesson [01](01_sampling_as_weighting.ipynb) shows this on tokens.
 
 # %% [markdown]
-# ## 9 · The seed's variance table, measured <a id="variance-table"></a>
+# ## 9 · A widely quoted variance table, measured <a id="variance-table"></a>
 #
-# Seed 001 quotes a "GPT-2 medium" table (relative variance k1 1.0, k2 0.3, k3 0.4; k2 bias 12%) with no source.
+# A widely shared write-up quotes a "GPT-2 medium" table (relative variance k1 1.0, k2 0.3, k3 0.4; k2 bias 12%) with no source.
 # Numbers like these depend on how far apart the two policies are, so a table without the KL it was measured at
 # says little. Here is the same table *measured*: exact values for the Gaussian pair at three distances, and a
 # measurement on the tiny language model (its RL-tuned policy against its reference: 120 sampled responses,
@@ -507,7 +507,7 @@ table[f"tiny LM, KL = {float(exact_per_pos.mean()):.3f}/token"] = {k: (v["var_re
 print(f"{'':30s}{'Var k2/Var k1':>14s}{'Var k3/Var k1':>14s}{'k2 bias':>10s}{'k1, k3 bias':>18s}")
 for name, row in table.items():
     print(f"{name:30s}{row['k2'][0]:14.3f}{row['k3'][0]:14.3f}{row['k2'][1]:9.1f}%{row['k1'][1]:8.1f}%{row['k3'][1]:8.1f}%")
-print(f"{'seed 001 (unsourced)':30s}{0.3:14.3f}{0.4:14.3f}{12.0:9.1f}%")
+print(f"{'quoted (unsourced)':30s}{0.3:14.3f}{0.4:14.3f}{12.0:9.1f}%")
 
 # k1 and k3 are unbiased: their error against the exact per-position KL is zero within its standard error
 # (responses are the independent units: tokens of one response share their prefix)
@@ -650,7 +650,7 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # %% [markdown]
 # ## Takeaways
 #
-# - Ratio = target over sampler. The seed's inverted ratio measures $\chi^2-\mathrm{KL}$: fine at $\mu=0.1$, 144% high at $\mu=1$.
+# - Ratio = target over sampler. The inverted ratio measures $\chi^2-\mathrm{KL}$: fine at $\mu=0.1$, 144% high at $\mu=1$.
 # - Clamps are free while the policies are close and biased (downwards for k3) once they drift; OpenRLHF's also clips k1.
 # - Low precision: k1 averages rounding out; k2 and k3 turn it into a positive bias, which dominates when the true KL
 #   is near zero. Upcast logits, score both models alike.
@@ -663,7 +663,7 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # %% [markdown]
 # ## Exercises
 #
-# **Exercise 1.** Fix the seed's `compute_kl`. Tokens were sampled by the old policy; return, per token, the k3
+# **Exercise 1.** Fix the widely copied `compute_kl`. Tokens were sampled by the old policy; return, per token, the k3
 # estimate of $\mathrm{KL}(\text{old}\,\|\,\text{new})$, accurate even when the two log-probs are almost equal.
 
 # %%
