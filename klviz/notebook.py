@@ -32,7 +32,8 @@ def setup_notebook(interactive: bool | None = None, quiet: bool = False) -> torc
 
     Interactive figures (ipympl, ``%matplotlib widget``) are used in a live kernel; set the
     environment variable ``KLVIZ_STATIC=1`` (the static site does) or pass ``interactive=False``
-    for inline PNG figures. Outside IPython this only applies the style.
+    for inline PNG figures. Outside IPython this only applies the style. In presenter mode
+    (``KLVIZ_PRESENTER=1``, set by ``klviz present``) the line about the machine is not printed.
     """
     import torch
 
@@ -51,7 +52,7 @@ def setup_notebook(interactive: bool | None = None, quiet: bool = False) -> torc
     apply_style()
     use_one_thread_on_small_machines()
     device = default_device()
-    if not quiet:
+    if not (quiet or os.environ.get("KLVIZ_PRESENTER") == "1"):
         print(f"klviz on {describe_device(device)} · torch {torch.__version__} · Python {platform.python_version()}")
     return device
 

@@ -8,7 +8,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-__all__ = ["COLORS", "LABELS", "apply_style", "new_figure", "panel_figure", "snapped_limits", "sticky_limits"]
+__all__ = ["COLORS", "LABELS", "apply_style", "theme", "new_figure", "panel_figure", "snapped_limits", "sticky_limits"]
 
 #: The same colour means the same quantity in every lesson.
 COLORS: dict[str, str] = {
@@ -28,9 +28,32 @@ _STYLE: dict[str, Any] = {
 }
 
 
+#: Colours that change on a dark page (presenter mode with ``--theme dark``): text, axes and the
+#: near-black series become light; the estimator colours read on both.
+_DARK: dict[str, Any] = {
+    "figure.facecolor": "#111111", "axes.facecolor": "#111111", "savefig.facecolor": "#111111",
+    "text.color": "#e6e6e6", "axes.labelcolor": "#e6e6e6", "axes.edgecolor": "#9a9a9a",
+    "xtick.color": "#cfcfcf", "ytick.color": "#cfcfcf", "grid.color": "#bbbbbb", "grid.alpha": 0.2,
+    "legend.labelcolor": "#e6e6e6", "patch.edgecolor": "#e6e6e6",
+}
+_DARK_COLORS = {"exact": "#e6e6e6", "q": "#b0b0b0"}
+_LIGHT_COLORS = {k: COLORS[k] for k in _DARK_COLORS}
+
+
+def theme() -> str:
+    """The page the figures go on: ``"dark"`` when ``KLVIZ_THEME=dark`` (presenter mode sets it), else ``"light"``."""
+    import os
+
+    return "dark" if os.environ.get("KLVIZ_THEME", "").strip().lower() == "dark" else "light"
+
+
 def apply_style() -> None:
-    """Apply the klviz style to matplotlib's global settings (idempotent)."""
+    """Apply the klviz style to matplotlib's global settings (idempotent), for the page's :func:`theme`."""
+    dark = theme() == "dark"
     mpl.rcParams.update(_STYLE)
+    if dark:
+        mpl.rcParams.update(_DARK)
+    COLORS.update(_DARK_COLORS if dark else _LIGHT_COLORS)
 
 
 def new_figure(width: float = 9.0, height: float = 3.6, **subplot_kw: Any) -> tuple[Figure, Any]:

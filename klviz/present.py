@@ -32,15 +32,41 @@ def _is_solution(cell: nbformat.NotebookNode) -> bool:
     return bool(cell.get("metadata", {}).get("jupyter", {}).get("source_hidden"))
 
 
+def _is_skeleton(cell: nbformat.NotebookNode) -> bool:
+    """An exercise cell: code for the learner to complete (a ``...`` to replace), checked by ``klviz.check``."""
+    return "klviz.check." in cell.source
+
+
+def _code_block(source: str, heading: str) -> nbformat.NotebookNode:
+    """``source`` shown as code on the slide (Voila hides code cells), without its check lines."""
+    kept = [line for line in source.splitlines()
+            if "klviz.check" not in line and not line.lstrip().startswith(("assert check", "# Solution"))]
+    body = "\n".join(kept).strip("\n")
+    return nbformat.v4.new_markdown_cell(f"{heading}\n\n```python\n{body}\n```")
+
+
 def presenter_notebook(path: str | os.PathLike[str], *, with_solutions: bool = False) -> nbformat.NotebookNode:
-    """The lesson as Voila should run it: outputs cleared and, unless ``with_solutions``, the
-    collapsed solution cells removed."""
+    """The lesson as Voila should show it to a class: prose, figures and panels, outputs cleared.
+
+    Exercises appear as their statement and the code to complete (a code block: Voila shows no
+    code cells), not as a check's "not attempted yet"; their collapsed solutions are left out, or
+    shown as code after the exercise with ``with_solutions``. Nothing of an exercise is run.
+    """
     nb = nbformat.read(path, as_version=4)
-    if not with_solutions:
-        nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and _is_solution(c))]
+    cells = []
     for cell in nb.cells:
+        if cell.cell_type == "code" and _is_solution(cell):
+            if with_solutions:
+                cells.append(_code_block(cell.source, "**Solution**"))
+            continue
+        if cell.cell_type == "code" and _is_skeleton(cell):
+            cells.append(_code_block(cell.source, "**Your turn:** complete the function and check it in the lesson "
+                                                  "(`klviz lab`)."))
+            continue
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+        cells.append(cell)
+    nb.cells = cells
     return nb
 
 
@@ -76,7 +102,7 @@ def start_presenter(lesson: Path, *, port: int | None = None, with_solutions: bo
                     target.symlink_to(sibling)
                 except OSError:
                     pass
-        env = dict(os.environ)
+        env = dict(os.environ, KLVIZ_PRESENTER="1", KLVIZ_THEME=theme)   # quiet setup, figures for the page
         env.pop("KLVIZ_STATIC", None)  # live panels, interactive figures
         env.pop("MPLBACKEND", None)
         return start_server(["jupyter_server"], presenter_config(root, theme=theme), ready_path="/api/status",

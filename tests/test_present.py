@@ -11,19 +11,34 @@ from klviz import present
 from klviz.labcmd import resolve_lesson
 
 
-def test_presenter_copy_drops_solutions_and_outputs(tmp_path):
+def test_presenter_copy_shows_exercises_as_code_and_drops_solutions_and_outputs(tmp_path):
     nb = nbformat.v4.new_notebook()
-    solution = nbformat.v4.new_code_cell("answer = 1")
+    solution = nbformat.v4.new_code_cell("# Solution\ndef my_k3(x):\n    return x\n\nassert check(my_k3)")
     solution.metadata["jupyter"] = {"source_hidden": True}
     ran = nbformat.v4.new_code_cell("x = 1", execution_count=3,
                                     outputs=[nbformat.v4.new_output("stream", text="old\n")])
-    nb.cells = [nbformat.v4.new_markdown_cell("# Title"), ran, nbformat.v4.new_code_cell("def f(): ..."), solution]
+    skeleton = nbformat.v4.new_code_cell("def my_k3(x):\n    ...\n\nklviz.check.lesson02.k3_estimator(my_k3)")
+    nb.cells = [nbformat.v4.new_markdown_cell("# Title"), ran, nbformat.v4.new_markdown_cell("### Exercise 1"),
+                skeleton, solution]
     path = tmp_path / "03_x.ipynb"
     nbformat.write(nb, path)
     shown = present.presenter_notebook(path)
-    assert [c.source for c in shown.cells] == ["# Title", "x = 1", "def f(): ..."]
+    assert [c.cell_type for c in shown.cells] == ["markdown", "code", "markdown", "markdown"]
     assert shown.cells[1].outputs == [] and shown.cells[1].execution_count is None
-    assert len(present.presenter_notebook(path, with_solutions=True).cells) == 4
+    assert "```python\ndef my_k3(x):\n    ...\n```" in shown.cells[3].source and "check" not in shown.cells[3].source.split("```")[1]
+    with_solutions = present.presenter_notebook(path, with_solutions=True)
+    assert len(with_solutions.cells) == 5 and "return x" in with_solutions.cells[4].source
+    assert "assert check" not in with_solutions.cells[4].source
+
+
+def test_every_lesson_exercise_is_shown_as_code_on_the_slides():
+    from klviz.labcmd import lesson_paths
+
+    for path in lesson_paths():
+        shown = present.presenter_notebook(path)
+        code = "\n".join(c.source for c in shown.cells if c.cell_type == "code")
+        assert "klviz.check" not in code and "source_hidden" not in str([c.metadata for c in shown.cells]), path.name
+        assert any("**Your turn:**" in c.source for c in shown.cells if c.cell_type == "markdown"), path.name
 
 
 def test_voila_settings_are_locked_codeless_and_quiet(tmp_path):
