@@ -19,7 +19,7 @@ STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
 
-.PHONY: lab test lint setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts bench strip \
+.PHONY: FORCE lab test lint setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts bench strip \
         sync-notebooks clean
 
 lab: $(STAMP)
@@ -27,19 +27,29 @@ lab: $(STAMP)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+TORCH_STAMP := $(VENV)/.klviz-torch
+
+# Torch is (re)installed whenever TORCH_VERSION or TORCH_INDEX differ from what .venv holds, so
+# `make lab TORCH_INDEX=...` takes effect on an existing environment too.
+$(TORCH_STAMP): FORCE
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# CPU torch: a wheel already on this machine (offline cache) if there is one, else the CPU index
-	@if [ "$(TORCH_INDEX)" = "https://download.pytorch.org/whl/cpu" ] && \
-	    $(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)" 2>/dev/null; then :; \
-	 else $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" \
-	      --extra-index-url https://pypi.org/simple; fi
+	@if [ "$$(cat $@ 2>/dev/null)" != "$(TORCH_VERSION) $(TORCH_INDEX)" ]; then \
+	   if [ "$(TORCH_INDEX)" = "https://download.pytorch.org/whl/cpu" ] && \
+	      $(PY) -m pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)" 2>/dev/null; then :; \
+	   else $(PY) -m pip install --quiet --force-reinstall --no-deps "torch==$(TORCH_VERSION)" \
+	          --index-url "$(TORCH_INDEX)" && \
+	        $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)" --index-url "$(TORCH_INDEX)" \
+	          --extra-index-url https://pypi.org/simple; fi && \
+	   echo "$(TORCH_VERSION) $(TORCH_INDEX)" > $@; fi
+
+$(STAMP): pyproject.toml constraints.txt $(TORCH_STAMP)
+	@# CPU torch: a wheel already on this machine (offline cache) if there is one, else the CPU index (above)
 	@$(PY) -m pip install --quiet -c constraints.txt -e ".[test,dev]"
 	@touch $(STAMP)
 	@echo "klviz environment ready in $(VENV)"
 
-test: $(STAMP)
-	@$(PY) -m pytest --nbval-lax tests notebooks
+test: $(STAMP)             # finds (or installs) a Chromium first: scripts/ensure_browser.py says how
+	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest --nbval-lax tests notebooks
 
 lint: $(STAMP)             # what CI checks before the tests (all four run; fails if any fails)
 	@status=0; \
@@ -56,7 +66,7 @@ test-notebooks: $(STAMP)
 	@$(PY) -m pytest -q --nbval-lax notebooks
 
 test-browser: $(STAMP)
-	@$(PY) -m pytest -q tests/browser
+	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q tests/browser
 
 present: $(STAMP)
 	@$(PY) -m klviz.present $(LESSON)

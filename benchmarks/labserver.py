@@ -30,8 +30,10 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 
 
 def find_chromium() -> str | None:
-    """The Chromium binary (``KLVIZ_CHROMIUM``, else ``chromium`` or ``chromium-browser`` on PATH)."""
-    return os.environ.get("KLVIZ_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    """The Chromium binary: ``KLVIZ_CHROMIUM`` (``make test`` sets it from ``scripts/ensure_browser.py``),
+    else a Chromium or Chrome on PATH."""
+    names = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+    return os.environ.get("KLVIZ_CHROMIUM") or next(filter(None, map(shutil.which, names)), None)
 
 
 def _free_port() -> int:

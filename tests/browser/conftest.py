@@ -3,7 +3,7 @@
 The server binds 127.0.0.1 on a free port with a random token, runs with HOME in a temporary
 folder (Jupyter, IPython, matplotlib and Chromium write there), serves a copy of ``notebooks/``,
 and is stopped, with its kernels, when the session ends. Chromium is Debian's package
-(``apt-get install -y chromium``); Playwright's own browser download is never used.
+(``make test`` finds or installs one with ``scripts/ensure_browser.py`` and passes it as ``KLVIZ_CHROMIUM``).
 """
 from __future__ import annotations
 
