@@ -24,27 +24,49 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].strip().lower()
 
 
-def _conda_packages() -> set[str]:
-    names, in_deps = set(), False
-    for line in (ROOT / "environment.yml").read_text().splitlines():
+def _conda_pins(name: str = "environment.yml") -> dict[str, str]:
+    """``{package: version}`` of a conda environment file's dependencies (version "" when unpinned)."""
+    pins, in_deps = {}, False
+    for line in (ROOT / name).read_text().splitlines():
         if re.match(r"^\w", line):
             in_deps = line.startswith("dependencies:")
             continue
-        m = re.match(r"\s*-\s+([A-Za-z0-9_.\-]+)", line)
+        m = re.match(r"\s*-\s+([A-Za-z0-9_.\-]+)\s*(?:=+\s*([^\s#]+))?", line)
         if in_deps and m:
-            names.add(_name(m.group(1)))
-    return names
+            pins[m.group(1).lower()] = m.group(2) or ""
+    return pins
 
 
-def test_environment_yml_names_the_same_packages_as_pyproject():
+def _constraints() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[_name(name)] = version.strip()
+    return pins
+
+
+def test_environment_files_name_the_same_packages_as_pyproject():
     proj = _pyproject()["project"]
-    wanted = {_name(r) for r in proj["dependencies"]}
-    for name, extra in proj["optional-dependencies"].items():
-        if name != "dev":                 # linters and hooks are for contributors, not for Binder
-            wanted |= {_name(r) for r in extra}
-    conda = _conda_packages() - {"python", "pip"}
-    expected = {CONDA_NAME.get(n, n) for n in wanted}
-    assert conda == expected, f"only in environment.yml: {conda - expected}; only in pyproject: {expected - conda}"
+    runtime = {_name(r) for r in proj["dependencies"]} | {_name(r) for r in proj["optional-dependencies"]["present"]}
+    extras = set()
+    for name, reqs in proj["optional-dependencies"].items():
+        extras |= {_name(r) for r in reqs}
+    lean = set(_conda_pins()) - {"python", "pip", "ipykernel"}
+    dev = set(_conda_pins("environment-dev.yml"))
+    assert lean == {CONDA_NAME.get(n, n) for n in runtime}, "environment.yml: the runtime and presenter mode only"
+    expected_dev = {CONDA_NAME.get(n, n) for n in extras - runtime}
+    assert dev == expected_dev, f"only in environment-dev.yml: {dev - expected_dev}; missing: {expected_dev - dev}"
+
+
+def test_environment_files_pin_what_constraints_pin():
+    wanted = _constraints()
+    for file in ("environment.yml", "environment-dev.yml"):
+        for name, version in _conda_pins(file).items():
+            pypi = {v: k for k, v in CONDA_NAME.items()}.get(name, name)
+            if pypi in wanted:
+                assert version == wanted[pypi], f"{file}: {name}={version}, constraints.txt pins {wanted[pypi]}"
+    assert _conda_pins()["pytorch-cpu"] == "2.13.0"      # the Makefile's TORCH_VERSION
 
 
 def test_environment_yml_is_binder_ready():
@@ -91,3 +113,32 @@ def test_every_panel_class_is_listed_in_klviz_widgets():
     assert found == w.PANELS
     for name in w.PANELS:
         assert getattr(w, name) is getattr(importlib.import_module(f"klviz.widgets.{w.PANELS[name]}"), name)
+
+
+def test_license_and_citation_agree_with_pyproject():
+    proj = _pyproject()["project"]
+    assert proj["license"] == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License")
+    cff = (ROOT / "CITATION.cff").read_text()
+    assert f"version: {proj['version']}" in cff and "license: MIT" in cff
+
+
+def test_a_wheel_build_refuses_lessons_with_outputs(tmp_path, monkeypatch):
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from scripts import build_checks
+
+    assert _pyproject()["tool"]["setuptools"]["cmdclass"]["build_py"] == "scripts.build_checks.BuildPy"
+    assert build_checks.unclean_lessons() == []                  # the repository's lessons ship clean
+    nb = {"cells": [{"cell_type": "code", "execution_count": 1, "id": "c1", "metadata": {},
+                     "outputs": [{"output_type": "stream", "name": "stdout", "text": "x"}], "source": "1"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "00_x.ipynb").write_text(json.dumps(nb))
+    assert build_checks.unclean_lessons(tmp_path) == ["00_x.ipynb (stored outputs, execution counts)"]
+    monkeypatch.setattr(build_checks, "unclean_lessons", lambda: ["00_x.ipynb (stored outputs)"])
+    from setuptools.dist import Distribution
+
+    cmd = build_checks.BuildPy(Distribution())
+    cmd.editable_mode = False
+    with pytest.raises(SystemExit, match="refusing to package lessons that carry outputs"):
+        cmd.run()
