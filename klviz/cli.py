@@ -111,8 +111,6 @@ def _run_diagnose(args: argparse.Namespace) -> int:
             _error(f"cannot read the format guide {_GUIDE}: {err}")
             return EXIT_BAD_INPUT
         return EXIT_OK
-    import json
-
     from . import diagnose as dg
 
     try:
@@ -146,20 +144,28 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     except ValueError as err:           # RolloutFileError and any other bad-input error
         _error(f"{path}: {err}")
         return EXIT_BAD_INPUT
-    if args.json:
-        print(json.dumps(dg.report_json(result), ensure_ascii=False, indent=1, allow_nan=False))
-    else:
-        print(dg.format_report(result))
-    if args.plot:
-        status = _plot(lambda out: dg.plot_report(result, out), args.plot, quiet=args.json)
-        if status:
-            return status
+    status = _emit(args, lambda: dg.report_json(result), lambda: dg.format_report(result),
+                   lambda out: dg.plot_report(result, out))
+    if status:
+        return status
     if result.has_nonfinite:
         n = sum(result.nonfinite.values())
         _error(f"{path}: {n} counted token(s) have NaN or inf log-probs (left out of the report above; "
                "see 'Trouble signs')")
         return EXIT_BAD_INPUT
     return _fail_on(args, [t.severity for t in result.trouble])
+
+
+def _emit(args: argparse.Namespace, as_json: Callable[[], object], as_text: Callable[[], str],
+          draw: Callable[[str], object]) -> int:
+    """Print the report (``--json`` or text) and write ``--plot``; a non-zero status if the plot failed."""
+    if args.json:
+        import json
+
+        print(json.dumps(as_json(), ensure_ascii=False, indent=1, allow_nan=False))
+    else:
+        print(as_text())
+    return _plot(draw, args.plot, quiet=args.json) if args.plot else EXIT_OK
 
 
 def _plot(draw: Callable[[str], object], out: str, quiet: bool) -> int:
@@ -189,8 +195,6 @@ def _fail_on(args: argparse.Namespace, severities: list[str]) -> int:
 
 def _run_series(args: argparse.Namespace, dg: object, paths: list, open_kwargs: dict, vocab: object,
                 logged: list) -> int:
-    import json
-
     def each(_p: object, d: object) -> None:
         d.logged = dg.match_logged(d, logged) if logged else []
 
@@ -199,14 +203,10 @@ def _run_series(args: argparse.Namespace, dg: object, paths: list, open_kwargs: 
     except MemoryError:
         _error("not enough memory to analyse these dumps")
         return EXIT_BAD_INPUT
-    if args.json:
-        print(json.dumps(dg.series_json(items), ensure_ascii=False, indent=1, allow_nan=False))
-    else:
-        print(dg.format_series(items))
-    if args.plot:
-        status = _plot(lambda out: dg.plot_series(items, out), args.plot, quiet=args.json)
-        if status:
-            return status
+    status = _emit(args, lambda: dg.series_json(items), lambda: dg.format_series(items),
+                   lambda out: dg.plot_series(items, out))
+    if status:
+        return status
     severities = [t.severity for _n, _s, d in items if not isinstance(d, str) for t in d.trouble]
     severities += ["error" for _n, _s, d in items if isinstance(d, str)]
     return _fail_on(args, severities)
