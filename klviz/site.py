@@ -4,17 +4,30 @@
     python -m klviz.site notebooks/00_start_here.ipynb --out /tmp/site
 
 Each notebook runs in a fresh kernel with ``KLVIZ_STATIC=1``: ``klviz.setup_notebook()`` then picks
-inline PNG figures, and each panel adds a PNG snapshot of its figure with its settings and readout
-(an HTML page has no kernel, so the widgets themselves would show nothing). nbconvert writes one
-page per lesson with links to the previous and next lesson and to the index; links between lessons
-(``01_x.ipynb#Section``) become links between pages; exercise solutions sit in closed
-``<details>`` blocks. Math is typeset by a copy of MathJax placed in ``_static/`` when the
-``jupyter-server-mathjax`` package is installed (so the pages need no network), else from a CDN.
+inline PNG figures, and each panel, when displayed, renders its figure and readout at several
+positions of its main control (and of a second one where the lesson needs it; the table is
+:data:`STATIC_CONTROLS`). The page gets a slider per swept control that swaps the precomputed frames
+with a few lines of inline JavaScript: no kernel, no server, no external script (an HTML page has no
+kernel, so the widgets themselves would show nothing). The frames are written once each, by content,
+to ``_static/frames/``. nbconvert writes one page per lesson with links to the previous and next
+lesson and to the index; links between lessons (``01_x.ipynb#Section``) become links between pages;
+exercise solutions and cells that only assert sit in closed ``<details>`` blocks. Math is typeset by
+a copy of MathJax (with its STIX-Web fonts) placed in ``_static/`` when the ``jupyter-server-mathjax``
+package is installed (so the pages need no network), else from a CDN.
+
+Why not Jupyter Book 2 / MyST: tried (``jupyter-book`` 2.1.7, mystmd 1.11): its build downloads the
+site theme from api.mystmd.org, which a build without the network cannot reach, and its HTML is a
+Remix application meant to be served over HTTP, not opened from disk (jupyter-book/mystmd#188).
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import base64
+import hashlib
 import html
+import itertools
+import json
 import os
 import re
 import shutil
@@ -24,23 +37,49 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import nbformat
 
 from .labcmd import lesson_paths
 
-__all__ = ["LessonPage", "execute_notebook", "lesson_title", "render_lesson", "build_site", "main"]
+__all__ = ["LessonPage", "STATIC_CONTROLS", "execute_notebook", "lesson_title", "render_lesson", "build_site",
+           "static_panel_html", "main"]
 
 CDN_MATHJAX = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
 LOCAL_MATHJAX = "_static/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
 
-# Extends nbconvert's "lab" template: navigation, collapsed solutions, no require.js or mermaid
-# from the network (a page on disk needs neither).
+#: MathJax 2 setup for every page, before MathJax loads: jupyter-server-mathjax ships the STIX-Web
+#: fonts only, and MathJax's default TeX web fonts would be asked for (and 404) otherwise.
+MATHJAX_CONFIG = """<script type="text/x-mathjax-config">
+MathJax.Hub.Config({
+  tex2jax: {inlineMath: [['$','$'], ['\\\\(','\\\\)']], displayMath: [['$$','$$'], ['\\\\[','\\\\]']],
+            processEscapes: true, processEnvironments: true},
+  "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null},
+  SVG: {font: "STIX-Web"},
+  messageStyle: "none"
+});
+</script>
+<style>/* the hidden MathML that MathJax adds for screen readers would ask for MathJax's TeX fonts */
+.MJX_Assistive_MathML, .MJX_Assistive_MathML * { font-family: inherit !important; }</style>"""
+
+#: What every page says about its panels.
+PRECOMPUTED_NOTE = (
+    "The panels on this page are precomputed: their sliders step through positions rendered when the site "
+    "was built, with no kernel behind them. For the live panels (every control, any value), run the lesson: "
+    "<code>klviz lab</code> after <code>pip install .</code> in a checkout (or from a wheel), or "
+    "<code>make lab</code> in a checkout.")
+
+# Extends nbconvert's "lab" template: navigation, collapsed solutions and checks, no require.js or
+# mermaid from the network (a page on disk needs neither).
 _TEMPLATE = r"""
 {%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block html_head_js_mathjax -%}
+{{ resources.klviz.mathjax_config }}
+{{ super() }}
+{%- endblock html_head_js_mathjax -%}
 {% block extra_css %}
 <style type="text/css">
 body.jp-Notebook { max-width: 1000px; margin: 0 auto; padding: 0 16px; }
@@ -48,9 +87,18 @@ nav.klviz-nav { display: flex; justify-content: space-between; gap: 12px; paddin
   font-family: var(--jp-ui-font-family, sans-serif); font-size: 14px; border-bottom: 1px solid #ddd; }
 nav.klviz-nav.bottom { border-top: 1px solid #ddd; border-bottom: none; margin-top: 24px; }
 nav.klviz-nav a { text-decoration: none; }
-details.klviz-solution { margin: 4px 0 12px 0; }
-details.klviz-solution > summary { cursor: pointer; color: #1f5fa8; font-family: var(--jp-ui-font-family, sans-serif); }
-.klviz-snapshot { font-family: var(--jp-ui-font-family, sans-serif); }
+p.klviz-precomputed-note { font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; color: #555;
+  background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 6px 10px; margin: 10px 0; }
+details.klviz-solution, details.klviz-checks { margin: 4px 0 12px 0; }
+details.klviz-solution > summary, details.klviz-checks > summary { cursor: pointer; color: #1f5fa8;
+  font-family: var(--jp-ui-font-family, sans-serif); }
+details.klviz-checks > summary { color: #777; font-size: 12px; }
+.klviz-live, .klviz-snapshot { font-family: var(--jp-ui-font-family, sans-serif); }
+.klviz-live-controls { display: flex; flex-wrap: wrap; gap: 4px 24px; margin: 6px 0; font-size: 13px; }
+.klviz-live-controls label { display: flex; align-items: center; gap: 8px; }
+.klviz-live-controls input[type=range] { width: 260px; }
+.klviz-live-controls output { min-width: 6em; font-weight: 600; }
+.klviz-live-note { color: #666; font-size: 90%; }
 .jp-OutputArea-output img { max-width: 100%; height: auto; }
 </style>
 {% endblock extra_css %}
@@ -64,6 +112,7 @@ details.klviz-solution > summary { cursor: pointer; color: #1f5fa8; font-family:
 {%- block body_header -%}
 {{ super() }}
 {{ klviz_nav('top') }}
+<p class="klviz-precomputed-note">{{ resources.klviz.note }}</p>
 {%- endblock body_header -%}
 {% block body_footer %}
 {{ klviz_nav('bottom') }}
@@ -72,6 +121,11 @@ details.klviz-solution > summary { cursor: pointer; color: #1f5fa8; font-family:
 {% block codecell %}
 {%- if cell.metadata.get('jupyter', {}).get('source_hidden') -%}
 <details class="klviz-solution"><summary>Solution (click to show)</summary>
+{{ super() }}
+</details>
+{%- elif cell.metadata.get('klviz_checks') -%}
+<details class="klviz-checks"><summary>Checks: {{ cell.metadata.klviz_checks }} assert
+{{- 's' if cell.metadata.klviz_checks > 1 }} on the numbers above (click to show)</summary>
 {{ super() }}
 </details>
 {%- else -%}
@@ -143,18 +197,67 @@ def _markdown_text(nb: nbformat.NotebookNode) -> str:
 
 
 def lesson_title(nb: nbformat.NotebookNode, fallback: str) -> tuple[str, str]:
-    """(title, summary) from the first Markdown cell: its first ``#`` heading and the first
-    paragraph after it (Markdown, rendered later)."""
+    """(title, summary) from the first Markdown cell: its first ``#`` heading, and its "What you will
+    learn" list (with the bold line that opens it) or, without one, the first paragraph after the
+    heading (Markdown, rendered later)."""
     text = _markdown_text(nb)
     title, summary = fallback, ""
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("# "):
             title = line[2:].strip()
-            rest = "\n".join(lines[i + 1:]).strip()
-            summary = rest.split("\n\n")[0].strip() if rest else ""
+            rest = lines[i + 1:]
+            summary = _learn_list(rest)
+            if not summary:
+                body = "\n".join(rest).strip()
+                summary = body.split("\n\n")[0].strip() if body else ""
             break
     return title, summary
+
+
+_LEARN = re.compile(r"^\s*\*\*What you will learn\*\*\s*:?\s*$", re.I)
+
+
+def _learn_list(lines: list[str]) -> str:
+    """The "**What you will learn**" line and the list below it (blank lines before the list allowed,
+    items and their indented continuations and sub-items kept), or ``""``."""
+    for i, line in enumerate(lines):
+        if _LEARN.match(line):
+            kept, j = [line.strip(), ""], i + 1
+            while j < len(lines) and not lines[j].strip():
+                j += 1
+            while j < len(lines) and lines[j].strip() and (re.match(r"\s*([-*+]|\d+[.)])\s", lines[j])
+                                                          or lines[j].startswith((" ", "\t"))):
+                kept.append(lines[j].rstrip())
+                j += 1
+            return "\n".join(kept).strip() if len(kept) > 2 else ""
+    return ""
+
+
+def _inline_markdown(text: str) -> str:
+    """``text`` (one line of Markdown: inline code, emphasis) as HTML without the enclosing paragraph."""
+    from nbconvert.filters.markdown import markdown2html
+
+    out = markdown2html(text).strip()
+    if out.startswith("<p>") and out.endswith("</p>"):
+        out = out[3:-4]
+    return out
+
+
+def _plain_title(title: str) -> str:
+    """A title for places that show plain text (``<title>``, the navigation): Markdown marks removed."""
+    return re.sub(r"[`*]", "", title)
+
+
+def assert_only(source: str) -> int:
+    """The number of statements of a code cell that is nothing but ``assert`` statements (and
+    comments), else 0 (also for cells that are not plain Python, e.g. with magics)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return 0
+    body = tree.body
+    return len(body) if body and all(isinstance(node, ast.Assert) for node in body) else 0
 
 
 def _page_name(path: Path) -> str:
@@ -188,17 +291,247 @@ def _without_widget_views(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
+def _mark_checks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Mark the code cells that only assert (``metadata.klviz_checks`` = how many asserts): the page
+    collapses them, they check the lesson rather than teach it."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and not cell.metadata.get("jupyter", {}).get("source_hidden"):
+            n = assert_only(cell.source)
+            if n:
+                cell.metadata["klviz_checks"] = n
+    return nb
+
+
 def render_lesson(nb: nbformat.NotebookNode, page: LessonPage, prev: LessonPage | None,
                   next_: LessonPage | None, *, mathjax_url: str = LOCAL_MATHJAX) -> str:
     """The HTML page of an executed lesson, with navigation and rewritten lesson links."""
     def ref(p: LessonPage | None) -> dict | None:  # short titles in the navigation bar
-        return None if p is None else {"href": p.page, "title": p.title.split(":")[0].strip()}
+        return None if p is None else {"href": p.page, "title": _plain_title(p.title).split(":")[0].strip()}
 
-    nb = _without_widget_views(nb)
-    resources = {"klviz": {"prev": ref(prev), "next": ref(next_)},
-                 "metadata": {"name": page.title}}
+    nb = _mark_checks(_without_widget_views(nb))
+    resources = {"klviz": {"prev": ref(prev), "next": ref(next_), "note": PRECOMPUTED_NOTE,
+                           "mathjax_config": MATHJAX_CONFIG},
+                 "metadata": {"name": _plain_title(page.title)}}
     body, _ = _exporter(mathjax_url).from_notebook_node(nb, resources=resources)
     return rewrite_links(body)
+
+
+# -- panels on the static site: precomputed frames along their main controls -----------------------
+
+#: Panel class name -> the controls the static site sweeps, in order (main control first), each with
+#: its positions: a count (that many evenly spaced values of a slider's range, on a log scale for a
+#: log slider, or that many of a selection's options, all of them when it has no more) or a list of
+#: values. The control's value in the lesson is always added, so the page opens on the lesson's view;
+#: the other controls stay at the lesson's values. One frame per combination (at most
+#: :data:`MAX_FRAMES`). A panel missing here sweeps ``Panel.static_controls`` when a subclass sets
+#: it, else its first control at 12 positions.
+STATIC_CONTROLS: dict[str, dict[str, int | list[Any]]] = {
+    "StartHerePanel": {"push": 9, "num_samples": [10, 100, 1000, 10000, 100000]},
+    "SamplingPanel": {"mode": 3, "mu_temperature": [0.3, 0.5, 1.0, 2.0, 3.0, 4.0]},
+    "GaussianEstimatorsPanel": {"mu": [0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0], "sigma": [0.5, 1.0, 1.5]},
+    "TokenEstimatorsPanel": {"push": 13, "push_token": [1, 9]},
+    "ControlVariatePanel": {"mu": [0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0], "sigma": [1.0, 1.5]},
+    "BregmanPanel": {"r": 11, "f": 5},
+    "WorkedTokensPanel": {"step": 11, "color_by": 4},
+    "SimplexFlowPanel": {"flow": 8, "steps": [5, 20, 60, 150, 400]},
+    "BanditPanel": {"beta": 12, "flow": ["k1 in loss", "k3 in loss", "k1 in reward", "k3 in reward"]},
+    "RolloutPanel": {"batch_sequences": 8, "clamp": 5},
+    "RLHFLabPanel": {"placement": 7},
+    "EngineMismatchPanel": {"top_p": 4, "trainer": 2},
+}
+
+#: at most this many frames per panel (the product of its positions)
+MAX_FRAMES = 120
+
+
+def _is_selection(w: Any) -> bool:
+    return hasattr(w, "_options_values")
+
+
+def _slider_label(w: Any, value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def control_positions(w: Any, spec: int | list[Any]) -> tuple[list[Any], list[str]]:
+    """(values, labels) of a control's positions on the site (see :data:`STATIC_CONTROLS`)."""
+    import numpy as np
+
+    current = w.value
+    if _is_selection(w):
+        options, labels = list(w._options_values), list(w._options_labels)
+        if isinstance(spec, int):
+            idx = sorted(set(np.linspace(0, len(options) - 1, min(spec, len(options))).round().astype(int).tolist()))
+        else:
+            idx = [options.index(v) for v in spec if v in options]
+        if current in options and options.index(current) not in idx:
+            idx = sorted([*idx, options.index(current)])
+        return [options[i] for i in idx], [labels[i] for i in idx]
+    lo, hi = w.min, w.max
+    log = type(w).__name__ == "FloatLogSlider"
+    if isinstance(spec, int):
+        if log:   # evenly spaced exponents, 3 significant digits, inside the range
+            values = [min(max(float(f"{w.base ** e:.3g}"), w.base ** lo), w.base ** hi)
+                      for e in np.linspace(lo, hi, spec)]
+        else:
+            step = w.step or 1
+            values = [min(lo + round((v - lo) / step) * step, hi) for v in np.linspace(lo, hi, spec)]
+            values = [int(v) if isinstance(current, int) else round(float(v), 10) for v in values]
+    else:
+        values = list(spec)
+    if log:
+        lo, hi = w.base ** lo, w.base ** hi
+    values = [v for v in values if lo - 1e-9 <= v <= hi + 1e-9]
+    if current not in values:
+        values.append(current)
+    values = sorted(set(values))
+    return values, [_slider_label(w, v) for v in values]
+
+
+def _png_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _frame_png(panel: Any) -> bytes:
+    """The frame the panel composed for its current setting (what a reader of the live panel sees),
+    else a fresh rendering of its figure."""
+    data = getattr(getattr(panel, "_image", None), "value", b"")
+    if panel.last_error is None and isinstance(data, bytes) and data.startswith(b"\x89PNG"):
+        return data
+    return panel.png()
+
+
+def _panel_readout(panel: Any) -> str:
+    return panel.readout.value + panel.error.value
+
+
+def static_frames(panel: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Render ``panel`` at every combination of the positions of its site controls.
+
+    Returns (axes, frames, start): per swept control its name, description, values and labels; per
+    combination (the last control varies fastest) the PNG as a data URI and the readout HTML; and
+    the index of the frame of the lesson's own setting. The panel ends at the lesson's setting.
+    """
+    spec = STATIC_CONTROLS.get(type(panel).__name__) or getattr(panel, "static_controls", None) \
+        or {next(iter(panel.controls)): 12}
+    unknown = set(spec) - set(panel.controls)
+    if unknown:
+        raise ValueError(f"STATIC_CONTROLS[{type(panel).__name__!r}]: no control(s) {sorted(unknown)}")
+    original = panel.values()
+    axes = []
+    for name, positions in spec.items():
+        w = panel.controls[name]
+        values, labels = control_positions(w, positions)
+        axes.append({"name": name, "description": w.description or name, "values": values, "labels": labels})
+    count = 1
+    for axis in axes:
+        count *= len(axis["values"])
+    if count > MAX_FRAMES:
+        raise ValueError(f"{type(panel).__name__}: {count} frames, more than MAX_FRAMES = {MAX_FRAMES}")
+    frames = []
+    try:
+        for combo in itertools.product(*(a["values"] for a in axes)):
+            panel.set(**{a["name"]: v for a, v in zip(axes, combo)})
+            frames.append({"src": _png_uri(_frame_png(panel)), "readout": _panel_readout(panel)})
+    finally:
+        panel.set(**original)
+    start = 0
+    for axis in axes:
+        start = start * len(axis["values"]) + axis["values"].index(original[axis["name"]])
+    return axes, frames, start
+
+
+# The slider of one panel on a page: inline, no external script, works from disk.
+_LIVE_JS = """(function (root) {
+  var data = JSON.parse(root.querySelector('script.klviz-live-data').textContent);
+  var sliders = root.querySelectorAll('input.klviz-live-slider');
+  var img = root.querySelector('img.klviz-live-figure'), out = root.querySelector('.klviz-live-readout');
+  function show() {
+    var k = 0;
+    for (var a = 0; a < sliders.length; a++) {
+      var i = +sliders[a].value;
+      k = k * data.axes[a].labels.length + i;
+      root.querySelector('output[data-axis="' + a + '"]').textContent = data.axes[a].labels[i];
+    }
+    var f = data.frames[k];
+    img.src = f.src; out.innerHTML = f.readout; root.setAttribute('data-frame', k);
+    if (window.MathJax && MathJax.Hub) MathJax.Hub.Queue(['Typeset', MathJax.Hub, out]);
+  }
+  for (var a = 0; a < sliders.length; a++) sliders[a].addEventListener('input', show);
+})(document.currentScript.parentElement);"""
+
+
+def _json_for_html(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def static_panel_html(panel: Any) -> str:
+    """The panel on a static page: a slider per swept control over precomputed frames and readouts
+    (:func:`static_frames`), the lesson's setting shown first, with a note on how to get it live."""
+    axes, frames, start = static_frames(panel)
+    values = panel.values()
+    swept = {a["name"] for a in axes}
+    others = []
+    for name, w in panel.controls.items():
+        if name not in swept:
+            label = getattr(w, "label", None)
+            shown = label if isinstance(label, str) else values[name]
+            others.append(f"{html.escape(w.description or name)} = {html.escape(str(shown))}")
+    index, rest = [], start
+    for axis in reversed(axes):
+        index.insert(0, rest % len(axis["values"]))
+        rest //= len(axis["values"])
+    sliders = "".join(
+        f'<label>{html.escape(a["description"])} <input type="range" class="klviz-live-slider" '
+        f'data-control="{html.escape(a["name"])}" min="0" max="{len(a["values"]) - 1}" step="1" value="{i}" '
+        f'aria-label="{html.escape(a["description"])}">'
+        f'<output data-axis="{k}">{html.escape(a["labels"][i])}</output></label>'
+        for k, (a, i) in enumerate(zip(axes, index)))
+    note = (f"{len(frames)} precomputed positions"
+            + (f"; the other controls stay at {'; '.join(others)}" if others else "")
+            + ". For the live panel run the lesson with <code>klviz lab</code> (or <code>make lab</code>).")
+    data = {"axes": [{"name": a["name"], "labels": a["labels"]} for a in axes],
+            "frames": frames}
+    first = frames[start]
+    return (f'<div class="klviz-live" data-frames="{len(frames)}" data-frame="{start}">'
+            f'<b>{html.escape(panel.title)}</b><br><span class="klviz-live-note">{note}</span>'
+            f'<div class="klviz-live-controls">{sliders}</div>'
+            f'<img class="klviz-live-figure" src="{first["src"]}" alt="{html.escape(panel.title)}">'
+            f'<div class="klviz-live-readout">{first["readout"]}</div>'
+            f'<script type="application/json" class="klviz-live-data">{_json_for_html(data)}</script>'
+            f'<script>{_LIVE_JS}</script></div>')
+
+
+_DATA_PNG = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")
+
+
+def extract_frames(nb: nbformat.NotebookNode, out: Path) -> int:
+    """Move the PNG frames of the panels' sliders out of ``nb`` into ``out/_static/frames/`` (one file
+    per distinct image, named by its content) and point the page at them; returns the bytes written."""
+    folder = out / "_static" / "frames"
+    written = 0
+
+    def save(m: re.Match) -> str:
+        nonlocal written
+        data = base64.b64decode(m.group(1))
+        name = hashlib.sha1(data).hexdigest()[:20] + ".png"
+        path = folder / name
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            written += len(data)
+        return f"_static/frames/{name}"
+
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            text = output.get("data", {}).get("text/html")
+            if text is None:
+                continue
+            text = "".join(text) if isinstance(text, list) else text
+            if 'class="klviz-live"' in text:
+                output["data"]["text/html"] = _DATA_PNG.sub(save, text)
+    return written
 
 
 def _copy_mathjax(out: Path) -> str:
@@ -223,35 +556,41 @@ _INDEX = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1.0">
 <title>klviz lessons</title>
-<script type="text/x-mathjax-config">MathJax.Hub.Config({{tex2jax: {{inlineMath: [['$','$'], ['\\\\(','\\\\)']], processEscapes: true}}, messageStyle: 'none'}});</script>
+{mathjax_config}
 <script src="{mathjax}"></script>
 <style>
 body {{ font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; max-width: 860px;
   margin: 40px auto; padding: 0 16px; color: #222; line-height: 1.5; }}
 h1 {{ margin-bottom: 4px; }} .sub {{ color: #555; margin-top: 0; }}
 ol.lessons {{ padding-left: 0; list-style: none; }}
-ol.lessons li {{ margin: 14px 0; padding: 10px 14px; border: 1px solid #e2e2e2; border-radius: 6px; }}
+ol.lessons > li {{ margin: 14px 0; padding: 10px 14px; border: 1px solid #e2e2e2; border-radius: 6px; }}
 ol.lessons a.klviz-lesson {{ font-size: 1.15em; font-weight: 600; text-decoration: none; }}
 .summary {{ color: #444; margin-top: 4px; }} .summary p {{ margin: 4px 0; }}
+.summary ul, .summary ol {{ margin: 4px 0; padding-left: 22px; }} .summary li {{ margin: 2px 0; }}
 code, pre {{ background: #f4f4f4; padding: 1px 4px; border-radius: 3px; }}
 footer {{ color: #777; font-size: 90%; margin-top: 32px; border-top: 1px solid #ddd; padding-top: 8px; }}
 </style></head>
 <body>
 <h1>klviz: KL divergence from sampled tokens</h1>
 <p class="sub">How RL for language models (PPO, GRPO; verl, TRL, OpenRLHF) estimates KL divergence with k1, k2 and k3,
-why it works, when it misleads, and what the gradients do. A static copy: figures are snapshots.</p>
+why it works, when it misleads, and what the gradients do. A static copy: every lesson executed, and each panel's
+sliders step through positions precomputed when the site was built (no kernel, no server).</p>
 <ol class="lessons">
 {items}
 </ol>
-<p>To move the panels yourself: <code>pip install klviz</code> then <code>klviz lab</code>
-(copies the lessons into <code>./klviz-lessons</code> and opens JupyterLab).</p>
-<footer>Built {when} with klviz {version}: every lesson executed on CPU (KLVIZ_STATIC=1) and converted with nbconvert.</footer>
+<p class="klviz-install">To move every control of the panels yourself, run the lessons live. klviz is not on a
+package index: from a checkout of its repository, <code>pip install .</code> (or <code>make setup</code>), or
+<code>pip install klviz-{version}-py3-none-any.whl</code> from a wheel built there with
+<code>pip wheel --no-deps .</code>; then <code>klviz lab</code> (copies the lessons into
+<code>./klviz-lessons</code> and opens JupyterLab), or <code>make lab</code> in the checkout.</p>
+<footer>Built {when} with klviz {version}: every lesson executed on CPU (KLVIZ_STATIC=1) and converted with nbconvert;
+the panels' frames were rendered at build time.</footer>
 </body></html>
 """
 
 
 def render_index(pages: list[LessonPage], *, mathjax_url: str = LOCAL_MATHJAX) -> str:
-    """The index page: one entry per lesson, linking to its page."""
+    """The index page: one card per lesson, linking to its page, with what the lesson teaches."""
     from nbconvert.filters.markdown import markdown2html
 
     from . import __version__
@@ -259,29 +598,37 @@ def render_index(pages: list[LessonPage], *, mathjax_url: str = LOCAL_MATHJAX) -
     items = []
     for p in pages:
         summary = markdown2html(p.summary) if p.summary else ""
-        items.append(f'<li><a class="klviz-lesson" href="{html.escape(p.page)}">{html.escape(p.title)}</a>'
+        items.append(f'<li><a class="klviz-lesson" href="{html.escape(p.page)}">{_inline_markdown(p.title)}</a>'
                      f'<div class="summary">{rewrite_links(summary)}</div></li>')
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return _INDEX.format(items="\n".join(items), mathjax=html.escape(mathjax_url), when=when,
-                         version=html.escape(__version__))
+                         version=html.escape(__version__), mathjax_config=MATHJAX_CONFIG)
 
 
 def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] = "build/site", *,
-               timeout: int = 600, keep_going: bool = False, log=print) -> list[LessonPage]:
+               timeout: int = 600, keep_going: bool = False, jobs: int = 2, log=print) -> list[LessonPage]:
     """Execute ``notebooks`` (default: every lesson) and write ``out/index.html`` and one page each.
 
-    A lesson that fails stops the build with its error (``keep_going`` skips it instead and the
-    failures are raised together at the end, after the other pages are written).
+    ``jobs`` lessons run at a time, each in its own kernel. A lesson that fails stops the build with
+    its error (``keep_going`` skips it instead and the failures are raised together at the end, after
+    the other pages are written).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     notebooks = [Path(p) for p in (notebooks if notebooks is not None else lesson_paths())]
     if not notebooks:
         raise ValueError("notebooks: no lesson notebooks to build")
     for nb_path in notebooks:
         if nb_path.suffix != ".ipynb" or not nb_path.is_file():
             raise ValueError(f"notebooks: {str(nb_path)!r} is not a notebook file")
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     mathjax_url = _copy_mathjax(out)
+    frames = out / "_static" / "frames"
+    if frames.exists():
+        shutil.rmtree(frames)                   # frames of an earlier build would pile up
 
     sources = [nbformat.read(p, as_version=4) for p in notebooks]
     pages = []
@@ -291,26 +638,37 @@ def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] 
 
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-    failures: list[str] = []
-    built: list[LessonPage] = []
-    for i, page in enumerate(pages):
+    def run(page: LessonPage):
         t0 = time.perf_counter()
         log(f"klviz site: running {page.source.name} ...")
         try:
             executed = execute_notebook(page.source, timeout=timeout)
         except (CellExecutionError, CellTimeoutError) as err:
-            message = f"{page.source.name} failed:\n{err}"
-            if not keep_going:
-                raise RuntimeError(message) from None
-            failures.append(message)
-            continue
+            return None, f"{page.source.name} failed:\n{err}"
         page.seconds = time.perf_counter() - t0
-        prev = pages[i - 1] if i > 0 else None
-        next_ = pages[i + 1] if i + 1 < len(pages) else None
-        (out / page.page).write_text(render_lesson(executed, page, prev, next_, mathjax_url=mathjax_url),
-                                     encoding="utf-8")
-        built.append(page)
-        log(f"klviz site: wrote {out / page.page} ({page.seconds:.1f} s)")
+        return executed, None
+
+    failures: list[str] = []
+    built: list[LessonPage] = []
+    with _static_environment(), ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = [pool.submit(run, page) for page in pages]
+        for i, (page, future) in enumerate(zip(pages, results)):
+            executed, message = future.result()
+            if message is not None:
+                if not keep_going:
+                    for later in results[i + 1:]:
+                        later.cancel()
+                    raise RuntimeError(message)
+                failures.append(message)
+                continue
+            frame_bytes = extract_frames(executed, out)
+            prev = pages[i - 1] if i > 0 else None
+            next_ = pages[i + 1] if i + 1 < len(pages) else None
+            (out / page.page).write_text(render_lesson(executed, page, prev, next_, mathjax_url=mathjax_url),
+                                         encoding="utf-8")
+            built.append(page)
+            log(f"klviz site: wrote {out / page.page} ({page.seconds:.1f} s, "
+                f"{frame_bytes / 1e6:.1f} MB of new panel frames)")
     (out / "index.html").write_text(render_index(pages, mathjax_url=mathjax_url), encoding="utf-8")
     log(f"klviz site: wrote {out / 'index.html'}; open it in a browser (file://{(out / 'index.html').resolve()})")
     if failures:
@@ -319,7 +677,7 @@ def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m klviz.site [NOTEBOOK ...] [--out build/site] [--timeout S] [--keep-going]``."""
+    """``python -m klviz.site [NOTEBOOK ...] [--out build/site] [--timeout S] [--keep-going] [--jobs N]``."""
     parser = argparse.ArgumentParser(
         prog="klviz site",
         description="Execute the lessons (static figures) and write an HTML site that opens from disk.")
@@ -327,11 +685,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="build/site", help="output folder (default build/site)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
     parser.add_argument("--keep-going", action="store_true", help="build the other lessons when one fails")
+    parser.add_argument("--jobs", type=int, default=2, help="lessons executed at a time (default 2)")
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     try:
-        build_site(args.notebooks or None, args.out, timeout=args.timeout, keep_going=args.keep_going)
+        build_site(args.notebooks or None, args.out, timeout=args.timeout, keep_going=args.keep_going,
+                   jobs=args.jobs)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"klviz site: {err}", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
-"""The static site builder on two tiny notebooks (fast), and the panels' static snapshot."""
+"""The static site builder on two tiny notebooks (fast), and the panels' precomputed sliders."""
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -21,6 +22,43 @@ def _notebook(cells) -> nbformat.NotebookNode:
     return nb
 
 
+# A panel small enough for a test: one slider (the site sweeps it, as the class attribute says)
+# and a toggle (at the lesson's value), a one-line figure, a readout that names the setting.
+TINY_PANEL = """
+import ipywidgets as widgets
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from klviz.widgets.base import Panel
+
+class TinyPanel(Panel):
+    title = "tiny panel"
+    static_controls = {"slope": 4, "sign": 2}
+
+    def make_controls(self):
+        return {"slope": widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.5, description="slope"),
+                "sign": widgets.ToggleButtons(options=[("up", 1), ("down", -1)], value=1, description="sign"),
+                "width": widgets.IntSlider(value=2, min=1, max=5, description="width")}
+
+    def make_figure(self):
+        fig = Figure(figsize=(3, 2), dpi=60)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        ax.set_ylim(-3.5, 3.5)
+        (self.line,) = ax.plot([0, 1], [0, 1])
+        return fig
+
+    def compute(self, slope, sign, width):
+        return {"y": sign * slope}
+
+    def draw(self, data):
+        self.line.set_data([0, 1], [0, data["y"]])
+        self.readout.value = f"<span class='tiny'>end height {data['y']:.1f}</span>"
+
+tiny = TinyPanel(device="cpu")
+tiny
+"""
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     M, C = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
@@ -32,10 +70,16 @@ def built(tmp_path_factory):
           "Go on to [the second](01_second.ipynb#Part-two) or [elsewhere](https://example.org/x.ipynb)."),
         C("import os\nprint('static', os.environ.get('KLVIZ_STATIC'))"),
         C("import matplotlib.pyplot as plt\n%matplotlib inline\nplt.plot([0, 1], [1, 0]); plt.title('a line'); plt.show()"),
+        C(TINY_PANEL),
+        C("# the panel is back at the lesson's setting after the site swept it\n"
+          "assert tiny.values() == {'slope': 1.0, 'sign': 1, 'width': 2}, tiny.values()\n"
+          "assert (tiny.last['y'] ==\n        1.0)"),
         M("## Exercises"),
         solution,
     ])
-    second = _notebook([M("# 01 · Second lesson\n\nBack to [the first](00_first.ipynb).\n\n## Part two"),
+    second = _notebook([M("# 01 · Second lesson: `code` in the title\n\n**What you will learn**\n\n"
+                          "- one thing;\n  - a nested detail;\n- another thing.\n\n**Time:** 1 minute.\n\n"
+                          "Back to [the first](00_first.ipynb).\n\n## Part two"),
                         C("print(1 + 1)")])
     nbformat.write(first, src / "00_first.ipynb")
     nbformat.write(second, src / "01_second.ipynb")
@@ -49,10 +93,20 @@ def built(tmp_path_factory):
 def test_pages_and_index(built):
     out, pages = built
     assert [p.page for p in pages] == ["00_first.html", "01_second.html"]
-    assert [p.title for p in pages] == ["00 · First lesson", "01 · Second lesson"]
+    assert [p.title for p in pages] == ["00 · First lesson", "01 · Second lesson: `code` in the title"]
     index = (out / "index.html").read_text()
     assert re.findall(r'class="klviz-lesson" href="([^"]+)"', index) == ["00_first.html", "01_second.html"]
     assert "_static/mathjax/MathJax.js" in index or "cdnjs" in index
+    # cards: inline code in a title, the "What you will learn" list with its nested item, as lists
+    assert "Second lesson: <code>code</code> in the title</a>" in index and "`code`" not in index
+    card = index.split('href="01_second.html"', 1)[1].split("</li>\n", 1)[0]
+    assert re.search(r"<ul>\s*<li>one thing;\s*<ul>\s*<li>a nested detail;</li>", index), card
+    assert "ol.lessons > li" in index and "ol.lessons li {" not in index  # cards are boxes, their items not
+    assert "1 minute" not in index  # the card is the list, not the rest of the cell
+    # the footer says how to install without a package index
+    assert "pip install .</code>" in index and "pip wheel --no-deps .</code>" in index
+    assert "<code>pip install klviz</code>" not in index
+    assert 'webFont: "STIX-Web"' in index
 
 
 def test_lesson_page_is_static_and_linked(built):
@@ -66,9 +120,83 @@ def test_lesson_page_is_static_and_linked(built):
     assert 'class="klviz-next" href="01_second.html"' in page and 'class="klviz-index" href="index.html"' in page
     assert re.search(r'<details class="klviz-solution">.*solution ran', page, re.S), "solution not collapsed"
     assert "require.min.js" not in page
+    assert 'webFont: "STIX-Web"' in page  # the fonts jupyter-server-mathjax ships, not MathJax's TeX fonts
+    assert "precomputed" in page and "klviz lab" in page and "make lab" in page
     second = (out / "01_second.html").read_text()
     assert 'href="00_first.html"' in second and 'class="klviz-prev" href="00_first.html"' in second
     assert "klviz-next" not in second
+
+
+def test_panel_slider_is_precomputed_with_files(built):
+    out, _ = built
+    page = (out / "00_first.html").read_text()
+    assert page.count('class="klviz-live"') == 1
+    assert "VBox(" not in page
+    data = json.loads(re.search(r"<script[^>]*class=\"klviz-live-data\"[^>]*>(.*?)</script>", page, re.S).group(1))
+    assert [a["name"] for a in data["axes"]] == ["slope", "sign"]
+    assert [a["labels"] for a in data["axes"]] == [["0", "1", "2", "3"], ["up", "down"]]
+    assert len(data["frames"]) == 8
+    assert len(re.findall(r'class="klviz-live-slider"', page)) == 2
+    # the page opens on the lesson's setting: slope 1 (index 1), up (index 0) -> frame 2
+    assert 'data-frame="2"' in page and "end height 1.0" in data["frames"][2]["readout"]
+    assert [f["readout"].split("end height ")[1][:4] for f in data["frames"]] == [
+        "0.0<", "-0.0", "1.0<", "-1.0", "2.0<", "-2.0", "3.0<", "-3.0"]
+    # frames are files beside the pages (one per distinct image), none embedded in the page
+    srcs = {f["src"] for f in data["frames"]}
+    assert all(s.startswith("_static/frames/") and (out / s).is_file() for s in srcs), srcs
+    assert len(srcs) >= 7  # slope 0 up and down are the same picture
+    assert "data:image/png;base64" not in page.split('class="klviz-live"', 1)[1].split("</div></div>", 1)[0]
+    assert "width = 2" in page  # the control that is not swept is named at its value
+    # bounded size: a handful of small PNGs, a page of the usual size
+    frames = sum(p.stat().st_size for p in (out / "_static" / "frames").iterdir())
+    assert frames < 8 * 30_000 and len(page) < 1_500_000
+    assert "<script src=" not in page.split("</head>", 1)[1]  # the slider needs no external script
+
+
+def test_assert_cells_are_collapsed(built):
+    out, _ = built
+    page = (out / "00_first.html").read_text()
+    visible = re.sub(r"<details.*?</details>", "", page, flags=re.S)
+    keyword = '<span class="k">assert</span>'  # how the highlighted source shows the statement
+    assert keyword not in visible and "the panel is back" not in visible
+    checks = re.search(r'<details class="klviz-checks"><summary>Checks: 2 asserts[^<]*</summary>(.*?)</details>',
+                       page, re.S)
+    assert checks and checks.group(1).count(keyword) == 2 and "the panel is back" in checks.group(1)
+    assert "<details class=\"klviz-checks\" open" not in page
+    assert '<details class="klviz-checks">' not in (out / "01_second.html").read_text()
+
+
+def test_assert_only():
+    assert site.assert_only("# a check\nassert x == 1, 'x'\n\nassert (y >\n        2)") == 2
+    assert site.assert_only("x = 1\nassert x") == 0
+    assert site.assert_only("%timeit assert x") == 0
+    assert site.assert_only("# only a comment") == 0
+
+
+def test_control_positions():
+    import ipywidgets as widgets
+
+    slider = widgets.FloatSlider(value=0.35, min=0.0, max=1.0, step=0.05)
+    values, labels = site.control_positions(slider, 5)
+    assert values == [0.0, 0.25, 0.35, 0.5, 0.75, 1.0] and labels[2] == "0.35"  # the lesson's value added
+    log = widgets.FloatLogSlider(value=2.5, min=-1, max=1, step=0.01)
+    assert site.control_positions(log, 3)[0] == [0.1, 1.0, 2.5, 10.0]
+    choice = widgets.Dropdown(options=[("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5)], value=2)
+    assert site.control_positions(choice, 2) == ([1, 2, 5], ["a", "b", "e"])
+    assert site.control_positions(choice, [5, 4]) == ([2, 4, 5], ["b", "d", "e"])
+    ints = widgets.IntSlider(value=4, min=0, max=10)
+    assert site.control_positions(ints, 11)[0] == list(range(11))
+
+
+def test_static_controls_table_names_real_controls():
+    from klviz.widgets import PANELS
+
+    assert set(site.STATIC_CONTROLS) <= set(PANELS)
+    for name, spec in site.STATIC_CONTROLS.items():
+        count = 1
+        for positions in spec.values():
+            count *= (positions if isinstance(positions, int) else len(positions)) + 1
+        assert spec and count <= site.MAX_FRAMES * 2, name
 
 
 def test_rewrite_links_only_touches_relative_notebooks():
@@ -92,21 +220,41 @@ def test_failing_lesson_stops_the_build_with_its_name(tmp_path):
         site.build_site([tmp_path / "09_bad.ipynb"], tmp_path / "out", timeout=60, log=lambda *_: None)
 
 
-def test_panel_leaves_a_png_snapshot_in_static_mode(monkeypatch):
+def test_panel_shows_precomputed_slider_in_static_mode(monkeypatch):
     import IPython.display
 
-    from klviz.widgets.start_here import StartHerePanel
+    from klviz.widgets.lesson03 import BregmanPanel
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
-    panel = StartHerePanel()
+    monkeypatch.setitem(site.STATIC_CONTROLS, "BregmanPanel", {"r": 3, "f": [ "-log t", "k2"]})
+    panel = BregmanPanel(device="cpu")
+    before, readout = panel.values(), panel.readout.value
     monkeypatch.delenv("KLVIZ_STATIC", raising=False)
     panel._ipython_display_()
     assert shown == [panel.widget]
     shown.clear()
     monkeypatch.setenv("KLVIZ_STATIC", "1")
     panel._ipython_display_()
-    assert shown[0] is panel.widget
+    assert shown[0] is panel.widget and len(shown) == 2
+    page = shown[1].data
+    assert isinstance(shown[1], IPython.display.HTML) and 'class="klviz-live"' in page
+    assert page.count("data:image/png;base64,") == 1 + 4 * 2  # the first frame shown, 4 r positions x 2 f
+    assert readout in page and "klviz lab" in page
+    assert panel.values() == before and panel.readout.value == readout  # back at the lesson's setting
+
+
+def test_panel_falls_back_to_one_snapshot(monkeypatch):
+    import IPython.display
+
+    from klviz.widgets.lesson03 import BregmanPanel
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+    monkeypatch.setitem(site.STATIC_CONTROLS, "BregmanPanel", {"no_such_control": 3})
+    monkeypatch.setenv("KLVIZ_STATIC", "1")
+    panel = BregmanPanel(device="cpu")
+    panel._ipython_display_()
     assert isinstance(shown[1], IPython.display.HTML) and "Snapshot at" in shown[1].data
-    assert panel.readout.value in shown[1].data
+    assert "no_such_control" in shown[1].data
     assert isinstance(shown[2], IPython.display.Image) and shown[2].data[:8] == b"\x89PNG\r\n\x1a\n"
