@@ -13,6 +13,7 @@ import nbformat
 import pytest
 
 from klviz import site
+from klviz.widgets import static
 
 
 def _notebook(cells) -> nbformat.NotebookNode:
@@ -177,26 +178,26 @@ def test_control_positions():
     import ipywidgets as widgets
 
     slider = widgets.FloatSlider(value=0.35, min=0.0, max=1.0, step=0.05)
-    values, labels = site.control_positions(slider, 5)
+    values, labels = static.control_positions(slider, 5)
     assert values == [0.0, 0.25, 0.35, 0.5, 0.75, 1.0] and labels[2] == "0.35"  # the lesson's value added
     log = widgets.FloatLogSlider(value=2.5, min=-1, max=1, step=0.01)
-    assert site.control_positions(log, 3)[0] == [0.1, 1.0, 2.5, 10.0]
+    assert static.control_positions(log, 3)[0] == [0.1, 1.0, 2.5, 10.0]
     choice = widgets.Dropdown(options=[("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5)], value=2)
-    assert site.control_positions(choice, 2) == ([1, 2, 5], ["a", "b", "e"])
-    assert site.control_positions(choice, [5, 4]) == ([2, 4, 5], ["b", "d", "e"])
+    assert static.control_positions(choice, 2) == ([1, 2, 5], ["a", "b", "e"])
+    assert static.control_positions(choice, [5, 4]) == ([2, 4, 5], ["b", "d", "e"])
     ints = widgets.IntSlider(value=4, min=0, max=10)
-    assert site.control_positions(ints, 11)[0] == list(range(11))
+    assert static.control_positions(ints, 11)[0] == list(range(11))
 
 
 def test_static_controls_table_names_real_controls():
     from klviz.widgets import PANELS
 
-    assert set(site.STATIC_CONTROLS) <= set(PANELS)
-    for name, spec in site.STATIC_CONTROLS.items():
+    assert set(static.STATIC_CONTROLS) <= set(PANELS)
+    for name, spec in static.STATIC_CONTROLS.items():
         count = 1
         for positions in spec.values():
             count *= (positions if isinstance(positions, int) else len(positions)) + 1
-        assert spec and count <= site.MAX_FRAMES * 2, name
+        assert spec and count <= static.MAX_FRAMES * 2, name
 
 
 def test_rewrite_links_only_touches_relative_notebooks():
@@ -227,7 +228,7 @@ def test_panel_shows_precomputed_slider_in_static_mode(monkeypatch):
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
-    monkeypatch.setitem(site.STATIC_CONTROLS, "BregmanPanel", {"r": 3, "f": [ "-log t", "k2"]})
+    monkeypatch.setitem(static.STATIC_CONTROLS, "BregmanPanel", {"r": 3, "f": [ "-log t", "k2"]})
     panel = BregmanPanel(device="cpu")
     before, readout = panel.values(), panel.readout.value
     monkeypatch.delenv("KLVIZ_STATIC", raising=False)
@@ -251,7 +252,7 @@ def test_panel_falls_back_to_one_snapshot(monkeypatch):
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
-    monkeypatch.setitem(site.STATIC_CONTROLS, "BregmanPanel", {"no_such_control": 3})
+    monkeypatch.setitem(static.STATIC_CONTROLS, "BregmanPanel", {"no_such_control": 3})
     monkeypatch.setenv("KLVIZ_STATIC", "1")
     panel = BregmanPanel(device="cpu")
     panel._ipython_display_()

@@ -1,0 +1,211 @@
+"""A panel on a page with no kernel: frames and readouts rendered along one or two of its controls.
+
+In static mode (``KLVIZ_STATIC=1``, what the static site sets while it executes a lesson)
+:meth:`klviz.widgets.base.Panel.display_snapshot` shows :func:`static_panel_html`: the panel set to
+each position of the controls in :data:`STATIC_CONTROLS` (its main control first), each frame a PNG
+with the readout beside it, and a small inline script whose slider swaps them. Every frame is the
+panel's own composed frame, what a live reader would see at that setting. The site builder
+(:mod:`klviz.site`) moves the frames into files of their own.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import itertools
+import json
+from typing import Any
+
+__all__ = ["STATIC_CONTROLS", "PRECOMPUTED_NOTE", "MAX_FRAMES", "control_positions", "static_frames",
+           "static_panel_html"]
+
+#: What every page says about its panels.
+PRECOMPUTED_NOTE = (
+    "The panels on this page are precomputed: their sliders step through positions rendered when the site "
+    "was built, with no kernel behind them. For the live panels (every control, any value), run the lesson: "
+    "<code>klviz lab</code> after <code>pip install .</code> in a checkout (or from a wheel), or "
+    "<code>make lab</code> in a checkout.")
+
+
+#: Panel class name -> the controls the static site sweeps, in order (main control first), each with
+#: its positions: a count (that many evenly spaced values of a slider's range, on a log scale for a
+#: log slider, or that many of a selection's options, all of them when it has no more) or a list of
+#: values. The control's value in the lesson is always added, so the page opens on the lesson's view;
+#: the other controls stay at the lesson's values. One frame per combination (at most
+#: :data:`MAX_FRAMES`). A panel missing here sweeps ``Panel.static_controls`` when a subclass sets
+#: it, else its first control at 12 positions.
+STATIC_CONTROLS: dict[str, dict[str, int | list[Any]]] = {
+    "StartHerePanel": {"push": 9, "num_samples": [10, 100, 1000, 10000, 100000]},
+    "SamplingPanel": {"mode": 3, "mu_temperature": [0.3, 0.5, 1.0, 2.0, 3.0, 4.0]},
+    "GaussianEstimatorsPanel": {"mu": [0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0], "sigma": [0.5, 1.0, 1.5]},
+    "TokenEstimatorsPanel": {"push": 13, "push_token": [1, 9]},
+    "ControlVariatePanel": {"mu": [0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0], "sigma": [1.0, 1.5]},
+    "BregmanPanel": {"r": 11, "f": 5},
+    "WorkedTokensPanel": {"step": 11, "color_by": 4},
+    "SimplexFlowPanel": {"flow": 8, "steps": [5, 20, 60, 150, 400]},
+    "BanditPanel": {"beta": 12, "flow": ["k1 in loss", "k3 in loss", "k1 in reward", "k3 in reward"]},
+    "RolloutPanel": {"batch_sequences": 8, "clamp": 5},
+    "RLHFLabPanel": {"placement": 7},
+    "EngineMismatchPanel": {"top_p": 4, "trainer": 2},
+}
+
+#: at most this many frames per panel (the product of its positions)
+MAX_FRAMES = 120
+
+
+def _is_selection(w: Any) -> bool:
+    return hasattr(w, "_options_values")
+
+
+def _slider_label(w: Any, value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def control_positions(w: Any, spec: int | list[Any]) -> tuple[list[Any], list[str]]:
+    """(values, labels) of a control's positions on the site (see :data:`STATIC_CONTROLS`)."""
+    import numpy as np
+
+    current = w.value
+    if _is_selection(w):
+        options, labels = list(w._options_values), list(w._options_labels)
+        if isinstance(spec, int):
+            idx = sorted(set(np.linspace(0, len(options) - 1, min(spec, len(options))).round().astype(int).tolist()))
+        else:
+            idx = [options.index(v) for v in spec if v in options]
+        if current in options and options.index(current) not in idx:
+            idx = sorted([*idx, options.index(current)])
+        return [options[i] for i in idx], [labels[i] for i in idx]
+    lo, hi = w.min, w.max
+    log = type(w).__name__ == "FloatLogSlider"
+    if isinstance(spec, int):
+        if log:   # evenly spaced exponents, 3 significant digits, inside the range
+            values = [min(max(float(f"{w.base ** e:.3g}"), w.base ** lo), w.base ** hi)
+                      for e in np.linspace(lo, hi, spec)]
+        else:
+            step = w.step or 1
+            values = [min(lo + round((v - lo) / step) * step, hi) for v in np.linspace(lo, hi, spec)]
+            values = [int(v) if isinstance(current, int) else round(float(v), 10) for v in values]
+    else:
+        values = list(spec)
+    if log:
+        lo, hi = w.base ** lo, w.base ** hi
+    values = [v for v in values if lo - 1e-9 <= v <= hi + 1e-9]
+    if current not in values:
+        values.append(current)
+    values = sorted(set(values))
+    return values, [_slider_label(w, v) for v in values]
+
+
+def _png_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
+
+
+def _frame_png(panel: Any) -> bytes:
+    """The frame the panel composed for its current setting (what a reader of the live panel sees),
+    else a fresh rendering of its figure."""
+    data = getattr(getattr(panel, "_image", None), "value", b"")
+    if panel.last_error is None and isinstance(data, bytes) and data.startswith(b"\x89PNG"):
+        return data
+    return panel.png()
+
+
+def _panel_readout(panel: Any) -> str:
+    return panel.readout.value + panel.error.value
+
+
+def static_frames(panel: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """Render ``panel`` at every combination of the positions of its site controls.
+
+    Returns (axes, frames, start): per swept control its name, description, values and labels; per
+    combination (the last control varies fastest) the PNG as a data URI and the readout HTML; and
+    the index of the frame of the lesson's own setting. The panel ends at the lesson's setting.
+    """
+    spec = STATIC_CONTROLS.get(type(panel).__name__) or getattr(panel, "static_controls", None) \
+        or {next(iter(panel.controls)): 12}
+    unknown = set(spec) - set(panel.controls)
+    if unknown:
+        raise ValueError(f"STATIC_CONTROLS[{type(panel).__name__!r}]: no control(s) {sorted(unknown)}")
+    original = panel.values()
+    axes = []
+    for name, positions in spec.items():
+        w = panel.controls[name]
+        values, labels = control_positions(w, positions)
+        axes.append({"name": name, "description": w.description or name, "values": values, "labels": labels})
+    count = 1
+    for axis in axes:
+        count *= len(axis["values"])
+    if count > MAX_FRAMES:
+        raise ValueError(f"{type(panel).__name__}: {count} frames, more than MAX_FRAMES = {MAX_FRAMES}")
+    frames = []
+    try:
+        for combo in itertools.product(*(a["values"] for a in axes)):
+            panel.set(**{a["name"]: v for a, v in zip(axes, combo)})
+            frames.append({"src": _png_uri(_frame_png(panel)), "readout": _panel_readout(panel)})
+    finally:
+        panel.set(**original)
+    start = 0
+    for axis in axes:
+        start = start * len(axis["values"]) + axis["values"].index(original[axis["name"]])
+    return axes, frames, start
+
+
+# The slider of one panel on a page: inline, no external script, works from disk.
+_LIVE_JS = """(function (root) {
+  var data = JSON.parse(root.querySelector('script.klviz-live-data').textContent);
+  var sliders = root.querySelectorAll('input.klviz-live-slider');
+  var img = root.querySelector('img.klviz-live-figure'), out = root.querySelector('.klviz-live-readout');
+  function show() {
+    var k = 0;
+    for (var a = 0; a < sliders.length; a++) {
+      var i = +sliders[a].value;
+      k = k * data.axes[a].labels.length + i;
+      root.querySelector('output[data-axis="' + a + '"]').textContent = data.axes[a].labels[i];
+    }
+    var f = data.frames[k];
+    img.src = f.src; out.innerHTML = f.readout; root.setAttribute('data-frame', k);
+    if (window.MathJax && MathJax.Hub) MathJax.Hub.Queue(['Typeset', MathJax.Hub, out]);
+  }
+  for (var a = 0; a < sliders.length; a++) sliders[a].addEventListener('input', show);
+})(document.currentScript.parentElement);"""
+
+
+def _json_for_html(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def static_panel_html(panel: Any) -> str:
+    """The panel on a static page: a slider per swept control over precomputed frames and readouts
+    (:func:`static_frames`), the lesson's setting shown first, with a note on how to get it live."""
+    axes, frames, start = static_frames(panel)
+    values = panel.values()
+    swept = {a["name"] for a in axes}
+    others = []
+    for name, w in panel.controls.items():
+        if name not in swept:
+            label = getattr(w, "label", None)
+            shown = label if isinstance(label, str) else values[name]
+            others.append(f"{html.escape(w.description or name)} = {html.escape(str(shown))}")
+    index, rest = [], start
+    for axis in reversed(axes):
+        index.insert(0, rest % len(axis["values"]))
+        rest //= len(axis["values"])
+    sliders = "".join(
+        f'<label>{html.escape(a["description"])} <input type="range" class="klviz-live-slider" '
+        f'data-control="{html.escape(a["name"])}" min="0" max="{len(a["values"]) - 1}" step="1" value="{i}" '
+        f'aria-label="{html.escape(a["description"])}">'
+        f'<output data-axis="{k}">{html.escape(a["labels"][i])}</output></label>'
+        for k, (a, i) in enumerate(zip(axes, index)))
+    note = (f"{len(frames)} precomputed positions"
+            + (f"; the other controls stay at {'; '.join(others)}" if others else "")
+            + ". For the live panel run the lesson with <code>klviz lab</code> (or <code>make lab</code>).")
+    data = {"axes": [{"name": a["name"], "labels": a["labels"]} for a in axes],
+            "frames": frames}
+    first = frames[start]
+    return (f'<div class="klviz-live" data-frames="{len(frames)}" data-frame="{start}">'
+            f'<b>{html.escape(panel.title)}</b><br><span class="klviz-live-note">{note}</span>'
+            f'<div class="klviz-live-controls">{sliders}</div>'
+            f'<img class="klviz-live-figure" src="{first["src"]}" alt="{html.escape(panel.title)}">'
+            f'<div class="klviz-live-readout">{first["readout"]}</div>'
+            f'<script type="application/json" class="klviz-live-data">{_json_for_html(data)}</script>'
+            f'<script>{_LIVE_JS}</script></div>')
