@@ -420,21 +420,25 @@ def variance_crossing_mu() -> float:
 
 
 def sample_log_ratio(q: Normal, p: Normal, num_samples: int, *,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+                     generator: torch.Generator | None = None, z: torch.Tensor | None = None) -> torch.Tensor:
     """``num_samples`` values of log r = log p(x) - log q(x) with x ~ q, in float64 (two Normals).
 
     Draws z ~ N(0, 1) from ``generator`` (on its device) and evaluates log r as the quadratic
     a + b z + c z² of x = mu_q + sigma_q z: the same numbers as ``p.log_prob(x) - q.log_prob(x)``
-    in a third of the operations.
+    in a third of the operations. ``z`` (float64, ``num_samples`` values) gives the standard normal
+    draws instead: a panel that keeps the draws of its seed moves p without drawing again.
     """
     n = check_positive_int(num_samples, "num_samples")
+    if z is not None and (z.dtype != torch.float64 or z.shape != (n,)):
+        raise ValueError(f"z must be a float64 tensor of {n} values, got {z.dtype} of shape {tuple(z.shape)}")
     for d, name in ((q, "q"), (p, "p")):
         if not isinstance(d, Normal) or d.batch_shape != torch.Size():
             raise ValueError(f"{name} must be a single torch.distributions.Normal")
     a, b, c = _log_ratio_quadratic(_finite_float(q.loc, "q.loc"), _positive_float(q.scale, "q.scale"),
                                    _finite_float(p.loc, "p.loc"), _positive_float(p.scale, "p.scale"))
     dev = generator.device if generator is not None else q.loc.device
-    z = torch.randn(n, generator=generator, device=dev, dtype=torch.float64)
+    if z is None:
+        z = torch.randn(n, generator=generator, device=dev, dtype=torch.float64)
     return (c * z + b).mul_(z).add_(a) if c != 0.0 else (b * z).add_(a)
 
 

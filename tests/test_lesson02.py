@@ -11,6 +11,7 @@ from torch.distributions import Categorical, Normal
 
 import klviz
 from klviz.check import lesson02 as chk
+from klviz.statistics import mean_std_with_se
 from klviz.tables import (
     categorical_moments,
     control_variate_samples,
@@ -24,7 +25,6 @@ from klviz.tables import (
     table_html,
     variance_crossing_mu,
 )
-from klviz.statistics import mean_std_with_se
 from klviz.widgets.lesson02 import ControlVariatePanel, GaussianEstimatorsPanel, TokenEstimatorsPanel
 
 
@@ -182,6 +182,22 @@ def test_sample_log_ratio_equals_log_prob_difference():
     z = torch.randn(1000, generator=klviz.make_generator(0), dtype=torch.float64)
     x = 0.3 + 1.2 * z
     torch.testing.assert_close(lr, p.log_prob(x) - q.log_prob(x), rtol=1e-12, atol=1e-12)
+    # the standard normal draws can be given (the Gaussian panel keeps those of its seed): the same numbers
+    assert torch.equal(sample_log_ratio(q, p, 1000, z=z), lr)
+    with pytest.raises(ValueError, match="float64 tensor of 10 values"):
+        sample_log_ratio(q, p, 10, z=z)
+
+
+def test_gaussian_panel_keeps_its_draws_and_matches_a_fresh_sample():
+    panel = GaussianEstimatorsPanel(device="cpu")
+    first = panel.set(mu=0.5, num_samples=1_000)
+    z = panel._z
+    again = panel.set(mu=0.7)                              # p moved: the kept draws are reused
+    assert panel._z is z
+    fresh = GaussianEstimatorsPanel(device="cpu").set(mu=0.7, num_samples=1_000)
+    assert again["mc"]["k3"] == fresh["mc"]["k3"] and first["mc"]["k1"] != again["mc"]["k1"]
+    panel.set(seed=1)                                      # a new seed draws again
+    assert panel._z is not z
 
 
 @pytest.mark.parametrize("pair", [(0.0, 1.0, 0.1, 1.0), (0.0, 1.0, -2.0, 1.0), (0.0, 1.0, 0.3, 0.7),
@@ -197,7 +213,8 @@ def test_k1_negative_probability_against_samples(pair):
 
 def test_k1_negative_probability_equal_scales_formula():
     mu = 0.1
-    assert k1_negative_probability(0.0, 1.0, mu, 1.0) == pytest.approx(0.5 * math.erfc(mu / 2 / math.sqrt(2)), rel=1e-14)
+    expected = 0.5 * math.erfc(mu / 2 / math.sqrt(2))
+    assert k1_negative_probability(0.0, 1.0, mu, 1.0) == pytest.approx(expected, rel=1e-14)
 
 
 def test_variance_crossing():
@@ -279,7 +296,8 @@ def test_gaussian_panel_defaults_and_extremes(monkeypatch):
             dens, edges = data["hists"][name]
             assert np.all(np.isfinite(dens)) and np.all(np.diff(edges) > 0)
     # mu = 0.05, sigma = 1.45: Var k3 is infinite and the readout says why, instead of a NaN
-    assert "inf" in panel.readout.value and "diverges" in panel.readout.value and "nan" not in panel.readout.value.lower()
+    readout = panel.readout.value
+    assert "inf" in readout and "diverges" in readout and "nan" not in readout.lower()
     monkeypatch.undo()                              # the last update renders the figure for real
     panel.set(mu=0.0, sigma=1.0)
     assert "undefined" in panel.readout.value and "nan" not in panel.readout.value.lower()

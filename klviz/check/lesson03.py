@@ -77,7 +77,9 @@ def k2_curvature(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 2a: ``fn(t)`` must return f''(t) for k2's generator f(t) = ½ (log t)²."""
     got = learner_tensor(fn, (_T.clone(),), _T.shape, "the curvature")
     if isinstance(got, CheckResult):
-        return got
+        # two checks share the exercise's cell: say which part is still a skeleton
+        return got if got.attempted else not_attempted("(a) Replace the `...` in k2_curvature with f″(t) and "
+                                                       "run the cell again.")
     lt = torch.log(_T)
     right = (1 - lt) / _T ** 2
     if _close(got, right):
@@ -96,11 +98,16 @@ def k2_curvature(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     return failed(f"Not f″ of ½(log t)² (at t = 4 expected {float(right[5]):.6f}, got {float(got[5]):.6f}).")
 
 
-@never_raises
 def concave_from(answer: Any) -> CheckResult:
     """Exercise 2b: the ratio t beyond which ½ (log t)² bends the wrong way (f'' < 0): e."""
     if answer is Ellipsis or answer is None:
-        return not_attempted()
+        # two checks share the exercise's cell: say which part is still a skeleton
+        return not_attempted("(b) Set CONCAVE_FROM to the ratio t beyond which f″ < 0 and run the cell again.")
+    return _concave_from(answer)
+
+
+@never_raises
+def _concave_from(answer: Any) -> CheckResult:
     try:
         value = as_answer_number(answer, "CONCAVE_FROM", finite=True)
     except WrongAnswer as err:

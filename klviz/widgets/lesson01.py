@@ -103,7 +103,9 @@ class SamplingPanel(Panel):
 
         self.band = ax_run.fill_between([1, 2], [0, 0], [0, 0], color=COLORS["k1"], alpha=0.2, lw=0,
                                         label="± 2 SE")
-        self.run_line, = ax_run.plot([1, 2], [0, 0], color=COLORS["k1"], lw=1.4, label="running mean")
+        self._run_labels = {"q": "running mean of log q/p, x ~ q", "mu": "running mean of log q/p, x ~ μ",
+                            "weighted": "running mean of (q/μ)·log q/p, x ~ μ"}
+        self.run_line, = ax_run.plot([1, 2], [0, 0], color=COLORS["k1"], lw=1.4, label=self._run_labels["q"])
         self.exact_line = ax_run.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.4, label="exact KL(q‖p)")
         self.biased_line = ax_run.axhline(0.0, color=COLORS["mu"], ls=":", lw=1.6,
                                           label="E_μ[log q/p] (plain mean over μ's tokens)")
@@ -111,14 +113,15 @@ class SamplingPanel(Panel):
         ax_run.minorticks_off()              # dozens of minor ticks cost redraw time and add nothing here
         ax_run.set_xlabel("number of tokens N")
         ax_run.set_ylabel("estimate of KL(q‖p)  [nats]")
-        self._titles = {"q": "running mean of log q(x)/p(x), x ~ q", "mu": "running mean of log q(x)/p(x), x ~ μ",
-                        "weighted": "running mean of (q/μ)·log q(x)/p(x), x ~ μ"}
-        ax_run.set_title(self._titles["q"])
+        # a fixed title: what is averaged, and over which tokens, is the legend's first entry (a changed
+        # title would be baked into every kept background and force a full render on each mode change)
+        ax_run.set_title("running mean as N grows")
         # below the axes: the curves use the whole plot, and the legend never hides them
         self.legend_run = ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
         # one legend per axes for every mode: a mode changes an entry's text or hides the last entry,
         # so switching modes redraws the legend and the data but not the axes
         self._freq_entry = [t.get_text() for t in self.legend_pol.get_texts()].index("counts / N")
+        self._run_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.run_line.get_label())
         self._biased_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.biased_line.get_label())
         assert self._biased_entry == len(self.legend_run.get_texts()) - 1   # hidden, it leaves no gap
         self.ax_run = ax_run
@@ -181,7 +184,7 @@ class SamplingPanel(Panel):
             shown = mode == "mu"
             self.legend_run.get_texts()[self._biased_entry].set_visible(shown)
             self.legend_run.legend_handles[self._biased_entry].set_visible(shown)
-            self.ax_run.set_title(self._titles[mode])       # the title follows the mode
+            self.legend_run.get_texts()[self._run_entry].set_text(self._run_labels[mode])   # what is averaged
             self._legend_mode = mode
         top = max(float(data["q"].max()), float(data["mu"].max()), float(freq.max()), 0.3)
         sticky_limits(self.ax_pol, "y", 0, 1.12 * top)

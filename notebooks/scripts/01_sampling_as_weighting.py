@@ -109,6 +109,7 @@ for ax, n in zip(axes, (100, 10_000)):
     ax.plot(x, (c / n).numpy(), "_", color="black", ms=12, mew=2.2, label="counts / N")
     ax.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
     ax.set_title(f"N = {n:,} draws from q")
+    ax.set_xlabel("next token")
 axes[0].set_ylabel("probability")
 axes[0].legend()
 fig.suptitle("Draw frequencies are the weights q(x)")
@@ -208,6 +209,7 @@ print(f"log-log slope of SE against N: {slope:.3f} (1/sqrt(N) is -0.5)")
 assert abs(slope + 0.5) < 0.05
 j = int(np.searchsorted(run["n"], 4096))
 print(f"with about {run['n'][j]:,} tokens (a modest batch): ± {2 * run['se'][j]:.3f} nats (2 SE)")
+assert 0.01 < 2 * run["se"][j] < 0.02                     # "about ± 0.015 nats", the takeaway below
 
 # %%
 fig, (ax_l, ax_r) = new_figure(9.0, 3.4, ncols=2)
@@ -223,7 +225,7 @@ ax_l.set_ylabel("estimate  [nats]")
 ax_l.set_title("running mean, 50,257-token vocabulary")
 ax_l.legend(loc="upper right")
 ax_r.loglog(n, np.abs(run["mean"] - exact_big) + 1e-12, color=COLORS["k1"], lw=1, label="|mean − exact|")
-ax_r.loglog(n, 2 * run["se"] + 1e-12, color="black", lw=1.2, label="2 SE")
+ax_r.loglog(n[1:], 2 * run["se"][1:], color="black", lw=1.2, label="2 SE")   # from N = 2: one draw has no SE
 ax_r.loglog(n, 2 * float(run["se"][-1]) * np.sqrt(n[-1] / n), color=COLORS["mu"], ls=":", lw=1.2,
             label="∝ 1/√N")
 ax_r.set_ylim(1e-5, 10)
@@ -234,8 +236,8 @@ ax_r.legend(loc="lower left")
 display(fig)
 
 # %% [markdown]
-# **Takeaway.** For policies this close, a batch of a few thousand response tokens pins the KL down to a few
-# hundredths of a nat (printed above): the *logged* KL of one step is a noisy number, and its noise is predictable.
+# **Takeaway.** For policies this close, a batch of a few thousand response tokens pins the KL down to about
+# ± 0.015 nats (printed above): the *logged* KL of one step is a noisy number, and its noise is predictable.
 #
 # ## 4. Sampling from the wrong policy
 #

@@ -7,7 +7,7 @@
 #
 # - the one rule about direction: tokens come from the **sampler** q, the ratio is r = p(x)/q(x) (target over sampler), and k1, k2, k3 all estimate **KL(q‖p)**;
 # - how often k1 is negative (almost half the samples for two close Gaussians, but P_q(p > q) on tokens: 2–17 % in this lesson's token examples), while k2 and k3 never are;
-# - Schulman's table reproduced with 10⁷ samples and checked, number by number, against closed forms, including why the published 0.002 is exactly 0.0025;
+# - Schulman's table reproduced with 10⁷ samples and checked, number by number, against closed forms, including why the published 0.002 is the exact 0.0025 seen through Monte Carlo noise;
 # - the same numbers on a token distribution, exact by summing over the vocabulary, and why k2's bias there runs the *other way* and is far larger (third order, set by the skew of log r);
 # - why `low_var_kl` (k3) has low variance: the first-order term of k1 cancels;
 # - how bias and spread change as the policies separate, and the distance at which plain k1 beats k3;
@@ -65,7 +65,7 @@ def normal(mu, sigma=1.0):
 klviz.show_source(klviz.kernel.k3)
 
 # %% [markdown]
-# **Why k1 is negative for some samples.** k1 = log q(x)/p(x) is negative exactly where the target likes x more than the sampler does, p(x) > q(x). Its *average* under q is still KL(q‖p) ≥ 0, because q draws more often where q(x) > p(x). For q = N(0, 1) and p = N(μ, 1), log r = μx − μ²/2 is positive when x > μ/2, so k1 < 0 with probability 1 − Φ(μ/2): **almost half the samples** when the policies are close. Schulman's note says k1 "is negative for half of the samples"; that is this Gaussian number. In general the fraction is P_q(p(x) > q(x)), the sampler's mass on the tokens the target favours, and on tokens it can be anything: for the token pairs of section 3 it is 16 % (a push toward " sofa", q(sofa) = 0.16), 17 % (the far pair) and 2 % (panel (b)'s default, a push toward the rare " moon"). A small fraction does not make k1 quiet: its few negative values are large.
+# **Why k1 is negative for some samples.** k1 = log q(x)/p(x) is negative exactly where the target likes x more than the sampler does, p(x) > q(x). Its *average* under q is still KL(q‖p) ≥ 0, because q draws more often where q(x) > p(x). For q = N(0, 1) and p = N(μ, 1), log r = μx − μ²/2 is positive when x > μ/2, so k1 < 0 with probability 1 − Φ(μ/2): **almost half the samples** when the policies are close. Schulman's note, where it introduces k1, says it has high variance "as it's negative for half of the samples, whereas KL is always positive"; for two close Gaussians that is the number above. In general the fraction is P_q(p(x) > q(x)), the sampler's mass on the tokens the target favours, and on tokens it can be anything: for the token pairs of section 3 it is 16 % (a push toward " sofa", q(sofa) = 0.16), 17 % (the far pair) and 2 % (panel (b)'s default, a push toward the rare " moon"). A small fraction does not make k1 quiet: its few negative values are large.
 #
 # **Why k2 and k3 never are.** k2 is a square. k3 = (r − 1) − log r is the gap between the straight line t − 1 and the concave curve log t, which touches it at t = 1 (log t ≤ t − 1 for every t > 0), so it is ≥ 0 for every single sample. Lesson 03 turns this gap into a picture.
 #
@@ -164,7 +164,7 @@ for row in rows:
 print("every Monte Carlo number agrees with its closed form within 4 standard errors")
 
 # %% [markdown]
-# **Why 0.002 is 0.0025.** E k2 − KL = μ⁴/8, so the relative bias of k2 is exactly μ²/4, which is **0.0025** at μ = 0.1; the exact value is 0.0025. The published 0.002 is one Monte Carlo run of 10⁷ samples, printed to three decimals: its standard error is 1.42/√10⁷ ≈ 0.00045, so ± 2 SE is ± 0.0009, and 0.002 lies 1.1 SE from the exact value. It is sampling noise, not a different value. (Every ± in this lesson is ± 2 SE.) (Schulman's code also names the two distributions the other way round and calls `kl_divergence(p, q)`; that is harmless only because two Gaussians with equal variance have a symmetric KL.)
+# **Why 0.002 is 0.0025.** E k2 − KL = μ⁴/8, so the relative bias of k2 is exactly μ²/4: **0.0025** at μ = 0.1. The published 0.002 is one Monte Carlo run of 10⁷ samples, printed to three decimals: its standard error is 1.42/√10⁷ ≈ 0.00045, so ± 2 SE is ± 0.0009, and 0.002 lies 1.1 SE from the exact value. It is sampling noise, not a different value. (Every ± in this lesson is ± 2 SE.) (Schulman's code also names the two distributions the other way round and calls `kl_divergence(p, q)`; that is harmless only because two Gaussians with equal variance have a symmetric KL.)
 
 # %%
 exact_bias_rel = gaussian_closed_forms(0.1)["bias_rel_k2"]
@@ -258,6 +258,7 @@ for s in series.values():
     assert abs(s["partial"][-1] - s["bias"]) < 1e-3 * abs(s["bias"])
     assert s["bias"] < 0 and s["third_central"] > 0 and s["terms"][0] < 0      # right skew -> k2 too low
 assert [round(s["bias"] / s["true_kl"], 3) for s in series.values()] == [-0.094, -0.338, -0.39]
+assert [round(s["true_kl"], 2) for s in series.values()] == [0.02, 0.3, 0.04]              # the KLs of the three pairs
 # close pair: the third-order term alone carries 89 % of the bias
 close_s = series["close"]
 assert round(close_s["terms"][0] / close_s["bias"], 2) == 0.89
@@ -273,12 +274,12 @@ for mu in (0.1, 1.0):
 # **"Below a KL of 0.1, k2's bias is negligible."** A common reading of Schulman's table (0.25 % bias at KL 0.005) is that k2 is safe whenever the logged KL is small. For the Gaussian pair the relative bias is μ²/4 = KL/2, so that is true there: 5 % at KL 0.1. On tokens the relative bias is of first order in the distance and can be large at a tiny KL. Below, the exact bias/true of k2 against the exact KL, as p is pushed toward " sofa" (q = 0.16) or toward the rare " moon" (q = 0.02), beside the Gaussian pair:
 
 # %%
-pushes = np.linspace(0.02, 3.0, 150)
+pushes = np.linspace(0.02, 5.0, 250)   # far enough that both token curves pass their lowest point
 curves = {}
 for tok, name in ((1, '" sofa"'), (9, '" moon"')):
     s_list = [k2_bias_series(q_logp.exp(), move_policy(q_logp, push=float(s), push_token=tok).exp()) for s in pushes]
     curves[name] = (np.array([s["true_kl"] for s in s_list]), np.array([s["bias"] / s["true_kl"] for s in s_list]))
-mu_g = np.linspace(0.01, 0.9, 100)
+mu_g = np.linspace(0.01, math.sqrt(3.0), 150)   # the Gaussian pair up to a KL of 1.5
 fig, ax = new_figure(10.0, 3.6)
 ax.plot(mu_g**2 / 2, mu_g**2 / 4, color="black", lw=1.8, label="Gaussian pair: +μ²/4 = +KL/2")
 for (name, (kl_c, rel_c)), colour in zip(curves.items(), (COLORS["k2"], COLORS["p"])):
@@ -286,7 +287,7 @@ for (name, (kl_c, rel_c)), colour in zip(curves.items(), (COLORS["k2"], COLORS["
 ax.axhline(0, color="black", lw=0.6)
 ax.axvline(0.1, color=COLORS["mu"], ls=":", lw=1.2, label="KL = 0.1")
 ax.set_xscale("log")
-ax.set_xlim(1e-4, 0.4)
+ax.set_xlim(1e-4, 1.5)
 ax.set_xlabel("exact KL(q‖p)  [nats, log scale]")
 ax.set_ylabel("bias / true KL of k2")
 ax.set_title("k2's relative bias: small and positive for Gaussians, large and negative on tokens")
@@ -295,14 +296,21 @@ display(fig)
 
 kl_moon, rel_moon = curves['" moon"']
 below = kl_moon < 0.1
-print(f'push toward " moon", KL below 0.1: bias/true down to {rel_moon[below].min():+.3f} '
-      f'(at KL {kl_moon[below][np.argmin(rel_moon[below])]:.3f}); |bias| > 10 % from KL {kl_moon[np.abs(rel_moon) > 0.1].min():.4f} on')
-assert rel_moon[below].min() < -0.45                       # almost half the KL, at a KL below 0.1
+i_low = int(np.argmin(rel_moon))
+print(f'push toward " moon": |bias| > 10 % from KL {kl_moon[np.abs(rel_moon) > 0.1].min():.4f} on; below KL 0.1 '
+      f'bias/true down to {rel_moon[below].min():+.3f}; lowest {rel_moon[i_low]:+.3f} at KL {kl_moon[i_low]:.3f} '
+      f'(push {pushes[i_low]:.1f}), back to {rel_moon[-1]:+.3f} at push {pushes[-1]:.0f}')
 assert kl_moon[np.abs(rel_moon) > 0.1].min() < 0.002       # 10 % off already at a KL of 0.002
-assert np.all(mu_g**2 / 4 <= 0.21)                         # the Gaussian pair: at most KL/2 in this range
+assert round(rel_moon[below].min(), 2) == -0.49            # almost half the KL, at a KL below 0.1
+# the lowest point lies inside the range, and the curve climbs well back up after it
+assert 0 < i_low < len(pushes) - 1 and rel_moon[-1] > rel_moon[i_low] + 0.3
+assert round(rel_moon[i_low], 2) == -0.53 and round(kl_moon[i_low], 2) == 0.24 and abs(pushes[i_low] - 2.9) < 0.05
+kl_sofa, rel_sofa = curves['" sofa"']                      # the push toward " sofa" dips to -15 %, then turns positive
+assert round(rel_sofa.min(), 2) == -0.15 and 0 < int(np.argmin(rel_sofa)) < len(pushes) - 1 and rel_sofa[-1] > 0
+assert math.isclose(gaussian_closed_forms(math.sqrt(0.2))["bias_rel_k2"], 0.05, rel_tol=1e-12)   # Gaussians: 5 % at KL 0.1
 
 # %% [markdown]
-# So the claim holds for the pair it was measured on and fails on tokens: a KL below 0.1 with k2 almost 50 % low, and 10 % off already at a KL of 0.002. Whether k2 is close to the KL depends on the *shape* of log r (its skew), not only on its size.
+# So the claim holds for the pair it was measured on and fails on tokens. With p pushed toward " moon", k2 is 10 % low already at a KL of 0.002 and 49 % low just below a KL of 0.1; its relative bias bottoms out at −53 % (KL 0.24, a push of about 2.9) and only then turns back. Pushed toward " sofa", it dips to −15 % and turns positive for a large push (as lesson 03 shows). Whether k2 is close to the KL depends on the *shape* of log r (its skew), not only on its size.
 #
 # ### Why `low_var_kl` (k3) has low variance
 #
@@ -330,7 +338,7 @@ print(f"Gaussian pair at mu = 0.001: std/true k1 {g['std_rel_k1']:.0f} (= 2/mu),
 assert math.isclose(g["std_rel_k1"], 2 / 1e-3, rel_tol=1e-9) and abs(g["std_rel_k3"] - math.sqrt(2)) < 1e-3
 
 # %% [markdown]
-# **Panel (b).** Push a token up or down, sharpen or flatten p (the default, a push of 1.5 toward " moon", is the third row above: k2 39 % low, k1 negative on 2 % of the draws). Push a token up or down, sharpen or flatten p. The right plot shows what each token would contribute if it were drawn: k1 is negative on every token that p likes more than q, k2 and k3 never are. The table below it is exact (a sum over the twelve tokens) beside N sampled tokens.
+# **Panel (b).** Push a token up or down, sharpen or flatten p (the default, a push of 1.5 toward " moon", is the third row above: k2 39 % low, k1 negative on 2 % of the draws). The right plot shows what each token would contribute if it were drawn: k1 is negative on every token that p likes more than q, k2 and k3 never are. The table below it is exact (a sum over the twelve tokens) beside N sampled tokens.
 
 # %%
 token_panel = TokenEstimatorsPanel()
@@ -363,7 +371,7 @@ ax_s.set_yscale("log")
 ax_s.set_xlabel("μ   (p = N(μ, 1), q = N(0, 1))")
 ax_s.set_ylabel("std / true KL of one sample")
 ax_s.set_title("spread of one sample (dots: Monte Carlo ± 2 SE)")
-ax_s.legend(fontsize=7.5)
+ax_s.legend()
 ax_b.plot(mu_grid, [c["bias_rel_k2"] for c in closed], color=COLORS["k2"], label="k2 exact: μ²/4")
 ax_b.errorbar(MUS_MC, [sweep[m]["k2"]["bias_rel"] for m in MUS_MC],
               yerr=[2 * sweep[m]["k2"]["se_bias_rel"] for m in MUS_MC], fmt="o", ms=4, color=COLORS["k2"],
@@ -372,7 +380,7 @@ ax_b.axhline(0.0, color=COLORS["k3"], lw=2, label="k1 and k3: 0 (unbiased)")
 ax_b.set_xlabel("μ")
 ax_b.set_ylabel("bias / true KL")
 ax_b.set_title("bias: only k2 has one, and it grows like μ²/4")
-ax_b.legend(fontsize=7.5)
+ax_b.legend()
 display(fig)
 
 # %%
@@ -442,7 +450,7 @@ ax_l.axhline(1.0, color=COLORS["k3"], ls="--", label="λ = 1 (k3)")
 ax_l.set_xlabel("μ")
 ax_l.set_ylabel("best λ")
 ax_l.set_title("the best coefficient falls as p moves away")
-ax_l.legend(fontsize=7.5)
+ax_l.legend()
 best_std = [math.sqrt(c["var_k1"] - c["var_k1"]**2 / c["var_r"]) / c["true_kl"] for c in closed]
 ax_v.plot(mu_grid, [c["std_rel_k1"] for c in closed], color=COLORS["k1"], label="k1 (λ = 0)")
 ax_v.plot(mu_grid, [c["std_rel_k3"] for c in closed], color=COLORS["k3"], label="k3 (λ = 1)")
@@ -451,7 +459,7 @@ ax_v.set_yscale("log")
 ax_v.set_xlabel("μ")
 ax_v.set_ylabel("std / true KL of one sample")
 ax_v.set_title("k3 is near-best only when p is close to q")
-ax_v.legend(fontsize=7.5)
+ax_v.legend()
 display(fig)
 
 # %%
@@ -491,7 +499,7 @@ lambda_panel
 #
 # - **Direction:** the sampler fixes it. With x ∼ q and log r = log p(x) − log q(x), k1, k2, k3 all estimate KL(q‖p).
 # - **k1 = −log r** is unbiased but negative on a fraction P_q(p > q) of the samples: almost half for two close Gaussians, 2–17 % for this lesson's token pairs; its relative spread (2/μ for the Gaussians) explodes as the policies get close.
-# - **k2 = ½(log r)²** is never negative and has low variance near p = q, but it is biased: E[k2] − KL = −E[u³]/6 − E[u⁴]/24 − … (u = log r), third order with the sign of −skew(log r). For the symmetric Gaussian pair only the positive μ⁴/8 is left (bias/true = μ²/4; Schulman's 0.002 is the exact 0.0025 plus Monte Carlo noise); on tokens it was −9 % to −47 %, at KLs far below 0.1.
+# - **k2 = ½(log r)²** is never negative and has low variance near p = q, but it is biased: E[k2] − KL = −E[u³]/6 − E[u⁴]/24 − … (u = log r), third order with the sign of −skew(log r). For the symmetric Gaussian pair only the positive μ⁴/8 is left (bias/true = μ²/4; Schulman's 0.002 is the exact 0.0025 plus Monte Carlo noise); on this lesson's token pairs it was −9 % (KL 0.02), −39 % (KL 0.04) and −34 % (KL 0.30), and −49 % at a KL just under 0.1.
 # - **k3 = (r − 1) − log r** is unbiased *and* never negative; it is k1 plus the zero-mean control variate r − 1, which cancels k1's first-order term: k3 = u²/2 + u³/6 + …, so its spread is of the size of the KL (std/true → √2 for Gaussians, 1.84 for the sofa push) while k1's is of the size of the distance.
 # - **Cov(log r, r) = KL(q‖p) + KL(p‖q) ≥ 0**: this is why adding r − 1 to k1 cancels noise, and it gives the best coefficient λ* = (KL(q‖p) + KL(p‖q))/χ²(p‖q), which is μ²/(e^(μ²) − 1) for Gaussians.
 # - **Far apart, k1 wins:** Var k3 = e^(μ²) − 1 − μ² overtakes Var k1 = μ² at μ ≈ 1.12 (KL ≈ 0.63 nats), and is infinite when σ_p² ≥ 2σ_q².

@@ -188,7 +188,7 @@ display(fig)
 # ## 3. $k_2$: not an f-divergence, but close to KL
 #
 # $\mathbb{E}_q[k_2] = \mathbb{E}_q[\tfrac12(\log r)^2]$ has the form $\mathbb{E}_q[f(r)]$ with $f(t) = \tfrac12(\log t)^2$.
-# Schulman's note calls this an f-divergence ("the f-divergence where f(x) = ½(log x)²", in the paragraph on why k2 has low bias). That is loose: an f-divergence needs a convex $f$. Is this $f$ convex? Its curvature is
+# Schulman's note explains k2's low bias this way: "its expectation is an f-divergence", namely "the f-divergence where f(x) = ½(log x)²" (the passage that follows the definition of k2). That is loose, by the note's own definition, which asks for a convex $f$. Is this $f$ convex? Its curvature is
 # $$f''(t) = \frac{1 - \log t}{t^2},$$
 # positive for $t < e$ and **negative for $t > e$**. So $\mathbb{E}_q[k_2]$ is not an f-divergence in the strict sense. On a log axis the curve looks convex everywhere (it is a parabola in $\log t$); on a linear axis a chord between two ratios beyond $e$ lies *below* it, the mark of a concave stretch:
 
@@ -284,7 +284,7 @@ ax_r.plot(pushes, rel_tok, color=COLORS["k2"], lw=1.8, label="twelve tokens: (E_
 ax_r.axhline(0, color="black", lw=0.6)
 ax_r.fill_between(pushes, rel_tok, 0, where=rel_tok < 0, color=COLORS["k2"], alpha=0.2, lw=0,
                   label="below zero: k2 underestimates")
-ax_r.set_ylim(-0.25, 0.6)
+ax_r.set_ylim(-0.25, 1.0)
 ax_r.set_xlabel("push on ' sofa' (logit added in p)")
 ax_r.set_ylabel("(E[k2] − KL) / KL")
 ax_r.set_title("tokens: the gap dips below zero first")
@@ -295,13 +295,16 @@ print(f"tokens: largest undershoot {gap_tok.min():.4f} at push {pushes[gap_tok.a
 assert gap_tok.min() < 0 and 1.0 < pushes[gap_tok.argmin()] < 3.0 and gap_tok[-1] > 0
 assert np.all(k2_g >= kl_g)                                      # Gaussians: always an overshoot
 cross = float(pushes[1:][(gap_tok[1:] > 0) & (gap_tok[:-1] <= 0)][0])
-print(f"E[k2] - KL < 0 for every push up to {cross:.2f}; bias/true {gap_tok[16] / kl_tok[16]:+.3f} at push {pushes[16]:.2f}")
+lp1 = move_policy(log_q, push=1.0, push_token=1).exp()                 # a push of 1 (lesson 00's default)
+rel_at_1 = float(f_divergence("k2", q, lp1) / f_divergence("-log t", q, lp1)) - 1
+print(f"E[k2] - KL < 0 for every push up to {cross:.2f}; bias/true {rel_at_1:+.3f} at a push of 1")
 assert np.all(gap_tok[1:][pushes[1:] < cross - 0.1] < 0) and 2.0 < cross < 5.0
+assert round(rel_at_1, 3) == -0.146 and np.nanmax(rel_tok) < 1.0               # and the whole curve is in the plot
 
 # %% [markdown]
 # For the Gaussians the curves coincide when close and $\mathbb{E}[k_2]$ overshoots far apart (the gap $\mu^4/8$ is
 # of fourth order and positive, because $\log r$ is symmetric there). On the tokens the gap is *negative* from the
-# first push on, about −15 % of the KL at a push of 1, and turns positive only for a large push (printed above):
+# first push on, about −15 % of the KL at a push of 1 (−14.6 %, as in lesson 00's panel), and turns positive only for a large push (printed above):
 # it starts at third order, $-\mathbb{E}_q[(\log r)^3]/6$, with the sign of $-$skew$(\log r)$ (lesson 02 derives it
 # and checks it term by term).
 #
@@ -550,10 +553,10 @@ assert klviz.check.lesson03.kl_pq_estimator(kl_pq_estimator)
 # $t$ values in, a tensor out). (b) Set `CONCAVE_FROM` to the ratio $t$ beyond which $f'' < 0$.
 
 # %%
-def k2_curvature(t):
+def k2_curvature(t):     # (a) f''(t) for f(t) = ½ (log t)², a tensor of t values in, a tensor out
     ...
 
-CONCAVE_FROM = ...
+CONCAVE_FROM = ...       # (b) the ratio t beyond which f'' < 0
 
 display(klviz.check.lesson03.k2_curvature(k2_curvature))
 klviz.check.lesson03.concave_from(CONCAVE_FROM)
