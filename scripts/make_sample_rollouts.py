@@ -12,7 +12,13 @@ The batch is what an RL trainer holds just before its update: responses sampled 
 
 plus ``response_mask`` (1 on response tokens up to and including EOS) and ``input_ids`` (the
 character ids, so a lesson can show which tokens stand out). Same seed, same file (on one CPU type).
+
+It also writes ``klviz/data/sample_rollouts_mismatch.npz``: the same kind of batch sampled by a
+rollout *engine* of the old policy that differs the way real engines do (bfloat16 numerics, top-p
+0.8; ``klviz.mismatch``), with the engine's log-probs as ``rollout_logprob`` and the float32
+trainer's recompute as ``logprob`` (``old_log_prob``): ``klviz diagnose`` then reports the mismatch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from klviz import lm
+from klviz import lm, mismatch
 from klviz.devices import make_generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,17 +52,43 @@ def make(seed: int = 0) -> dict[str, np.ndarray]:
     return arrays
 
 
+#: The engine of the mismatched sample: what a vLLM-style engine in bf16 with nucleus sampling does.
+MISMATCH_ENGINE = mismatch.EngineSpec(precision="bfloat16", top_p=0.8)
+
+
+def make_mismatched(seed: int = 0) -> dict[str, np.ndarray]:
+    torch.set_num_threads(1)
+    ref, old = lm.load_tiny_lm("ref"), lm.load_tiny_lm("old")
+    prompts = [p for p in lm.PROMPTS for _ in range(REPEATS)]
+    batch = mismatch.sample_engine(old, prompts, make_generator(seed), MISMATCH_ENGINE, max_new_tokens=MAX_NEW_TOKENS)
+    ro, mask = batch.rollouts, batch.mask.bool()
+    out = {
+        "logprob": mismatch.trainer_logprobs(old, batch),
+        "rollout_logprob": batch.engine_logprob,
+        "ref_logprob": lm.logprobs_of(ref, ro),
+    }
+    arrays = {k: torch.where(mask, v, torch.zeros(())).float().numpy() for k, v in out.items()}
+    arrays["response_mask"] = mask.numpy().astype(np.int8)
+    arrays["input_ids"] = ro.input_ids.numpy().astype(np.int8)
+    return arrays
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "klviz" / "data" / "sample_rollouts.npz")
     args = ap.parse_args()
-    arrays = make(args.seed)
-    np.savez_compressed(args.out, **arrays)
-    size = args.out.stat().st_size
-    shape = arrays["logprob"].shape
-    print(f"wrote {args.out} ({size / 1024:.0f} KiB): batch {shape[0]}, tokens {shape[1]}, "
-          f"{int(arrays['response_mask'].sum())} response tokens")
+    for out, arrays in (
+        (args.out, make(args.seed)),
+        (args.out.with_name(args.out.stem + "_mismatch.npz"), make_mismatched(args.seed)),
+    ):
+        np.savez_compressed(out, **arrays)
+        size = out.stat().st_size
+        shape = arrays["logprob"].shape
+        print(
+            f"wrote {out} ({size / 1024:.0f} KiB): batch {shape[0]}, tokens {shape[1]}, "
+            f"{int(arrays['response_mask'].sum())} response tokens"
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Tests of ``klviz diagnose``: safe loading, validation, the numbers of the report, the CLI contract."""
+
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ from klviz import diagnose as dg
 
 # -- synthetic rollouts with a known exact KL --------------------------------------------------
 
+
 def _batch(seed=0, B=24, T=30, V=40, spread=0.4, sampler_temp=1.0, old_shift=0.0):
     """Tokens sampled from pi (or from pi_old when old_shift > 0) with the exact per-position KL."""
     g = torch.Generator().manual_seed(seed)
@@ -29,10 +31,12 @@ def _batch(seed=0, B=24, T=30, V=40, spread=0.4, sampler_temp=1.0, old_shift=0.0
     x = torch.multinomial(sampler.reshape(-1, V), 1, generator=g).reshape(B, T, 1)
     L = torch.randint(3, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None] < L[:, None]).to(torch.int64)
-    exact = (lpol.exp() * (lpol - lref)).sum(-1)          # KL(pi || ref) per position
+    exact = (lpol.exp() * (lpol - lref)).sum(-1)  # KL(pi || ref) per position
     return {
-        "logprob": lpol.gather(-1, x)[..., 0].float(), "ref_logprob": lref.gather(-1, x)[..., 0].float(),
-        "response_mask": mask, "old_logprob": lold.gather(-1, x)[..., 0].float(),
+        "logprob": lpol.gather(-1, x)[..., 0].float(),
+        "ref_logprob": lref.gather(-1, x)[..., 0].float(),
+        "response_mask": mask,
+        "old_logprob": lold.gather(-1, x)[..., 0].float(),
         "exact_token_mean": float((exact * mask).sum() / mask.sum()),
     }
 
@@ -60,6 +64,7 @@ def assert_one_line_error(code, err):
 
 
 # -- good files --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("suffix", [".npz", ".pt", ".safetensors"])
 def test_good_dump_each_format(tmp_path, capsys, suffix):
@@ -136,16 +141,16 @@ def test_sampling_mismatch_is_flagged():
 def test_clamp_fractions_and_large_tokens():
     lp = torch.full((2, 5), -1.0, dtype=torch.float64)
     ref = lp.clone()
-    ref[0, 0] = -1.0 + 12.0        # log r = +12: k1 = -12 (OpenRLHF clamps), k3 = e^12 - 13 (> 10)
-    ref[0, 1] = -1.0 - 25.0        # log r = -25: verl's input clamp acts; k3 = 24 + e^-25 > 10
-    ref[1, 0] = -1.0 + 5.0         # log r = 5: k3 = e^5 - 6 ≈ 142 > 10, k1 = -5 not clamped
+    ref[0, 0] = -1.0 + 12.0  # log r = +12: k1 = -12 (OpenRLHF clamps), k3 = e^12 - 13 (> 10)
+    ref[0, 1] = -1.0 - 25.0  # log r = -25: verl's input clamp acts; k3 = 24 + e^-25 > 10
+    ref[1, 0] = -1.0 + 5.0  # log r = 5: k3 = e^5 - 6 ≈ 142 > 10, k1 = -5 not clamped
     mask = torch.ones(2, 5, dtype=torch.bool)
     d = dg.diagnose(dg.rollouts_from_tensors(lp, ref, mask))
     frac = {label: v["count"] for label, v in d.clamps.items()}
     assert frac["verl low_var_kl: log r clamped to ±20 (also NeMo-RL)"] == 1
     assert frac["verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"] == 3
     assert frac["OpenRLHF: k1 clamped to ±10"] == 2
-    assert frac["OpenRLHF: k2 clamped to ≤ 10"] == 3     # ½·25 = 12.5 > 10 too
+    assert frac["OpenRLHF: k2 clamped to ≤ 10"] == 3  # ½·25 = 12.5 > 10 too
     assert frac["OpenRLHF: k3 clamped to ≤ 10"] == 3
     assert frac["open-instruct: log r clamped to ±40"] == 0
     # NeMo-RL clamps k1 and k2 too; its ±20 input clamp cannot act once the ±10 output clamp has
@@ -157,7 +162,9 @@ def test_clamp_fractions_and_large_tokens():
     # verl's low_var_kl (both clamps) vs raw k3: each clamped token contributes (10 - k3) / 10 tokens
     k3 = lambda x: math.expm1(x) - x  # noqa: E731
     expected = ((10 - k3(12)) + (10 - k3(-25)) + (10 - k3(5))) / 10
-    assert d.clamps["verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"]["mean_shift"] == pytest.approx(expected, rel=1e-9)
+    assert d.clamps["verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"]["mean_shift"] == pytest.approx(
+        expected, rel=1e-9
+    )
     assert any("|log r| > 10" in t.message for t in d.trouble)
 
 
@@ -200,10 +207,29 @@ def test_identical_policies():
 def test_renamed_keys(tmp_path, capsys):
     b = _batch(seed=2)
     path = tmp_path / "verl.pt"
-    torch.save({"batch": {"old_log_probs": b["logprob"], "ref_log_prob": b["ref_logprob"],
-                          "response_mask": b["response_mask"]}}, path)
-    code, out, err = run_cli(["diagnose", str(path), "--logprob-key", "batch.old_log_probs",
-                              "--ref-key", "batch.ref_log_prob", "--mask-key", "batch.response_mask"], capsys)
+    torch.save(
+        {
+            "batch": {
+                "old_log_probs": b["logprob"],
+                "ref_log_prob": b["ref_logprob"],
+                "response_mask": b["response_mask"],
+            }
+        },
+        path,
+    )
+    code, out, err = run_cli(
+        [
+            "diagnose",
+            str(path),
+            "--logprob-key",
+            "batch.old_log_probs",
+            "--ref-key",
+            "batch.ref_log_prob",
+            "--mask-key",
+            "batch.response_mask",
+        ],
+        capsys,
+    )
     assert code == 0, err
     code, out, err = run_cli(["diagnose", str(path)], capsys)
     assert_one_line_error(code, err)
@@ -233,6 +259,7 @@ def test_version_and_help(capsys):
 
 
 # -- bad files: one line, exit 2, nothing executed ---------------------------------------------
+
 
 class _Evil:
     def __init__(self, marker):
@@ -277,8 +304,9 @@ def test_console_script_refuses_pickle_without_traceback(tmp_path):
     path = tmp_path / "evil.pt"
     with open(path, "wb") as f:
         pickle.dump(_Evil(marker), f, protocol=2)
-    proc = subprocess.run([sys.executable, "-m", "klviz.cli", "diagnose", str(path)], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "klviz.cli", "diagnose", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
@@ -301,8 +329,12 @@ def test_missing_key(tmp_path, capsys):
 
 def test_shape_mismatch(tmp_path, capsys):
     b = _batch()
-    p = _npz(tmp_path / "s.npz", logprob=b["logprob"].numpy(), ref_logprob=b["ref_logprob"][:, :7].numpy(),
-             response_mask=b["response_mask"].numpy())
+    p = _npz(
+        tmp_path / "s.npz",
+        logprob=b["logprob"].numpy(),
+        ref_logprob=b["ref_logprob"][:, :7].numpy(),
+        response_mask=b["response_mask"].numpy(),
+    )
     code, _, err = run_cli(["diagnose", str(p)], capsys)
     assert_one_line_error(code, err)
     assert "(24, 7)" in err and "(24, 30)" in err
@@ -317,13 +349,18 @@ def test_not_two_dimensional(tmp_path, capsys):
 
 def test_wrong_dtypes(tmp_path, capsys):
     b = _batch()
-    p = _npz(tmp_path / "i.npz", logprob=b["logprob"].numpy().astype(np.int64),
-             ref_logprob=b["ref_logprob"].numpy(), response_mask=b["response_mask"].numpy())
+    p = _npz(
+        tmp_path / "i.npz",
+        logprob=b["logprob"].numpy().astype(np.int64),
+        ref_logprob=b["ref_logprob"].numpy(),
+        response_mask=b["response_mask"].numpy(),
+    )
     code, _, err = run_cli(["diagnose", str(p)], capsys)
     assert_one_line_error(code, err)
     assert "'logprob' has dtype int64" in err
-    p = _npz(tmp_path / "s.npz", logprob=np.array([["a", "b"]]), ref_logprob=np.zeros((1, 2)),
-             response_mask=np.ones((1, 2)))
+    p = _npz(
+        tmp_path / "s.npz", logprob=np.array([["a", "b"]]), ref_logprob=np.zeros((1, 2)), response_mask=np.ones((1, 2))
+    )
     code, _, err = run_cli(["diagnose", str(p)], capsys)
     assert_one_line_error(code, err)
     assert "'logprob'" in err and "expected numbers" in err
@@ -331,8 +368,9 @@ def test_wrong_dtypes(tmp_path, capsys):
 
 def test_object_array_in_npz_refused(tmp_path, capsys):
     p = tmp_path / "o.npz"
-    np.savez(p, logprob=np.array([[{"a": 1}]], dtype=object), ref_logprob=np.zeros((1, 1)),
-             response_mask=np.ones((1, 1)))
+    np.savez(
+        p, logprob=np.array([[{"a": 1}]], dtype=object), ref_logprob=np.zeros((1, 1)), response_mask=np.ones((1, 1))
+    )
     code, _, err = run_cli(["diagnose", str(p)], capsys)
     assert_one_line_error(code, err)
     assert "refused" in err
@@ -345,8 +383,12 @@ def test_bad_mask(tmp_path, capsys):
     code, _, err = run_cli(["diagnose", str(p)], capsys)
     assert_one_line_error(code, err)
     assert "only 0 and 1" in err
-    p = _npz(tmp_path / "z.npz", logprob=b["logprob"].numpy(), ref_logprob=b["ref_logprob"].numpy(),
-             response_mask=np.zeros((24, 30)))
+    p = _npz(
+        tmp_path / "z.npz",
+        logprob=b["logprob"].numpy(),
+        ref_logprob=b["ref_logprob"].numpy(),
+        response_mask=np.zeros((24, 30)),
+    )
     code, _, err = run_cli(["diagnose", str(p)], capsys)
     assert_one_line_error(code, err)
     assert "selects no token" in err
@@ -358,14 +400,14 @@ def test_nan_and_inf_are_reported(tmp_path, capsys):
     ref = b["ref_logprob"].numpy().copy()
     lp[0, 0] = np.nan
     ref[1, 1] = -np.inf
-    lp[0, 29] = np.nan      # beyond the mask of row 0? only counts if masked in
+    lp[0, 29] = np.nan  # beyond the mask of row 0? only counts if masked in
     p = _npz(tmp_path / "n.npz", logprob=lp, ref_logprob=ref, response_mask=b["response_mask"].numpy())
     code, out, err = run_cli(["diagnose", str(p)], capsys)
     assert_one_line_error(code, err)
     assert "NaN or inf" in err
     n_expected = 2 + int(b["response_mask"][0, 29])
     assert f"{n_expected} counted token(s)" in err
-    assert "NaN or inf log-probs at counted tokens" in out      # the report still comes, with the sign
+    assert "NaN or inf log-probs at counted tokens" in out  # the report still comes, with the sign
     d = dg.diagnose(dg.load_rollouts(p))
     assert all(math.isfinite(v) for e in d.estimates.values() for v in e.values())
 
@@ -380,15 +422,18 @@ def test_nan_only_in_padding_is_fine(tmp_path, capsys):
     assert code == 0, err
 
 
-@pytest.mark.parametrize("name,content,expect", [
-    ("x.txt", b"logprob,ref\n", "not a recognised"),
-    ("x.pkl", b"\x80\x04K\x01.", "not a recognised"),
-    ("x.npz", b"hello world", "no zip signature"),
-    ("x.pt", b"hello world", "not a torch.save file"),
-    ("p0.pt", b"cposix\nsystem\n(S'touch /tmp/klviz_never'\ntR.", "nothing in it was executed"),
-    ("x.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{bad json", "not a readable .safetensors"),
-    ("e.npz", b"", "is empty"),
-])
+@pytest.mark.parametrize(
+    "name,content,expect",
+    [
+        ("x.txt", b"logprob,ref\n", "not a recognised"),
+        ("x.pkl", b"\x80\x04K\x01.", "not a recognised"),
+        ("x.npz", b"hello world", "no zip signature"),
+        ("x.pt", b"hello world", "not a torch.save file"),
+        ("p0.pt", b"cposix\nsystem\n(S'touch /tmp/klviz_never'\ntR.", "nothing in it was executed"),
+        ("x.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{bad json", "not a readable .safetensors"),
+        ("e.npz", b"", "is empty"),
+    ],
+)
 def test_unrecognised_or_corrupt_files(tmp_path, capsys, name, content, expect):
     p = tmp_path / name
     p.write_bytes(content)
@@ -401,7 +446,7 @@ def test_missing_file_and_directory(tmp_path, capsys):
     code, _, err = run_cli(["diagnose", str(tmp_path / "nope.npz")], capsys)
     assert_one_line_error(code, err)
     assert "no such file" in err
-    code, _, err = run_cli(["diagnose", str(tmp_path)], capsys)     # a folder is a run: here an empty one
+    code, _, err = run_cli(["diagnose", str(tmp_path)], capsys)  # a folder is a run: here an empty one
     assert_one_line_error(code, err)
     assert "directory" in err and "holds no dump" in err
 
@@ -432,14 +477,21 @@ def test_save_rollouts_rejects_bad_suffix(tmp_path):
 def test_float16_and_bfloat16_dumps_are_read(tmp_path, capsys):
     b = _batch()
     p = tmp_path / "h.pt"
-    torch.save({"logprob": b["logprob"].to(torch.bfloat16), "ref_logprob": b["ref_logprob"].half(),
-                "response_mask": b["response_mask"].bool()}, p)
+    torch.save(
+        {
+            "logprob": b["logprob"].to(torch.bfloat16),
+            "ref_logprob": b["ref_logprob"].half(),
+            "response_mask": b["response_mask"].bool(),
+        },
+        p,
+    )
     code, out, err = run_cli(["diagnose", str(p)], capsys)
     assert code == 0, err
     assert "bfloat16" in out and "float16" in out
 
 
 # -- the shipped sample ------------------------------------------------------------------------
+
 
 def test_sample_dump_is_shipped_and_diagnosed(capsys):
     path = dg.sample_rollouts_path()
@@ -454,10 +506,13 @@ def test_sample_dump_is_shipped_and_diagnosed(capsys):
 
 # -- hostile files: refused from their headers, with memory measured -----------------------------
 
+
 def _peak_rss_of_cli(path, *extra):
     """Exit status, stderr and peak resident MiB of ``klviz diagnose PATH`` in a fresh process."""
-    code = ("import resource, sys\nfrom klviz.cli import main\nrc = main(['diagnose', *sys.argv[1:]])\n"
-            "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr)\nsys.exit(rc)")
+    code = (
+        "import resource, sys\nfrom klviz.cli import main\nrc = main(['diagnose', *sys.argv[1:]])\n"
+        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr)\nsys.exit(rc)"
+    )
     done = subprocess.run([sys.executable, "-c", code, str(path), *extra], capture_output=True, text=True, timeout=240)
     lines = done.stderr.strip().splitlines()
     peak = int(lines[-1].split()[1])
@@ -518,8 +573,14 @@ def test_non_contiguous_views_are_read_correctly(tmp_path):
     wide = torch.zeros(24, 45)
     wide[:, 15:] = b["logprob"]
     p = tmp_path / "view.pt"
-    torch.save({"logprob": wide[:, 15:], "ref_logprob": b["ref_logprob"].t().contiguous().t(),
-                "response_mask": b["response_mask"]}, p)
+    torch.save(
+        {
+            "logprob": wide[:, 15:],
+            "ref_logprob": b["ref_logprob"].t().contiguous().t(),
+            "response_mask": b["response_mask"],
+        },
+        p,
+    )
     r = dg.load_rollouts(p)
     assert torch.equal(r.logprob.float(), b["logprob"]) and torch.equal(r.ref_logprob.float(), b["ref_logprob"])
 
@@ -527,8 +588,12 @@ def test_non_contiguous_views_are_read_correctly(tmp_path):
 def test_big_endian_arrays(tmp_path, capsys):
     b = _batch(seed=6)
     p = tmp_path / "be.npz"
-    np.savez(p, logprob=b["logprob"].numpy().astype(">f8"), ref_logprob=b["ref_logprob"].numpy().astype(">f4"),
-             response_mask=b["response_mask"].numpy().astype(">i4"))
+    np.savez(
+        p,
+        logprob=b["logprob"].numpy().astype(">f8"),
+        ref_logprob=b["ref_logprob"].numpy().astype(">f4"),
+        response_mask=b["response_mask"].numpy().astype(">i4"),
+    )
     d = dg.diagnose(p)
     ref = dg.diagnose(dg.rollouts_from_tensors(b["logprob"], b["ref_logprob"], b["response_mask"]))
     assert d.estimates["k3"]["token_mean"] == pytest.approx(ref.estimates["k3"]["token_mean"], rel=1e-6)
@@ -551,6 +616,7 @@ def test_allocation_failure_is_one_line(tmp_path, capsys, monkeypatch):
 
     def boom(*_a, **_k):
         raise MemoryError
+
     monkeypatch.setattr(dg, "diagnose", boom)
     code, _out, err = run_cli(["diagnose", str(p)], capsys)
     assert_one_line_error(code, err)
@@ -566,6 +632,7 @@ def test_max_tokens_cap(good, capsys):
 
 # -- streaming equals the whole-tensor computation ----------------------------------------------
 
+
 def test_streaming_chunks_give_the_same_numbers():
     b = _batch(seed=8, B=40, old_shift=0.3)
     r = dg.rollouts_from_tensors(b["logprob"], b["ref_logprob"], b["response_mask"], b["old_logprob"])
@@ -573,14 +640,18 @@ def test_streaming_chunks_give_the_same_numbers():
     for k in ("k1", "k2", "k3"):
         for f in ("token_mean", "token_mean_se", "seq_sum_mean", "seq_token_mean", "token_std"):
             assert chunked.estimates[k][f] == pytest.approx(whole.estimates[k][f], rel=1e-10)
-    m, se = klviz.statistics.clustered_mean_se(klviz.kernel.k3(b["ref_logprob"].double() - b["logprob"].double()),
-                                               b["response_mask"].bool())
-    assert whole.estimates["k3"]["token_mean"] == pytest.approx(m) and whole.estimates["k3"]["token_mean_se"] == pytest.approx(se)
+    m, se = klviz.statistics.clustered_mean_se(
+        klviz.kernel.k3(b["ref_logprob"].double() - b["logprob"].double()), b["response_mask"].bool()
+    )
+    assert whole.estimates["k3"]["token_mean"] == pytest.approx(m) and whole.estimates["k3"][
+        "token_mean_se"
+    ] == pytest.approx(se)
     for label in whole.clamps:
         assert chunked.clamps[label]["count"] == whole.clamps[label]["count"]
 
 
 # -- what an engineer looks for -------------------------------------------------------------------
+
 
 def _codes(d):
     return {t.code: t.severity for t in d.trouble}
@@ -613,8 +684,10 @@ def test_shifted_mask_is_flagged(direction):
 
 def test_bf16_storage_is_flagged_with_its_bias(tmp_path):
     b = _batch(seed=10, B=64, spread=0.05)
-    for name, lp, ref in (("stored", b["logprob"].bfloat16(), b["ref_logprob"].bfloat16()),
-                          ("rounded", b["logprob"].bfloat16().float(), b["ref_logprob"].bfloat16().float())):
+    for name, lp, ref in (
+        ("stored", b["logprob"].bfloat16(), b["ref_logprob"].bfloat16()),
+        ("rounded", b["logprob"].bfloat16().float(), b["ref_logprob"].bfloat16().float()),
+    ):
         p = tmp_path / f"{name}.pt"
         torch.save({"logprob": lp, "ref_logprob": ref, "response_mask": b["response_mask"]}, p)
         d = dg.diagnose(p)
@@ -631,7 +704,7 @@ def test_trl_invalid_logprob_padding_is_named():
     lp, ref = b["logprob"].masked_fill(~m, 1.0), b["ref_logprob"].masked_fill(~m, 1.0)
     d = dg.diagnose(dg.rollouts_from_tensors(lp, ref, m))
     assert _codes(d).get("trl_padding") == "info" and "positive_logprobs" not in _codes(d)
-    d = dg.diagnose(dg.rollouts_from_tensors(lp, ref, torch.ones_like(m)))        # the mask counts the padding
+    d = dg.diagnose(dg.rollouts_from_tensors(lp, ref, torch.ones_like(m)))  # the mask counts the padding
     assert _codes(d).get("trl_padding_counted") == "error" and "positive_logprobs" not in _codes(d)
     assert any("INVALID_LOGPROB" in t.message for t in d.trouble)
 
@@ -687,8 +760,12 @@ def test_temperature_mismatch_and_clean_control_through_json(tmp_path, capsys):
 def test_fail_on(tmp_path, capsys):
     b = _batch(seed=14)
     m = b["response_mask"].bool()
-    p = dg.save_rollouts(tmp_path / "pad.npz", b["logprob"].masked_fill(~m, 1.0), b["ref_logprob"].masked_fill(~m, 1.0),
-                         torch.ones_like(m))
+    p = dg.save_rollouts(
+        tmp_path / "pad.npz",
+        b["logprob"].masked_fill(~m, 1.0),
+        b["ref_logprob"].masked_fill(~m, 1.0),
+        torch.ones_like(m),
+    )
     assert cli.main(["diagnose", str(p), "--fail-on", "error"]) == 1
     good = dg.save_rollouts(tmp_path / "ok.npz", b["logprob"], b["ref_logprob"], b["response_mask"])
     assert cli.main(["diagnose", str(good), "--fail-on", "error", "--json"]) == 0
@@ -709,10 +786,24 @@ def test_logged_values_are_matched(tmp_path, capsys):
     trl_kl = float(fw.trl_ppo_kl(old, ref, m)["logged"])
     d = dg.diagnose(p)
     se = d.estimates["k3"]["token_mean_se"]
-    code, text, err = run_cli(["diagnose", str(p), "--json", "--logged", f"actor/kl_loss={kl_loss}",
-                               "--logged", f"actor/ppo_kl={ppo_kl}", "--logged", f"actor/reward_kl_penalty={in_reward}",
-                               "--logged", f"objective/kl={trl_kl}", "--logged", f"actor/kl_loss={kl_loss + 20 * se}"],
-                              capsys)
+    code, text, err = run_cli(
+        [
+            "diagnose",
+            str(p),
+            "--json",
+            "--logged",
+            f"actor/kl_loss={kl_loss}",
+            "--logged",
+            f"actor/ppo_kl={ppo_kl}",
+            "--logged",
+            f"actor/reward_kl_penalty={in_reward}",
+            "--logged",
+            f"objective/kl={trl_kl}",
+            "--logged",
+            f"actor/kl_loss={kl_loss + 20 * se}",
+        ],
+        capsys,
+    )
     assert code == 0, err
     items = json.loads(text)["logged"]
     assert [i["consistent"] for i in items] == [True, True, True, True, False]
@@ -736,17 +827,23 @@ def test_tokens_and_token_ids_with_vocab(tmp_path):
     assert tr["distinct"] == 5 and len(tr["k3"]) == 5
     assert sum(x["count"] for x in tr["k3"]) == d.n_tokens
     assert all("\x1b" not in x["token"] for x in tr["k3"])
-    strings = np.array([["t%d" % (j % 3) for j in range(30)] for _ in range(24)])
+    strings = np.array([[f"t{j % 3}" for j in range(30)] for _ in range(24)])
     p2 = tmp_path / "tok.npz"
-    np.savez(p2, logprob=b["logprob"].numpy(), ref_logprob=b["ref_logprob"].numpy(),
-             response_mask=b["response_mask"].numpy(), tokens=strings)
+    np.savez(
+        p2,
+        logprob=b["logprob"].numpy(),
+        ref_logprob=b["ref_logprob"].numpy(),
+        response_mask=b["response_mask"].numpy(),
+        tokens=strings,
+    )
     assert dg.diagnose(p2).token_report["distinct"] == 3
 
 
 def test_ratio_histogram_and_clip_fraction():
     b = _batch(seed=17, old_shift=0.5)
-    d = dg.diagnose(dg.rollouts_from_tensors(b["logprob"], b["ref_logprob"], b["response_mask"], b["old_logprob"]),
-                    clip=0.2)
+    d = dg.diagnose(
+        dg.rollouts_from_tensors(b["logprob"], b["ref_logprob"], b["response_mask"], b["old_logprob"]), clip=0.2
+    )
     rho = torch.exp(b["logprob"].double() - b["old_logprob"].double())[b["response_mask"].bool()]
     assert d.ratio["clip_fraction"] == pytest.approx(float(((rho - 1).abs() > 0.2).double().mean()))
     assert sum(d.ratio["log_rho_hist"]) == d.n_tokens
@@ -760,8 +857,22 @@ def test_engine_mismatch_section_equals_mismatch_metrics():
     ro = b["logprob"] + 0.05 * torch.randn(b["logprob"].shape, generator=g)
     d = dg.diagnose(dg.rollouts_from_tensors(b["logprob"], b["ref_logprob"], b["response_mask"], rollout_logprob=ro))
     ref = mismatch.mismatch_metrics(b["logprob"], ro, b["response_mask"].bool())
-    for key in ("k1", "k2", "k3", "k1_se", "k3_se", "mean_ratio", "mean_ratio_se", "chi2_token", "chi2_seq", "ppl_ratio",
-                "token_mult_prob_error", "seq_sum_k3", "seq_max_k3", "abs_diff_max"):
+    for key in (
+        "k1",
+        "k2",
+        "k3",
+        "k1_se",
+        "k3_se",
+        "mean_ratio",
+        "mean_ratio_se",
+        "chi2_token",
+        "chi2_seq",
+        "ppl_ratio",
+        "token_mult_prob_error",
+        "seq_sum_k3",
+        "seq_max_k3",
+        "abs_diff_max",
+    ):
         assert d.mismatch[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-9), key
     assert "engine_mismatch" in _codes(d)
     assert "Engine–trainer mismatch" in dg.format_report(d)
@@ -791,3 +902,23 @@ def test_format_guide_ships_with_the_package(capsys):
     assert code == 0 and "JSON report" in out and "rollout_logprob" in out
     done = subprocess.run([sys.executable, "-m", "klviz.cli", "diagnose", "--help"], capture_output=True, text=True)
     assert "rollout_format.md" in done.stdout
+
+
+def test_the_shipped_mismatched_sample_reports_the_engine_and_its_kept_mass():
+    """The second sample dump was sampled by a bf16, top-p 0.8 engine of the tiny LM and rescored by
+    the float32 trainer: diagnose must find the mismatch, and the mean ratio must sit at the kept
+    mass (below 1 by far more than its SE), as lesson 08 teaches."""
+    import json as _json
+    import subprocess
+    import sys
+
+    path = dg.sample_rollouts_path().with_name("sample_rollouts_mismatch.npz")
+    out = subprocess.run(
+        [sys.executable, "-m", "klviz.cli", "diagnose", str(path), "--json"], capture_output=True, text=True, check=True
+    ).stdout
+    report = _json.loads(out)
+    codes = {t["code"] for t in report["trouble"]}
+    assert {"engine_mismatch", "engine_support"} <= codes
+    mm = report["sections"]["mismatch"]
+    assert mm["mean_ratio"] < 1 - 10 * mm["mean_ratio_se"]
+    assert 0.9 < mm["mean_ratio"] < 1.0
