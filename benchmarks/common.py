@@ -7,6 +7,7 @@ round alike, so the ratio is much steadier than either time.
 
 Run a script from the repository root, e.g. ``python benchmarks/estimator_stats.py --repeat 9``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,25 +17,45 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from klviz.devices import describe_device, resolve_device
 
-__all__ = ["make_parser", "parse_args", "positive_int", "sync", "time_once", "rounds", "median", "p95",
-           "ratio_median", "print_header", "print_table", "fmt_ms", "fmt_ratio", "fmt_mib",
-           "verdict", "child_peak_memory", "peak_memory_in_child"]
+__all__ = [
+    "make_parser",
+    "parse_args",
+    "positive_int",
+    "sync",
+    "time_once",
+    "rounds",
+    "median",
+    "p95",
+    "ratio_median",
+    "print_header",
+    "print_table",
+    "fmt_ms",
+    "fmt_ratio",
+    "fmt_mib",
+    "verdict",
+    "child_peak_memory",
+    "peak_memory_in_child",
+]
 
 
 def make_parser(description: str, *, repeat: int = 7) -> argparse.ArgumentParser:
     """A parser with the options every benchmark takes: ``--device`` and ``--repeat``."""
-    parser = argparse.ArgumentParser(description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--device", default="cpu",
-                        help="where tensors live: cpu, cuda, cuda:1 (cuda needs a visible GPU)")
-    parser.add_argument("--repeat", type=_positive_int, default=repeat,
-                        help="timed rounds per method (the median is reported); one warm-up round comes first")
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument(
+        "--device", default="cpu", help="where tensors live: cpu, cuda, cuda:1 (cuda needs a visible GPU)"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=repeat,
+        help="timed rounds per method (the median is reported); one warm-up round comes first",
+    )
     return parser
 
 
@@ -73,8 +94,9 @@ def time_once(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def rounds(methods: dict[str, Callable[[], object]], repeat: int, device: torch.device,
-           warmup: int = 1) -> dict[str, list[float]]:
+def rounds(
+    methods: dict[str, Callable[[], object]], repeat: int, device: torch.device, warmup: int = 1
+) -> dict[str, list[float]]:
     """Time each method once per round for ``warmup + repeat`` rounds; return the timed rounds.
 
     The order rotates from round to round so that no method always runs first (on a warm cache)
@@ -83,7 +105,7 @@ def rounds(methods: dict[str, Callable[[], object]], repeat: int, device: torch.
     names = list(methods)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(warmup + repeat):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             t = time_once(methods[name], device)
             if r >= warmup:
@@ -128,9 +150,11 @@ def print_header(title: str, args: argparse.Namespace, **extra: object) -> None:
     print(f"== {title}")
     load = ""
     if hasattr(os, "getloadavg"):
-        load = " · load average %.2f %.2f %.2f" % os.getloadavg()
-    print(f"   device {describe_device(args.device)} · torch {torch.__version__} · python "
-          f"{platform.python_version()} · {os.cpu_count()} CPUs{load}")
+        load = " · load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    print(
+        f"   device {describe_device(args.device)} · torch {torch.__version__} · python "
+        f"{platform.python_version()} · {os.cpu_count()} CPUs{load}"
+    )
     settings = " · ".join(f"{k} {v}" for k, v in {"repeat": args.repeat, **extra}.items())
     print(f"   {settings}")
     sys.stdout.flush()
@@ -195,9 +219,10 @@ def peak_memory_in_child(script: str, argv: list[str]) -> int:
     done = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True, env=env)
     for line in done.stdout.splitlines():
         if line.startswith(_MARK):
-            return int(line[len(_MARK):])
-    raise RuntimeError(f"memory probe {' '.join(argv)} failed (exit {done.returncode}):\n"
-                       f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            return int(line[len(_MARK) :])
+    raise RuntimeError(
+        f"memory probe {' '.join(argv)} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    )
 
 
 def fmt_mib(nbytes: float) -> str:

@@ -9,6 +9,7 @@ process itself at exit) with the ratio. Targets: time ≤ 2.5×, peak memory ≤
 
 Run from the repository root: ``python benchmarks/diagnose.py`` (512 × 4096 float32, 2.1M tokens).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,24 +34,32 @@ from common import (
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_TARGET, MEMORY_TARGET, BIG_MEMORY_LIMIT = 2.5, 1.5, 2 * 2**30
-_PEAK = ("import atexit\n"
-         "def _peak():\n"
-         "    for line in open('/proc/self/status'):\n"
-         "        if line.startswith('VmHWM:'):\n"
-         "            print('PEAK_KIB=' + line.split()[1], flush=True)\n"
-         "atexit.register(_peak)\n")
-_PLAIN = _PEAK + """import sys, torch
+_PEAK = (
+    "import atexit\n"
+    "def _peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            print('PEAK_KIB=' + line.split()[1], flush=True)\n"
+    "atexit.register(_peak)\n"
+)
+_PLAIN = (
+    _PEAK
+    + """import sys, torch
 d = torch.load(sys.argv[1], weights_only=True)
 lp, ref, m = d["logprob"].double(), d["ref_logprob"].double(), d["response_mask"].bool()
 lr = (ref - lp)[m]
 print("k1", float((-lr).mean()), "k2", float((0.5 * lr * lr).mean()), "k3", float((torch.expm1(lr) - lr).mean()),
       "r", float(lr.exp().mean()))
 """
-_KLVIZ = _PEAK + """import sys
+)
+_KLVIZ = (
+    _PEAK
+    + """import sys
 from klviz.cli import main
 status = main(["diagnose", *sys.argv[1:]])
 sys.exit(status if status in (0, 1) else status)
 """
+)
 
 
 def make_dump(path: Path, batch: int, tokens: int, seed: int = 0) -> int:
@@ -58,7 +67,7 @@ def make_dump(path: Path, batch: int, tokens: int, seed: int = 0) -> int:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(tokens // 8, tokens + 1, (batch,), generator=g)
     mask = torch.arange(tokens)[None, :] < lengths[:, None]
-    lp = -torch.distributions.Exponential(1.0).sample((batch, tokens))           # log-probs of sampled tokens
+    lp = -torch.distributions.Exponential(1.0).sample((batch, tokens))  # log-probs of sampled tokens
     ref = lp + 0.3 * torch.randn(batch, tokens, generator=g) - 0.05
     lp, ref = lp.masked_fill(~mask, 0.0), ref.masked_fill(~mask, 0.0)
     torch.save({"logprob": lp.float(), "ref_logprob": ref.float(), "response_mask": mask.to(torch.int8)}, path)
@@ -82,8 +91,8 @@ def compare(path: Path, repeat: int, extra: list[str]) -> dict[str, list]:
     times = {name: [] for name in methods}
     peaks = {name: [] for name in methods}
     names = list(methods)
-    for r in range(1 + repeat):                      # one warm-up round (page cache, bytecode)
-        order = names[r % 2:] + names[:r % 2]
+    for r in range(1 + repeat):  # one warm-up round (page cache, bytecode)
+        order = names[r % 2 :] + names[: r % 2]
         for name in order:
             wall, peak, _out = run(*methods[name])
             if r:
@@ -99,22 +108,30 @@ def main() -> int:
     parser.add_argument("--big", action="store_true", help="also measure a 4096 x 4096 (16.8M-token) dump")
     parser.add_argument("--json", action="store_true", help="time klviz diagnose --json instead of the text report")
     args = parse_args(parser)
-    print_header("klviz diagnose vs a plain torch script (fresh processes: start-up, read, compute)", args,
-                 batch=args.batch, tokens=args.tokens)
+    print_header(
+        "klviz diagnose vs a plain torch script (fresh processes: start-up, read, compute)",
+        args,
+        batch=args.batch,
+        tokens=args.tokens,
+    )
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "dump.pt"
         n = make_dump(path, args.batch, args.tokens)
-        print(f"   dump: [{args.batch}, {args.tokens}] float32 .pt, {n:,} counted tokens, "
-              f"{path.stat().st_size / 2**20:.1f} MiB")
+        print(
+            f"   dump: [{args.batch}, {args.tokens}] float32 .pt, {n:,} counted tokens, "
+            f"{path.stat().st_size / 2**20:.1f} MiB"
+        )
         res = compare(path, args.repeat, ["--json"] if args.json else [])
         t, p = res["times"], res["peaks"]
         rows = [[name, f"{median(t[name]):.2f} s", f"{median(p[name]) / 2**20:.0f} MiB"] for name in t]
         print_table(["method", "wall (median)", "peak RSS"], rows)
         tr = ratio_median(t["klviz diagnose"], t["plain torch"])
         mr = median(p["klviz diagnose"]) / median(p["plain torch"])
-        print(f"   klviz / plain torch: time {fmt_ratio(tr)} (target ≤ {TIME_TARGET}x: {verdict(tr, TIME_TARGET)}), "
-              f"peak memory {fmt_ratio(mr)} (target ≤ {MEMORY_TARGET}x: {verdict(mr, MEMORY_TARGET)})")
+        print(
+            f"   klviz / plain torch: time {fmt_ratio(tr)} (target ≤ {TIME_TARGET}x: {verdict(tr, TIME_TARGET)}), "
+            f"peak memory {fmt_ratio(mr)} (target ≤ {MEMORY_TARGET}x: {verdict(mr, MEMORY_TARGET)})"
+        )
         ok &= tr <= TIME_TARGET and mr <= MEMORY_TARGET
         if args.big:
             big = Path(tmp) / "big.pt"
@@ -122,9 +139,11 @@ def main() -> int:
             path.unlink()
             wall, peak, _ = run(_KLVIZ, [str(big)])
             pw, pp, _ = run(_PLAIN, [str(big)])
-            print(f"   big dump [4096, 4096] ({n:,} counted tokens, {big.stat().st_size / 2**20:.0f} MiB): klviz "
-                  f"{wall:.2f} s, peak {peak / 2**20:.2f} GiB (limit 2 GiB: "
-                  f"{verdict(peak * 1024, BIG_MEMORY_LIMIT)}); plain torch {pw:.2f} s, peak {pp / 2**20:.2f} GiB")
+            print(
+                f"   big dump [4096, 4096] ({n:,} counted tokens, {big.stat().st_size / 2**20:.0f} MiB): klviz "
+                f"{wall:.2f} s, peak {peak / 2**20:.2f} GiB (limit 2 GiB: "
+                f"{verdict(peak * 1024, BIG_MEMORY_LIMIT)}); plain torch {pw:.2f} s, peak {pp / 2**20:.2f} GiB"
+            )
             ok &= peak * 1024 <= BIG_MEMORY_LIMIT
     print(f"   check: klviz diagnose and the plain script both ran ({'ok' if ok else 'OVER TARGET'})")
     return 0

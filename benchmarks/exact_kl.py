@@ -17,6 +17,7 @@ high-water mark; CUDA: the allocator's peak), after the inputs exist and after a
     python benchmarks/exact_kl.py                        # 4096 x 50257, float32
     python benchmarks/exact_kl.py --rows 8 --vocab 1000 --repeat 3 --device cuda
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,22 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (child_peak_memory, fmt_mib, fmt_ms, fmt_ratio, make_parser, median,  # noqa: E402
-                    parse_args, peak_memory_in_child, positive_int, print_header, print_table,
-                    ratio_median, rounds, verdict)
+from common import (
+    child_peak_memory,
+    fmt_mib,
+    fmt_ms,
+    fmt_ratio,
+    make_parser,
+    median,  # noqa: E402
+    parse_args,
+    peak_memory_in_child,
+    positive_int,
+    print_header,
+    print_table,
+    ratio_median,
+    rounds,
+    verdict,
+)
 
 import klviz  # noqa: E402
 
@@ -40,8 +54,7 @@ TARGET_AGREEMENT = 1e-4
 
 def baseline_kl(q_logits: torch.Tensor, p_logits: torch.Tensor) -> torch.Tensor:
     """KL(softmax(q) || softmax(p)) per row, the straightforward way (full-size temporaries)."""
-    return F.kl_div(F.log_softmax(p_logits, -1), F.log_softmax(q_logits, -1),
-                    log_target=True, reduction="none").sum(-1)
+    return F.kl_div(F.log_softmax(p_logits, -1), F.log_softmax(q_logits, -1), log_target=True, reduction="none").sum(-1)
 
 
 def make_logits(rows: int, vocab: int, scale: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,20 +78,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--child", choices=("F.kl_div", "klviz"), help=argparse.SUPPRESS)
     args = parse_args(parser, argv)
-    size_argv = ["--device", str(args.device), "--rows", str(args.rows), "--vocab", str(args.vocab),
-                 "--scale", str(args.scale)]
+    size_argv = [
+        "--device",
+        str(args.device),
+        "--rows",
+        str(args.rows),
+        "--vocab",
+        str(args.vocab),
+        "--scale",
+        str(args.scale),
+    ]
 
     if args.child:
         q, p = make_logits(args.rows, args.vocab, args.scale, args.device)
-        methods(q[:2], p[:2])[args.child]()          # warm-up on two rows: code paths, not data
+        methods(q[:2], p[:2])[args.child]()  # warm-up on two rows: code paths, not data
         child_peak_memory(methods(q, p)[args.child], args.device)
         return 0
 
     gib = 2 * args.rows * args.vocab * 4 / 2**30
-    print_header("exact_kl: exact KL(q || p) over the vocabulary vs F.kl_div on log_softmax", args,
-                 logits=f"2 x [{args.rows}, {args.vocab}] float32 ({gib:.2f} GiB)", scale=args.scale)
+    print_header(
+        "exact_kl: exact KL(q || p) over the vocabulary vs F.kl_div on log_softmax",
+        args,
+        logits=f"2 x [{args.rows}, {args.vocab}] float32 ({gib:.2f} GiB)",
+        scale=args.scale,
+    )
     memory = {}
-    if not args.no_memory:   # before the timing, so the parent's inputs do not sit beside the children's
+    if not args.no_memory:  # before the timing, so the parent's inputs do not sit beside the children's
         for name in ("F.kl_div", "klviz"):
             memory[name] = peak_memory_in_child(os.path.abspath(__file__), [*size_argv, "--child", name])
 
@@ -93,8 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, ts in times.items():
         mem_ratio = fmt_ratio(memory[name] / memory[base]) if memory and memory[base] > 0 else "-"
-        rows.append([name, fmt_ms(median(ts)), fmt_ratio(ratio_median(ts, times[base])),
-                     fmt_mib(memory[name]) if memory else "-", mem_ratio])
+        rows.append(
+            [
+                name,
+                fmt_ms(median(ts)),
+                fmt_ratio(ratio_median(ts, times[base])),
+                fmt_mib(memory[name]) if memory else "-",
+                mem_ratio,
+            ]
+        )
     print_table(["method", "median time", "time / F.kl_div", "peak extra memory", "memory / F.kl_div"], rows)
 
     t_ratio = ratio_median(times["klviz"], times[base])
@@ -102,12 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     missed = t_ratio > TARGET_TIME
     if memory:
         m_ratio = memory["klviz"] / memory[base] if memory[base] > 0 else float("nan")
-        print(f"   memory klviz / F.kl_div = {m_ratio:.3f}x  (target <= {TARGET_MEMORY}x): "
-              f"{verdict(m_ratio, TARGET_MEMORY)}")
+        print(
+            f"   memory klviz / F.kl_div = {m_ratio:.3f}x  (target <= {TARGET_MEMORY}x): "
+            f"{verdict(m_ratio, TARGET_MEMORY)}"
+        )
         missed = missed or not m_ratio <= TARGET_MEMORY
     agree = rel <= TARGET_AGREEMENT
-    print(f"   largest relative difference between the two results: {rel:.2e} "
-          f"(target <= {TARGET_AGREEMENT:g}): {'ok' if agree else 'MISMATCH'}")
+    print(
+        f"   largest relative difference between the two results: {rel:.2e} "
+        f"(target <= {TARGET_AGREEMENT:g}): {'ok' if agree else 'MISMATCH'}"
+    )
     if not agree:
         return 1
     return 1 if args.strict and missed else 0

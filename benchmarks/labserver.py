@@ -5,6 +5,7 @@ The server binds 127.0.0.1 on a free port with a random token, runs with HOME in
 off), serves ``root``, and is stopped with its kernels when the ``with`` block ends. The browser
 tests (``tests/browser/conftest.py``) and ``benchmarks/browser_panels.py`` both use it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,15 +19,22 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["CHROMIUM_FLAGS", "find_chromium", "running_lab", "stop_process_group"]
 
 #: Flags for headless Chromium in a container (no sandbox as root, no GPU, nothing phoning home).
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 def find_chromium() -> str | None:
@@ -48,7 +56,8 @@ def running_lab(root: Path, home: Path, timeout: float = 90.0) -> Iterator[dict]
     settings = home / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
     token = secrets.token_hex(16)
     port = _free_port()
     env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"))
@@ -57,10 +66,24 @@ def running_lab(root: Path, home: Path, timeout: float = 90.0) -> Iterator[dict]
     log_path = home / "lab.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-             "--ip=127.0.0.1", f"--IdentityProvider.token={token}", "--LabApp.expose_app_in_browser=True",
-             f"--ServerApp.root_dir={root}"],
-            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                "--allow-root",
+                f"--port={port}",
+                "--ip=127.0.0.1",
+                f"--IdentityProvider.token={token}",
+                "--LabApp.expose_app_in_browser=True",
+                f"--ServerApp.root_dir={root}",
+            ],
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + timeout
@@ -70,7 +93,7 @@ def running_lab(root: Path, home: Path, timeout: float = 90.0) -> Iterator[dict]
                     break
                 except Exception:  # noqa: BLE001 - not up yet
                     if proc.poll() is not None or time.time() > deadline:
-                        raise RuntimeError("jupyter lab did not start:\n" + log_path.read_text()[-3000:])
+                        raise RuntimeError("jupyter lab did not start:\n" + log_path.read_text()[-3000:]) from None
                     time.sleep(0.25)
             yield {"base": base, "token": token, "root": root, "pid": proc.pid, "log": log_path}
         finally:

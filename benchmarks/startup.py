@@ -14,6 +14,7 @@ leaves torch, matplotlib and ipywidgets unloaded (exit 1 otherwise).
     python benchmarks/startup.py                    # 15 rounds
     python benchmarks/startup.py --repeat 31
 """
+
 from __future__ import annotations
 
 import os
@@ -67,12 +68,14 @@ def run(cmd: list[str]) -> None:
 
 def heavy_modules_after_help() -> list[str]:
     """Which of HEAVY the CLI's ``--help`` leaves in ``sys.modules`` (run in a fresh process)."""
-    probe = ("import sys\nsys.argv = ['klviz', '--help']\nimport klviz.cli\n"
-             "try:\n    klviz.cli.main()\nexcept SystemExit:\n    pass\n"
-             f"print('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    probe = (
+        "import sys\nsys.argv = ['klviz', '--help']\nimport klviz.cli\n"
+        "try:\n    klviz.cli.main()\nexcept SystemExit:\n    pass\n"
+        f"print('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     line = next(ln for ln in out.splitlines() if ln.startswith("HEAVY="))
-    return [m for m in line[len("HEAVY="):].split(",") if m]
+    return [m for m in line[len("HEAVY=") :].split(",") if m]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,19 +83,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
     args = parse_args(parser, argv)
     cmds = commands()
-    print_header("startup: klviz's command line and import vs import numpy, each a fresh process", args,
-                 klviz="console script" if len(cmds["klviz --help"]) == 2 else "python -m klviz.cli")
+    print_header(
+        "startup: klviz's command line and import vs import numpy, each a fresh process",
+        args,
+        klviz="console script" if len(cmds["klviz --help"]) == 2 else "python -m klviz.cli",
+    )
     times = rounds({name: (lambda cmd=cmd: run(cmd)) for name, cmd in cmds.items()}, args.repeat, args.device)
     base = times["import numpy"]
     rows = [[name, fmt_ms(median(ts)), fmt_ratio(ratio_median(ts, base))] for name, ts in times.items()]
     print_table(["command", "median time", "/ import numpy"], rows)
     vs_numpy = ratio_median(times["klviz --help"], base)
-    print(f"   klviz --help / import numpy = {vs_numpy:.2f}x  (target <= {TARGET_HELP_VS_NUMPY}x): "
-          f"{verdict(vs_numpy, TARGET_HELP_VS_NUMPY)}")
+    print(
+        f"   klviz --help / import numpy = {vs_numpy:.2f}x  (target <= {TARGET_HELP_VS_NUMPY}x): "
+        f"{verdict(vs_numpy, TARGET_HELP_VS_NUMPY)}"
+    )
 
     heavy = heavy_modules_after_help()
-    print(f"   check: klviz --help loads {', '.join(heavy) if heavy else 'none of ' + ', '.join(HEAVY)} "
-          f"({'MISMATCH' if heavy else 'ok'})")
+    print(
+        f"   check: klviz --help loads {', '.join(heavy) if heavy else 'none of ' + ', '.join(HEAVY)} "
+        f"({'MISMATCH' if heavy else 'ok'})"
+    )
     if heavy:
         return 1
     return 1 if args.strict and vs_numpy > TARGET_HELP_VS_NUMPY else 0

@@ -30,6 +30,7 @@ default policies; see the table in ``tests/test_audit.py``). The policies are dr
 reverse target Σ_t E[∇ log π(y_t) k1_t] (what per-token losses follow at best) is reported too,
 under ``relative_error_token_level``.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,10 +54,10 @@ TARGETS: tuple[str, str] = ("reverse_kl", "forward_kl")
 _LESSONS = {
     "reverse_kl": "lesson 05 (gradients: k2 in the loss = k1 in the reward; ratio-corrected k3) and the lesson 07 lab",
     "forward_kl": "lesson 05 (k3 as a loss follows the forward KL, mode-covering) and the lesson 07 lab, where it "
-                  "converges elsewhere",
+    "converges elsewhere",
     "zero": "lesson 05 (k1 as a loss does nothing on average: E[∇ log π] = 0)",
     "neither": "lesson 05 (token-level vs sequence gradients, off-policy terms without importance weights) and the "
-               "lesson 07 lab",
+    "lesson 07 lab",
 }
 
 
@@ -69,9 +70,9 @@ class AuditResult:
     relative_error_token_level: float
     gradient_norm: float
     target_norms: dict[str, float]
-    scale: dict[str, float]                  # the best positive multiple c of each target
-    target_separation: float                 # relative error between the two targets
-    kl: dict[str, float]                     # KL(π‖π_ref), KL(π_ref‖π), KL(π_old‖π) of the drawn policies
+    scale: dict[str, float]  # the best positive multiple c of each target
+    target_separation: float  # relative error between the two targets
+    kl: dict[str, float]  # KL(π‖π_ref), KL(π_ref‖π), KL(π_old‖π) of the drawn policies
     placement: str
     sampler: str
     vocab_size: int
@@ -126,8 +127,9 @@ def _token_level_gradient(toy: SequenceToy, theta: torch.Tensor, ref: torch.Tens
 
 def _check(fn: Any, placement: str, sampler: str, vocab_size: Any, length: Any) -> None:
     if not callable(fn):
-        raise ValueError(f"fn must be callable (fn(logprob, old_logprob, ref_logprob, response_mask)), got "
-                         f"{type(fn).__name__}")
+        raise ValueError(
+            f"fn must be callable (fn(logprob, old_logprob, ref_logprob, response_mask)), got {type(fn).__name__}"
+        )
     if placement not in ("loss", "reward"):
         raise ValueError(f"placement must be 'loss' or 'reward', got {placement!r}")
     if sampler not in ("current", "old"):
@@ -137,12 +139,19 @@ def _check(fn: Any, placement: str, sampler: str, vocab_size: Any, length: Any) 
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if vocab_size < 2:
         raise ValueError(f"vocab_size must be at least 2, got {vocab_size}")
-    if vocab_size ** length > 4096:
-        raise ValueError(f"vocab_size ** length = {vocab_size ** length} sequences is too many to enumerate (max 4096)")
+    if vocab_size**length > 4096:
+        raise ValueError(f"vocab_size ** length = {vocab_size**length} sequences is too many to enumerate (max 4096)")
 
 
-def audit_loss(fn: Callable[..., torch.Tensor], *, placement: str = "loss", sampler: str = "current",
-               vocab_size: int = 4, length: int = 1, seed: int = 0) -> AuditResult:
+def audit_loss(
+    fn: Callable[..., torch.Tensor],
+    *,
+    placement: str = "loss",
+    sampler: str = "current",
+    vocab_size: int = 4,
+    length: int = 1,
+    seed: int = 0,
+) -> AuditResult:
     """The exact expected gradient of a user's KL term, and which KL gradient it follows.
 
     ``fn(logprob, old_logprob, ref_logprob, response_mask)`` gets float64 ``[1, length]`` tensors for
@@ -164,10 +173,10 @@ def audit_loss(fn: Callable[..., torch.Tensor], *, placement: str = "loss", samp
     with torch.enable_grad():
         lp = toy.token_logprobs(lg)
         for y in range(lp.shape[0]):
-            lp_y = lp[y:y + 1]
-            old_y = (lp_old[y:y + 1] if lp_old is not None else lp_y.detach()).clone()
+            lp_y = lp[y : y + 1]
+            old_y = (lp_old[y : y + 1] if lp_old is not None else lp_y.detach()).clone()
             try:
-                out = fn(lp_y, old_y, lp_ref[y:y + 1].clone(), mask.clone())
+                out = fn(lp_y, old_y, lp_ref[y : y + 1].clone(), mask.clone())
             except Exception as err:  # noqa: BLE001 - the user's function failed
                 raise ValueError(f"fn raised {type(err).__name__}: {err}") from err
             if not isinstance(out, torch.Tensor):
@@ -178,8 +187,10 @@ def audit_loss(fn: Callable[..., torch.Tensor], *, placement: str = "loss", samp
                 term = out.reshape(())
             else:
                 if out.shape != (1, length):
-                    raise ValueError(f"placement='reward': fn must return per-token penalties of shape (batch, length) "
-                                     f"= (1, {length}), got {tuple(out.shape)}")
+                    raise ValueError(
+                        f"placement='reward': fn must return per-token penalties of shape (batch, length) "
+                        f"= (1, {length}), got {tuple(out.shape)}"
+                    )
                 pen = out.detach().to(torch.float64)
                 to_go = pen.flip(-1).cumsum(-1).flip(-1)
                 rho = torch.exp(lp_y - old_y.detach())
@@ -209,8 +220,22 @@ def audit_loss(fn: Callable[..., torch.Tensor], *, placement: str = "loss", samp
         kl = {"KL(π‖π_ref)": float(toy.sequence_kl(theta, ref)), "KL(π_ref‖π)": float(toy.sequence_kl(ref, theta))}
         if sampler == "old":
             kl["KL(π_old‖π)"] = float(toy.sequence_kl(old, theta))
-    res = AuditResult(follows, rel, tok_err, gnorm, {k: float(t.norm()) for k, t in targets.items()}, scale, sep, kl,
-                      placement, sampler, vocab_size, length, seed, gradient=grad)
+    res = AuditResult(
+        follows,
+        rel,
+        tok_err,
+        gnorm,
+        {k: float(t.norm()) for k, t in targets.items()},
+        scale,
+        sep,
+        kl,
+        placement,
+        sampler,
+        vocab_size,
+        length,
+        seed,
+        gradient=grad,
+    )
     res.summary = _summary(res)
     return res
 
@@ -224,21 +249,25 @@ def _summary(r: AuditResult) -> str:
     verdict = {
         "reverse_kl": "follows the gradient of the reverse KL, KL(π_θ‖π_ref): what a KL penalty is meant to do.",
         "forward_kl": "follows the gradient of the forward KL, KL(π_ref‖π_θ) (mode-covering), not the reverse KL a "
-                      "penalty is meant to follow; they agree only to first order near π_θ = π_ref.",
+        "penalty is meant to follow; they agree only to first order near π_θ = π_ref.",
         "zero": "has zero expected gradient: on average it does nothing to the policy.",
-        "neither": "follows neither KL gradient (relative error above "
-                   f"{FOLLOWS_TOL:g} to both).",
+        "neither": f"follows neither KL gradient (relative error above {FOLLOWS_TOL:g} to both).",
     }[r.follows]
-    lines = [f"klviz audit: your KL term ({r.placement}, {where}; vocab {r.vocab_size}, length {r.length}, "
-             f"{r.vocab_size ** r.length} sequences, exact sums) {verdict}",
-             f"  relative error to ∇KL(π_θ‖π_ref): {_e(r.relative_error['reverse_kl'])}; to ∇KL(π_ref‖π_θ): "
-             f"{_e(r.relative_error['forward_kl'])}; to the token-level reverse gradient: "
-             f"{_e(r.relative_error_token_level)}",
-             "  the drawn policies: " + ", ".join(f"{k} = {v:.3g}" for k, v in r.kl.items())
-             + f"; the two targets differ by a relative error of {r.target_separation:.2f}"]
+    lines = [
+        f"klviz audit: your KL term ({r.placement}, {where}; vocab {r.vocab_size}, length {r.length}, "
+        f"{r.vocab_size**r.length} sequences, exact sums) {verdict}",
+        f"  relative error to ∇KL(π_θ‖π_ref): {_e(r.relative_error['reverse_kl'])}; to ∇KL(π_ref‖π_θ): "
+        f"{_e(r.relative_error['forward_kl'])}; to the token-level reverse gradient: "
+        f"{_e(r.relative_error_token_level)}",
+        "  the drawn policies: "
+        + ", ".join(f"{k} = {v:.3g}" for k, v in r.kl.items())
+        + f"; the two targets differ by a relative error of {r.target_separation:.2f}",
+    ]
     if r.follows == "neither" and r.length > 1 and r.relative_error_token_level <= FOLLOWS_TOL:
-        lines.append("  It follows the token-level (\"partial\") reverse-KL gradient: each token's own KL without the "
-                     "KL of the tokens after it; k1 in the reward with reward-to-go gives the full gradient.")
+        lines.append(
+            '  It follows the token-level ("partial") reverse-KL gradient: each token\'s own KL without the '
+            "KL of the tokens after it; k1 in the reward with reward-to-go gives the full gradient."
+        )
     if r.follows == "neither" and r.sampler == "old":
         lines.append("  Off-policy, a term needs the importance weight ρ = π_θ/sg(π_old) (as k3·ρ) to follow a KL.")
     lines.append(f"  Why: {_LESSONS[r.follows]}.")

@@ -9,6 +9,7 @@
 * **Off-policy** tokens: tokens drawn from pi_old while the gradient is taken at pi_theta, with and
   without importance weights.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,15 +25,24 @@ from .usage import EstimatorUse, parse_use, per_token_surrogate
 from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
 
 __all__ = [
-    "reverse_kl_optimum", "forward_kl_optimum", "bandit_fixed_points", "tv_distance",
-    "SequenceToy", "SEQUENCE_METHODS",
-    "IMPORTANCE_WEIGHTS", "REWARD_VALUES", "REWARD_CREDIT", "offpolicy_expected_gradient", "reward_updates",
+    "reverse_kl_optimum",
+    "forward_kl_optimum",
+    "bandit_fixed_points",
+    "tv_distance",
+    "SequenceToy",
+    "SEQUENCE_METHODS",
+    "IMPORTANCE_WEIGHTS",
+    "REWARD_VALUES",
+    "REWARD_CREDIT",
+    "offpolicy_expected_gradient",
+    "reward_updates",
 ]
 
 
 # --------------------------------------------------------------------------------------------------
 # the KL-regularised bandit
 # --------------------------------------------------------------------------------------------------
+
 
 def _check_bandit(ref_probs: Tensor, rewards: Tensor, beta: float) -> tuple[Tensor, Tensor, float]:
     ref = check_probs(ref_probs, "ref_probs")
@@ -60,7 +70,7 @@ def forward_kl_optimum(ref_probs: Tensor, rewards: Tensor, beta: float, *, tol: 
     (lambda just above max R) to 0, and bisection finds the lambda where it equals 1.
     """
     ref, rw, b = _check_bandit(ref_probs, rewards, beta)
-    lo, hi = float(rw.max()), float(rw.max()) + b + 1.0      # at hi every term < beta·ref/(beta+1) < ref
+    lo, hi = float(rw.max()), float(rw.max()) + b + 1.0  # at hi every term < beta·ref/(beta+1) < ref
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         total = float((b * ref / (mid - rw)).sum())
@@ -80,9 +90,15 @@ def tv_distance(p: Tensor, q: Tensor) -> Tensor:
     return 0.5 * (torch.as_tensor(p) - torch.as_tensor(q)).abs().sum(-1)
 
 
-def bandit_fixed_points(ref_probs: Tensor, rewards: Tensor, betas: Sequence[float], *,
-                        flows: Sequence[str] = tuple(CHOICES) + ("reverse KL", "forward KL"),
-                        steps: int = 3000, lr: float = 0.5) -> dict[str, dict[str, Tensor]]:
+def bandit_fixed_points(
+    ref_probs: Tensor,
+    rewards: Tensor,
+    betas: Sequence[float],
+    *,
+    flows: Sequence[str] = tuple(CHOICES) + ("reverse KL", "forward KL"),
+    steps: int = 3000,
+    lr: float = 0.5,
+) -> dict[str, dict[str, Tensor]]:
     """Where gradient descent on ``-E_pi[R] + beta · penalty`` ends, for every flow and every beta.
 
     Starts at pi_ref (where RL fine-tuning starts) and runs ``steps`` natural-gradient steps
@@ -103,8 +119,17 @@ def bandit_fixed_points(ref_probs: Tensor, rewards: Tensor, betas: Sequence[floa
     # beta and the rewards because descent_paths takes one scalar lr
     scale = lr / (bt + float(rw.max() - rw.min()))
     start = ref.expand(bt.numel(), -1).clone()
-    paths = descent_paths(start, ref, flows, steps=steps, lr=1.0, rewards=rw * scale[:, None],
-                          beta=(bt * scale)[:, None], record_every=steps, preconditioned=True)
+    paths = descent_paths(
+        start,
+        ref,
+        flows,
+        steps=steps,
+        lr=1.0,
+        rewards=rw * scale[:, None],
+        beta=(bt * scale)[:, None],
+        record_every=steps,
+        preconditioned=True,
+    )
     out: dict[str, dict[str, Tensor]] = {}
     for flow, path in paths.items():
         final = path[-1]
@@ -126,8 +151,15 @@ REWARD_CREDIT: dict[str, str] = {
 #: Per-sequence surrogates compared in the lesson, by label: uses of an estimator in the loss
 #: (differentiated through log pi), and k1 in the reward with each way of crediting it.
 SEQUENCE_METHODS: dict[str, str] = {
-    **{use.label: f"sum_t {use.label.split(' in ')[0]}_t, differentiated" for use in (
-        EstimatorUse("k1"), EstimatorUse("k2"), EstimatorUse("k3"), EstimatorUse("k3", weighting="straight-through"))},
+    **{
+        use.label: f"sum_t {use.label.split(' in ')[0]}_t, differentiated"
+        for use in (
+            EstimatorUse("k1"),
+            EstimatorUse("k2"),
+            EstimatorUse("k3"),
+            EstimatorUse("k3", weighting="straight-through"),
+        )
+    },
     **{f"k1 in reward, {credit}": formula for credit, formula in REWARD_CREDIT.items()},
 }
 
@@ -145,8 +177,8 @@ class SequenceToy:
         t = check_positive_int(length, "length")
         if v < 2:
             raise ValueError(f"vocab_size must be at least 2, got {v}")
-        if v ** t > 4096:
-            raise ValueError(f"vocab_size**length = {v ** t} sequences is too many to enumerate (max 4096)")
+        if v**t > 4096:
+            raise ValueError(f"vocab_size**length = {v**t} sequences is too many to enumerate (max 4096)")
         self.vocab_size, self.length = v, t
         prefixes: list[tuple[int, ...]] = [p for n in range(t) for p in itertools.product(range(v), repeat=n)]
         self.prefixes = prefixes
@@ -162,8 +194,10 @@ class SequenceToy:
     def _check_logits(self, logits: Tensor, name: str) -> Tensor:
         lg = as_float_tensor(logits, name)
         if lg.shape != (self.num_prefixes, self.vocab_size):
-            raise ValueError(f"{name} must have shape ({self.num_prefixes}, {self.vocab_size}) "
-                             f"(one row of logits per prefix), got {tuple(lg.shape)}")
+            raise ValueError(
+                f"{name} must have shape ({self.num_prefixes}, {self.vocab_size}) "
+                f"(one row of logits per prefix), got {tuple(lg.shape)}"
+            )
         return lg
 
     def random_logits(self, scale: float = 1.0, *, generator: torch.Generator | None = None) -> Tensor:
@@ -199,9 +233,9 @@ class SequenceToy:
         Its gradient for a sampled y is what a training step would use; the tokens of y are fixed.
         """
         method = check_choice(method, "method", tuple(SEQUENCE_METHODS))
-        logp = self.token_logprobs(logits)                        # [S, T], carries the gradient
+        logp = self.token_logprobs(logits)  # [S, T], carries the gradient
         ref_logp = self.token_logprobs(ref_logits).detach()
-        if ", " not in method:                                    # a use in the loss
+        if ", " not in method:  # a use in the loss
             return per_token_surrogate(parse_use(method), logp, ref_logp).sum(-1)
         credit = method.split(", ", 1)[1]
         v = kernel.k1(ref_logp - logp).detach()
@@ -227,8 +261,9 @@ class SequenceToy:
         with torch.enable_grad():
             weights = self.sequence_probs(lg).detach()
             per = self.surrogates(lg, ref, method)
-            grads = torch.stack([torch.autograd.grad(per[i], lg, retain_graph=True)[0].flatten()
-                                 for i in range(per.numel())])
+            grads = torch.stack(
+                [torch.autograd.grad(per[i], lg, retain_graph=True)[0].flatten() for i in range(per.numel())]
+            )
         mean = weights @ grads
         return float((weights * (grads - mean).square().sum(-1)).sum())
 
@@ -236,15 +271,26 @@ class SequenceToy:
         """pi*(y) ∝ pi_ref(y) exp(R(y)/beta) over whole sequences (the optimum of E[R] - beta·KL)."""
         rw = as_float_tensor(rewards, "rewards").to(torch.float64)
         if rw.shape != (self.sequences.shape[0],):
-            raise ValueError(f"rewards must hold one number per sequence ({self.sequences.shape[0]}), "
-                             f"got shape {tuple(rw.shape)}")
+            raise ValueError(
+                f"rewards must hold one number per sequence ({self.sequences.shape[0]}), got shape {tuple(rw.shape)}"
+            )
         if not (isinstance(beta, (int, float)) and beta > 0 and math.isfinite(beta)):
             raise ValueError(f"beta must be a positive finite number, got {beta!r}")
         log_ref = self.token_logprobs(ref_logits.to(torch.float64)).sum(-1)
         return torch.softmax(log_ref + rw / beta, -1)
 
-    def train(self, start_logits: Tensor, ref_logits: Tensor, rewards: Tensor, beta: float, method: str, *,
-              steps: int = 1500, lr: float = 1.0, record_every: int = 50) -> dict[str, Tensor]:
+    def train(
+        self,
+        start_logits: Tensor,
+        ref_logits: Tensor,
+        rewards: Tensor,
+        beta: float,
+        method: str,
+        *,
+        steps: int = 1500,
+        lr: float = 1.0,
+        record_every: int = 50,
+    ) -> dict[str, Tensor]:
         """Gradient descent on ``-E[R(y)] + beta · (KL term of method)`` with exact expected gradients.
 
         The reward part is the exact policy gradient sum_y pi(y) R(y) grad log pi(y); the KL part is
@@ -274,8 +320,13 @@ class SequenceToy:
                     surrogate = (w * (beta * self.surrogates(lg, ref, method) - rw * logp_seq)).sum()
                     (g,) = torch.autograd.grad(surrogate, lg)
                 theta = theta - lr * g
-        return {"logits": theta, "probs": self.sequence_probs(theta).detach(), "kl": torch.tensor(kls),
-                "reward": torch.tensor(rews), "steps": torch.tensor(record_steps)}
+        return {
+            "logits": theta,
+            "probs": self.sequence_probs(theta).detach(),
+            "kl": torch.tensor(kls),
+            "reward": torch.tensor(rews),
+            "steps": torch.tensor(record_steps),
+        }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,9 +347,15 @@ IMPORTANCE_WEIGHTS: tuple[str, ...] = ("none", "detached")
 REWARD_VALUES: tuple[str, ...] = ("current", "rollout")
 
 
-def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: Tensor,
-                                use: EstimatorUse | str, importance: str = "none", *,
-                                reward_values: str = "current") -> Tensor:
+def offpolicy_expected_gradient(
+    logits: Tensor,
+    old_logits: Tensor,
+    ref_logits: Tensor,
+    use: EstimatorUse | str,
+    importance: str = "none",
+    *,
+    reward_values: str = "current",
+) -> Tensor:
     """Exact expected gradient w.r.t. ``logits`` when tokens come from pi_old = softmax(old_logits).
 
     Brute force: for every token x the per-token term of ``use`` (an :class:`~klviz.usage.EstimatorUse`
@@ -323,14 +380,15 @@ def offpolicy_expected_gradient(logits: Tensor, old_logits: Tensor, ref_logits: 
     ref = as_float_tensor(ref_logits, "ref_logits").to(torch.float64)
     for t, name in ((th, "logits"), (old, "old_logits"), (ref, "ref_logits")):
         if t.dim() != 1 or t.shape != th.shape:
-            raise ValueError(f"{name} must be 1-D with {th.shape[0] if th.dim() == 1 else '?'} entries, "
-                             f"got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be 1-D with {th.shape[0] if th.dim() == 1 else '?'} entries, got shape {tuple(t.shape)}"
+            )
     th = th.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         log_pi = torch.log_softmax(th, -1)
         log_old = torch.log_softmax(old, -1)
         log_ref = torch.log_softmax(ref, -1)
-        if reward_values == "rollout":                   # the value the batch was scored with, at pi_old
+        if reward_values == "rollout":  # the value the batch was scored with, at pi_old
             value = kernel.estimate(use.estimator, log_ref - log_old).detach()
             per_token = value * (torch.exp(log_pi - log_old.detach()) if use.weighting == "rho" else log_pi)
         else:
@@ -396,6 +454,13 @@ def bandit_table(beta_index: int) -> list[dict[str, Any]]:
     rows = []
     for flow in ALL_FLOWS:
         p = data["fixed"][flow]["policy"][beta_index]
-        rows.append({"choice": flow, "policy": p.numpy(), "tv_to_optimum": float(tv_distance(p, star)),
-                     "reward": float(p @ rw), "kl": float(categorical_kl(p, ref))})
+        rows.append(
+            {
+                "choice": flow,
+                "policy": p.numpy(),
+                "tv_to_optimum": float(tv_distance(p, star)),
+                "reward": float(p @ rw),
+                "kl": float(categorical_kl(p, ref)),
+            }
+        )
     return rows

@@ -10,6 +10,7 @@ nothing heavy, so ``klviz --help`` and ``klviz diagnose --help`` parse and print
 matplotlib or ipywidgets. A subcommand imports what it needs inside its ``_run_<name>`` function
 (``tests/test_startup.py`` checks this).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,36 +70,64 @@ def _clip(text: str) -> float:
 
 def _add_diagnose(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "diagnose", help="diagnose the KL estimates in a rollout dump (.npz, .pt, .safetensors)",
+        "diagnose",
+        help="diagnose the KL estimates in a rollout dump (.npz, .pt, .safetensors)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Read per-token log-probs of one batch ([batch, tokens] tensors) and report k1, k2, k3, "
-                    "what each estimates, the frameworks' clamps, per-position means, storage precision, the "
-                    "engine-trainer mismatch and trouble signs. Without FILE, the sample dump shipped with klviz "
-                    "is used; several files or a folder give a trend across the run.",
+        "what each estimates, the frameworks' clamps, per-position means, storage precision, the "
+        "engine-trainer mismatch and trouble signs. Without FILE, the sample dump shipped with klviz "
+        "is used; several files or a folder give a trend across the run.",
         epilog=f"The dump format, with snippets for verl, TRL and OpenRLHF, and the JSON schema: {_GUIDE} "
-               "(klviz diagnose --format-guide prints it). Exit status: 0 fine; 1 --fail-on found trouble; "
-               "2 the input could not be used (or NaN/inf at counted tokens); 3 a bug in klviz.")
-    p.add_argument("file", nargs="*", metavar="FILE",
-                   help="rollout dump(s) or a folder of them (default: the shipped sample)")
+        "(klviz diagnose --format-guide prints it). Exit status: 0 fine; 1 --fail-on found trouble; "
+        "2 the input could not be used (or NaN/inf at counted tokens); 3 a bug in klviz.",
+    )
+    p.add_argument(
+        "file", nargs="*", metavar="FILE", help="rollout dump(s) or a folder of them (default: the shipped sample)"
+    )
     p.add_argument("--json", action="store_true", help="print the versioned JSON report instead of text")
-    p.add_argument("--fail-on", choices=("warning", "error"), default=None,
-                   help="exit with status 1 when a trouble sign of this severity (or worse) is found")
-    p.add_argument("--logged", action="append", default=[], metavar="NAME=VALUE",
-                   help="a value your framework logged for this batch (e.g. actor/kl_loss=0.0123; repeatable): "
-                        "says which number it is and whether it is consistent with the dump")
+    p.add_argument(
+        "--fail-on",
+        choices=("warning", "error"),
+        default=None,
+        help="exit with status 1 when a trouble sign of this severity (or worse) is found",
+    )
+    p.add_argument(
+        "--logged",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a value your framework logged for this batch (e.g. actor/kl_loss=0.0123; repeatable): "
+        "says which number it is and whether it is consistent with the dump",
+    )
     p.add_argument("--plot", metavar="OUT.png", default=None, help="also write a PNG report to this path")
-    p.add_argument("--clip", type=_clip, default=0.2, help="PPO clip epsilon whose cut fraction is reported (default 0.2)")
-    p.add_argument("--vocab", metavar="FILE", default=None,
-                   help="token strings for a token_ids key: JSON list, vocab.json, tokenizer.json or one token per line")
-    p.add_argument("--max-tokens", type=_positive_int, default=None,
-                   help="refuse arrays declaring more elements than this (default 134,217,728 = 2**27)")
+    p.add_argument(
+        "--clip", type=_clip, default=0.2, help="PPO clip epsilon whose cut fraction is reported (default 0.2)"
+    )
+    p.add_argument(
+        "--vocab",
+        metavar="FILE",
+        default=None,
+        help="token strings for a token_ids key: JSON list, vocab.json, tokenizer.json or one token per line",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=None,
+        help="refuse arrays declaring more elements than this (default 134,217,728 = 2**27)",
+    )
     p.add_argument("--logprob-key", default="logprob", help="key of the policy's log-probs (default: logprob)")
     p.add_argument("--ref-key", default="ref_logprob", help="key of the reference log-probs (default: ref_logprob)")
     p.add_argument("--mask-key", default="response_mask", help="key of the response mask (default: response_mask)")
-    p.add_argument("--old-key", default=None,
-                   help="key of the sampler's log-probs when it is not the policy (default: old_logprob if present)")
-    p.add_argument("--rollout-key", default=None,
-                   help="key of the rollout engine's log-probs (default: rollout_logprob if present)")
+    p.add_argument(
+        "--old-key",
+        default=None,
+        help="key of the sampler's log-probs when it is not the policy (default: old_logprob if present)",
+    )
+    p.add_argument(
+        "--rollout-key",
+        default=None,
+        help="key of the rollout engine's log-probs (default: rollout_logprob if present)",
+    )
     p.add_argument("--format-guide", action="store_true", help="print the rollout-format guide and exit")
     p.set_defaults(run=_run_diagnose)
 
@@ -118,12 +147,16 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     except ValueError as err:
         _error(str(err))
         return EXIT_BAD_INPUT
-    open_kwargs = dict(logprob_key=args.logprob_key, ref_key=args.ref_key, mask_key=args.mask_key,
-                       old_key=args.old_key if args.old_key is not None else "old_logprob",
-                       require_old=args.old_key is not None,
-                       rollout_key=args.rollout_key if args.rollout_key is not None else "rollout_logprob",
-                       require_rollout=args.rollout_key is not None,
-                       max_tokens=args.max_tokens or dg.DEFAULT_MAX_TOKENS)
+    open_kwargs = dict(
+        logprob_key=args.logprob_key,
+        ref_key=args.ref_key,
+        mask_key=args.mask_key,
+        old_key=args.old_key if args.old_key is not None else "old_logprob",
+        require_old=args.old_key is not None,
+        rollout_key=args.rollout_key if args.rollout_key is not None else "rollout_logprob",
+        require_rollout=args.rollout_key is not None,
+        max_tokens=args.max_tokens or dg.DEFAULT_MAX_TOKENS,
+    )
     files = args.file or [str(dg.sample_rollouts_path())]
     try:
         vocab = dg.read_vocab(args.vocab) if args.vocab else None
@@ -141,23 +174,27 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     except MemoryError:
         _error(f"{path}: not enough memory to analyse this dump (lower --max-tokens to refuse such files early)")
         return EXIT_BAD_INPUT
-    except ValueError as err:           # RolloutFileError and any other bad-input error
+    except ValueError as err:  # RolloutFileError and any other bad-input error
         _error(f"{path}: {err}")
         return EXIT_BAD_INPUT
-    status = _emit(args, lambda: dg.report_json(result), lambda: dg.format_report(result),
-                   lambda out: dg.plot_report(result, out))
+    status = _emit(
+        args, lambda: dg.report_json(result), lambda: dg.format_report(result), lambda out: dg.plot_report(result, out)
+    )
     if status:
         return status
     if result.has_nonfinite:
         n = sum(result.nonfinite.values())
-        _error(f"{path}: {n} counted token(s) have NaN or inf log-probs (left out of the report above; "
-               "see 'Trouble signs')")
+        _error(
+            f"{path}: {n} counted token(s) have NaN or inf log-probs (left out of the report above; "
+            "see 'Trouble signs')"
+        )
         return EXIT_BAD_INPUT
     return _fail_on(args, [t.severity for t in result.trouble])
 
 
-def _emit(args: argparse.Namespace, as_json: Callable[[], object], as_text: Callable[[], str],
-          draw: Callable[[str], object]) -> int:
+def _emit(
+    args: argparse.Namespace, as_json: Callable[[], object], as_text: Callable[[], str], draw: Callable[[str], object]
+) -> int:
     """Print the report (``--json`` or text) and write ``--plot``; a non-zero status if the plot failed."""
     if args.json:
         import json
@@ -171,9 +208,11 @@ def _emit(args: argparse.Namespace, as_json: Callable[[], object], as_text: Call
 def _plot(draw: Callable[[str], object], out: str, quiet: bool) -> int:
     try:
         import matplotlib
+
         matplotlib.use("agg")
         fig = draw(out)
         import matplotlib.pyplot as plt
+
         plt.close(fig)
         if not quiet:
             print(f"\nPNG report written to {out}")
@@ -193,8 +232,9 @@ def _fail_on(args: argparse.Namespace, severities: list[str]) -> int:
     return EXIT_OK
 
 
-def _run_series(args: argparse.Namespace, dg: object, paths: list, open_kwargs: dict, vocab: object,
-                logged: list) -> int:
+def _run_series(
+    args: argparse.Namespace, dg: object, paths: list, open_kwargs: dict, vocab: object, logged: list
+) -> int:
     def each(_p: object, d: object) -> None:
         d.logged = dg.match_logged(d, logged) if logged else []
 
@@ -203,8 +243,9 @@ def _run_series(args: argparse.Namespace, dg: object, paths: list, open_kwargs: 
     except MemoryError:
         _error("not enough memory to analyse these dumps")
         return EXIT_BAD_INPUT
-    status = _emit(args, lambda: dg.series_json(items), lambda: dg.format_series(items),
-                   lambda out: dg.plot_series(items, out))
+    status = _emit(
+        args, lambda: dg.series_json(items), lambda: dg.format_series(items), lambda out: dg.plot_series(items, out)
+    )
     if status:
         return status
     severities = [t.severity for _n, _s, d in items if not isinstance(d, str) for t in d.trouble]
@@ -214,19 +255,29 @@ def _run_series(args: argparse.Namespace, dg: object, paths: list, open_kwargs: 
 
 # -- klviz audit ------------------------------------------------------------------------------
 
+
 def _add_audit(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "audit", help="which KL gradient does your KL loss follow? (runs your file as code)",
+        "audit",
+        help="which KL gradient does your KL loss follow? (runs your file as code)",
         description="Import FILE.py and call FUNCTION on every sequence of a tiny enumerable policy: the exact "
-                    "expected gradient of your KL term is compared with the gradients of KL(π‖π_ref) and "
-                    "KL(π_ref‖π). WARNING: auditing runs your file as Python code, with your permissions; audit "
-                    "only code you trust.")
-    p.add_argument("target", metavar="FILE.py:FUNCTION",
-                   help="fn(logprob, old_logprob, ref_logprob, response_mask) -> scalar loss (placement loss) or "
-                        "per-token penalties [batch, length] (placement reward)")
+        "expected gradient of your KL term is compared with the gradients of KL(π‖π_ref) and "
+        "KL(π_ref‖π). WARNING: auditing runs your file as Python code, with your permissions; audit "
+        "only code you trust.",
+    )
+    p.add_argument(
+        "target",
+        metavar="FILE.py:FUNCTION",
+        help="fn(logprob, old_logprob, ref_logprob, response_mask) -> scalar loss (placement loss) or "
+        "per-token penalties [batch, length] (placement reward)",
+    )
     p.add_argument("--placement", choices=("loss", "reward"), default="loss")
-    p.add_argument("--sampler", choices=("current", "old"), default="current",
-                   help="tokens from the current policy, or from a perturbed old policy (off-policy)")
+    p.add_argument(
+        "--sampler",
+        choices=("current", "old"),
+        default="current",
+        help="tokens from the current policy, or from a perturbed old policy (off-policy)",
+    )
     p.add_argument("--vocab-size", type=_positive_int, default=4)
     p.add_argument("--length", type=_positive_int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -261,8 +312,14 @@ def _run_audit(args: argparse.Namespace) -> int:
     from .audit import audit_loss
 
     try:
-        result = audit_loss(fn, placement=args.placement, sampler=args.sampler, vocab_size=args.vocab_size,
-                            length=args.length, seed=args.seed)
+        result = audit_loss(
+            fn,
+            placement=args.placement,
+            sampler=args.sampler,
+            vocab_size=args.vocab_size,
+            length=args.length,
+            seed=args.seed,
+        )
     except ValueError as err:
         _error(str(err))
         return EXIT_BAD_INPUT
@@ -301,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``klviz`` console script; returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in _DELEGATED:      # their options (e.g. --force) pass through untouched
+    if argv and argv[0] in _DELEGATED:  # their options (e.g. --force) pass through untouched
         import importlib
 
         return importlib.import_module(_DELEGATED[argv[0]][0]).main(argv[1:])

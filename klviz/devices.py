@@ -3,10 +3,11 @@
 klviz never uses the global random state behind your back: every function that samples takes a
 ``torch.Generator``. The helpers here pick a device and build a seeded generator on it.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -50,8 +51,10 @@ def check_generator(generator: torch.Generator | None, device: torch.device) -> 
     if not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if torch.device(generator.device).type != device.type:
-        raise ValueError(f"generator lives on {generator.device} but the samples are drawn on {device}; "
-                         "make it with klviz.make_generator(seed, device)")
+        raise ValueError(
+            f"generator lives on {generator.device} but the samples are drawn on {device}; "
+            "make it with klviz.make_generator(seed, device)"
+        )
 
 
 def panel_sample_count(device: str | torch.device | None, *, cpu: int, cuda: int) -> int:

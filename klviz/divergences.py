@@ -2,6 +2,7 @@
 
 These are the ground truth that every sampled estimate in klviz is compared against.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,8 @@ def _kl_rows(q: Tensor, p: Tensor, buf_a: Tensor, buf_b: Tensor) -> Tensor:
     """
     log_q = torch.log_softmax(q, dim=-1, out=buf_a)
     log_p = torch.log_softmax(p, dim=-1, out=buf_b)
-    diff = torch.sub(log_q, log_p, out=buf_b)          # log q - log p
-    return log_q.exp_().mul_(diff).sum(-1)             # sum_x q(x) [log q(x) - log p(x)]
+    diff = torch.sub(log_q, log_p, out=buf_b)  # log q - log p
+    return log_q.exp_().mul_(diff).sum(-1)  # sum_x q(x) [log q(x) - log p(x)]
 
 
 def _kl_rows_with_zeros(q: Tensor, p: Tensor) -> Tensor:
@@ -81,7 +82,7 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
     batch_shape, vocab = qm.shape[:-1], qm.shape[-1]
     if vocab == 0:
         raise ValueError("q_logits has an empty vocabulary axis")
-    qm, pm = qm.reshape(-1, vocab), pm.reshape(-1, vocab)   # a view when the layout allows it
+    qm, pm = qm.reshape(-1, vocab), pm.reshape(-1, vocab)  # a view when the layout allows it
     if torch.is_grad_enabled() and (qm.requires_grad or pm.requires_grad):
         # Logits that carry a gradient (a model's outputs): the differentiable path, one autograd
         # graph per chunk of rows (the buffered kernels below write into scratch with out=, which
@@ -93,8 +94,8 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
     buf_a = torch.empty(step, vocab, dtype=out_dtype, device=q.device)
     buf_b = torch.empty_like(buf_a)
     for start in range(0, rows, step):
-        qc = qm[start:start + step].to(out_dtype)
-        pc = pm[start:start + step].to(out_dtype)
+        qc = qm[start : start + step].to(out_dtype)
+        pc = pm[start : start + step].to(out_dtype)
         m = qc.shape[0]
         kl = _kl_rows(qc, pc, buf_a[:m], buf_b[:m])
         if not torch.isfinite(kl).all():
@@ -106,7 +107,7 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
             if bool(torch.isneginf(pc).all(-1).any()):
                 raise ValueError("p_logits has a position where every logit is -inf (no distribution)")
             kl = _kl_rows_with_zeros(qc, pc)
-        out[start:start + m] = kl.clamp_min_(0.0)  # KL >= 0; removes rounding below zero
+        out[start : start + m] = kl.clamp_min_(0.0)  # KL >= 0; removes rounding below zero
     return out.reshape(batch_shape)
 
 
@@ -115,8 +116,10 @@ def _exact_kl_autograd(qm: Tensor, pm: Tensor, dtype: torch.dtype, chunk_element
     check_finite_values(qm.detach(), "q_logits", allow_neg_inf=True)
     check_finite_values(pm.detach(), "p_logits", allow_neg_inf=True)
     step = max(1, chunk_elements // qm.shape[-1])
-    parts = [_kl_rows_with_zeros(qm[i:i + step].to(dtype), pm[i:i + step].to(dtype)).clamp_min(0.0)
-             for i in range(0, qm.shape[0], step)]
+    parts = [
+        _kl_rows_with_zeros(qm[i : i + step].to(dtype), pm[i : i + step].to(dtype)).clamp_min(0.0)
+        for i in range(0, qm.shape[0], step)
+    ]
     return torch.cat(parts)
 
 
@@ -158,10 +161,11 @@ def categorical_kl(q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:
             raise ValueError(f"{name} has negative probabilities")
         total = t.sum(dim)
         if not torch.allclose(total, torch.ones_like(total), atol=1e-4):
-            raise ValueError(f"{name} does not sum to 1 along dim={dim} (sums range "
-                             f"{total.min().item():.6g} to {total.max().item():.6g})")
+            raise ValueError(
+                f"{name} does not sum to 1 along dim={dim} (sums range "
+                f"{total.min().item():.6g} to {total.max().item():.6g})"
+            )
     dtype = common_dtype(q, p)
     q, p = q.to(dtype), p.to(dtype)
     term = torch.where(q > 0, q * (torch.log(q) - torch.log(p)), torch.zeros((), dtype=dtype, device=q.device))
     return term.sum(dim)
-

@@ -4,6 +4,7 @@ The direction rule used everywhere in klviz: the tokens were drawn from the **sa
 other distribution is the **target** p, and ``log_r = log p(x) - log q(x)`` (target minus
 sampler). Then k1, k2 and k3 all estimate **KL(q || p)**, the divergence *from the sampler*.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,7 +45,8 @@ def k2(log_r: Tensor) -> Tensor:
 def k3(log_r: Tensor) -> Tensor:
     """``(r - 1) - log r``: unbiased for KL(q||p) with x ~ q, and never negative.
 
-    Computed as ``expm1(log_r) - log_r``, and by its Taylor series (to x⁶) for ``|log_r| < 0.1`` (float32; 1e-3 in float64)
+    Computed as ``expm1(log_r) - log_r``, and by its Taylor series (to x⁶) for ``|log_r| < 0.1``
+    (float32; 1e-3 in float64)
     where that subtraction would cancel, so it keeps full relative precision near
     ``r = 1``; finite for ``|log_r|`` up to 88 in float32 (beyond that the true value exceeds what
     float32 can hold and the result is ``+inf``; pass float64 to go further). The formula lives in
@@ -58,7 +60,7 @@ _ALL_KINDS = KL_PENALTY_KINDS + tuple(k + "+" for k in KL_PENALTY_KINDS)
 
 
 def _penalty_value(logprob: Tensor, ref_logprob: Tensor, kind: str) -> Tensor:
-    log_r = ref_logprob - logprob          # target pi_ref over the sampler, the policy
+    log_r = ref_logprob - logprob  # target pi_ref over the sampler, the policy
     if kind in ("kl", "k1"):
         return kernel.k1(log_r)
     if kind == "abs":
@@ -137,8 +139,9 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return mean.to(v.dtype)
 
 
-def agg_loss(values: Tensor, mask: Tensor, mode: str, loss_scale_factor: float | None = None, *,
-             legacy_norm: bool = False) -> Tensor:
+def agg_loss(
+    values: Tensor, mask: Tensor, mode: str, loss_scale_factor: float | None = None, *, legacy_norm: bool = False
+) -> Tensor:
     """Aggregate a [batch, tokens] matrix of per-token values into a scalar the way verl does.
 
     Follows verl-project/verl @ 1dda039 (2026-08-22), ``verl/trainer/ppo/core_algos.py`` ``agg_loss``

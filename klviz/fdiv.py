@@ -14,6 +14,7 @@ k3 = (r - 1) - log r, for f = t log t it is r log r - (r - 1), an estimator of K
 Every function here takes ``log_r`` (or ``log t``) rather than r, so that ratios of 10^-30 or
 10^30 stay finite and tiny log-ratios keep their precision (``expm1``).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,18 @@ import torch
 from . import kernel
 from .validation import Tensor, as_float_tensor, check_choice, check_same_shape, common_dtype
 
-__all__ = ["FGenerator", "GENERATORS", "generator", "f_value", "f_prime", "f_second", "tangent_at_one",
-           "bregman_gap", "f_divergence", "expected_ratio"]
+__all__ = [
+    "FGenerator",
+    "GENERATORS",
+    "generator",
+    "f_value",
+    "f_prime",
+    "f_second",
+    "tangent_at_one",
+    "bregman_gap",
+    "f_divergence",
+    "expected_ratio",
+]
 
 
 @dataclass(frozen=True)
@@ -48,7 +59,7 @@ class FGenerator:
     df1: float
     convex: bool
     estimator_name: str
-    slope_at_infinity: float   # lim f(t)/t as t -> inf: the weight of p's mass where q = 0
+    slope_at_infinity: float  # lim f(t)/t as t -> inf: the weight of p's mass where q = 0
     #: the Bregman gap f(e^u) - f'(1)(e^u - 1) computed without cancellation near u = 0, where the
     #: kernel has it (k3 for -log t, r log r - (r - 1) for t log t); None: computed from f and df1
     gap: Callable[[Tensor], Tensor] | None = None
@@ -64,27 +75,67 @@ def _t(u: Tensor) -> Tensor:
 #: The generators used in lesson 03, by name.
 GENERATORS: dict[str, FGenerator] = {
     "-log t": FGenerator(
-        "-log t", "-log t", "KL(q‖p)",
-        f=kernel.k1, df=lambda u: -torch.exp(-u), d2f=lambda u: torch.exp(-2 * u),
-        df1=-1.0, convex=True, estimator_name="k3 = (r - 1) - log r", slope_at_infinity=0.0, gap=kernel.k3),
+        "-log t",
+        "-log t",
+        "KL(q‖p)",
+        f=kernel.k1,
+        df=lambda u: -torch.exp(-u),
+        d2f=lambda u: torch.exp(-2 * u),
+        df1=-1.0,
+        convex=True,
+        estimator_name="k3 = (r - 1) - log r",
+        slope_at_infinity=0.0,
+        gap=kernel.k3,
+    ),
     "t log t": FGenerator(
-        "t log t", "t log t", "KL(p‖q)",
-        f=lambda u: _t(u) * u, df=lambda u: u + 1, d2f=lambda u: torch.exp(-u),
-        df1=1.0, convex=True, estimator_name="r log r - (r - 1)", slope_at_infinity=math.inf,
-        gap=kernel.kl_to_target),
+        "t log t",
+        "t log t",
+        "KL(p‖q)",
+        f=lambda u: _t(u) * u,
+        df=lambda u: u + 1,
+        d2f=lambda u: torch.exp(-u),
+        df1=1.0,
+        convex=True,
+        estimator_name="r log r - (r - 1)",
+        slope_at_infinity=math.inf,
+        gap=kernel.kl_to_target,
+    ),
     "k2": FGenerator(
-        "k2", "½ (log t)²", "E_q[k2] (not an f-divergence)",
-        f=kernel.k2, df=lambda u: u * torch.exp(-u), d2f=lambda u: (1 - u) * torch.exp(-2 * u),
-        df1=0.0, convex=False, estimator_name="k2 = ½ (log r)²", slope_at_infinity=0.0),
+        "k2",
+        "½ (log t)²",
+        "E_q[k2] (not an f-divergence)",
+        f=kernel.k2,
+        df=lambda u: u * torch.exp(-u),
+        d2f=lambda u: (1 - u) * torch.exp(-2 * u),
+        df1=0.0,
+        convex=False,
+        estimator_name="k2 = ½ (log r)²",
+        slope_at_infinity=0.0,
+    ),
     "chi2": FGenerator(
-        "chi2", "(t - 1)²", "χ²(p‖q)",
-        f=lambda u: torch.expm1(u).square(), df=lambda u: 2 * torch.expm1(u), d2f=lambda u: 2 * torch.ones_like(u),
-        df1=0.0, convex=True, estimator_name="(r - 1)²", slope_at_infinity=math.inf),
+        "chi2",
+        "(t - 1)²",
+        "χ²(p‖q)",
+        f=lambda u: torch.expm1(u).square(),
+        df=lambda u: 2 * torch.expm1(u),
+        d2f=lambda u: 2 * torch.ones_like(u),
+        df1=0.0,
+        convex=True,
+        estimator_name="(r - 1)²",
+        slope_at_infinity=math.inf,
+    ),
     "hellinger": FGenerator(
-        "hellinger", "(√t - 1)²", "Σ(√p − √q)² (twice the squared Hellinger)",
-        f=lambda u: torch.expm1(u / 2).square(), df=lambda u: -torch.expm1(-u / 2),
-        d2f=lambda u: 0.5 * torch.exp(-1.5 * u), df1=0.0, convex=True, estimator_name="(√r - 1)²",
-        slope_at_infinity=1.0),
+        "hellinger",
+        "(√t - 1)²",
+        "Σ(√p − √q)² (twice the squared Hellinger)",
+        f=lambda u: torch.expm1(u / 2).square(),
+        df=lambda u: -torch.expm1(-u / 2),
+        d2f=lambda u: 0.5 * torch.exp(-1.5 * u),
+        df1=0.0,
+        convex=True,
+        estimator_name="(√r - 1)²",
+        slope_at_infinity=1.0,
+    ),
 }
 
 
@@ -156,7 +207,7 @@ def f_divergence(f: str | FGenerator, q_probs: Tensor, p_probs: Tensor, dim: int
     safe_q = torch.where(support, q, torch.ones_like(q))
     u = torch.where(support, torch.log(p) - torch.log(safe_q), torch.zeros_like(q))
     values = g.f(u)
-    if g.name == "t log t":                       # 0 log 0 = 0: p = 0 contributes nothing to KL(p||q)
+    if g.name == "t log t":  # 0 log 0 = 0: p = 0 contributes nothing to KL(p||q)
         values = torch.where(p == 0, torch.zeros_like(values), values)
     terms = torch.where(support, q * values, torch.zeros_like(q))
     # p > 0 where q = 0: mass the sampler never sees, weighted by lim f(t)/t (0 * inf counts as 0)

@@ -14,6 +14,7 @@ and ``klviz diagnose`` all read their clamps from :data:`CLAMP_RULES` (the clamp
 penalty); verl's clamp on PPO's old-vs-current log-ratio is :data:`VERL_PPO_KL`. Each rule's
 ``source`` names the repository, commit and file it was read from.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,8 +25,19 @@ from . import kernel
 
 Tensor = torch.Tensor
 
-__all__ = ["ClampRule", "CLAMP_RULES", "VERL_LOW_VAR_KL", "NEMO_RL", "OPENRLHF", "OPEN_INSTRUCT", "NO_CLAMP",
-           "VERL_PPO_KL", "VERL_COMMIT", "NEMO_RL_COMMIT", "OPENRLHF_COMMIT"]
+__all__ = [
+    "ClampRule",
+    "CLAMP_RULES",
+    "VERL_LOW_VAR_KL",
+    "NEMO_RL",
+    "OPENRLHF",
+    "OPEN_INSTRUCT",
+    "NO_CLAMP",
+    "VERL_PPO_KL",
+    "VERL_COMMIT",
+    "NEMO_RL_COMMIT",
+    "OPENRLHF_COMMIT",
+]
 
 
 @dataclass(frozen=True)
@@ -86,35 +98,54 @@ OPENRLHF_COMMIT = "OpenRLHF/OpenRLHF @ 3c3be62 (2026-08-13)"
 
 NO_CLAMP = ClampRule("none", (), None, None, source="", note="the estimator as written, nothing clamped")
 VERL_LOW_VAR_KL = ClampRule(
-    "verl low_var_kl", ("k3",), 20.0, (-10.0, 10.0),
+    "verl low_var_kl",
+    ("k3",),
+    20.0,
+    (-10.0, 10.0),
     source=f"{VERL_COMMIT}: verl/trainer/ppo/core_algos.py (kl_penalty_forward)",
     note="only low_var_kl / k3 is clamped; kl (k1), abs and mse (k2) are left alone; "
-         "k3 >= 0, so the lower bound -10 can never bind")
+    "k3 >= 0, so the lower bound -10 can never bind",
+)
 NEMO_RL = ClampRule(
-    "NeMo-RL", ("k1", "k2", "k3"), 20.0, (-10.0, 10.0),
+    "NeMo-RL",
+    ("k1", "k2", "k3"),
+    20.0,
+    (-10.0, 10.0),
     source=f"{NEMO_RL_COMMIT}: nemo_rl/algorithms/utils.py (calculate_kl), "
-           "nemo_rl/algorithms/loss/loss_functions.py (ClippedPGLossFn)",
+    "nemo_rl/algorithms/loss/loss_functions.py (ClippedPGLossFn)",
     note="both clamps are configurable (kl_input_clamp_value, kl_output_clamp_value; None switches one off); "
-         "since PR #2958 (2026-06-27) the importance weight multiplies the estimate before the output clamp "
-         "and is detached on the tokens where the input clamp acts (before: weight times the clamped estimate)")
+    "since PR #2958 (2026-06-27) the importance weight multiplies the estimate before the output clamp "
+    "and is detached on the tokens where the input clamp acts (before: weight times the clamped estimate)",
+)
 OPENRLHF = ClampRule(
-    "OpenRLHF ±10", ("k1", "k2", "k3"), None, (-10.0, 10.0),
+    "OpenRLHF ±10",
+    ("k1", "k2", "k3"),
+    None,
+    (-10.0, 10.0),
     source=f"{OPENRLHF_COMMIT}: openrlhf/models/utils.py (compute_approx_kl)",
-    note="every estimator's output is clamped, so k1 can be clipped on both sides; computed in float32")
+    note="every estimator's output is clamped, so k1 can be clipped on both sides; computed in float32",
+)
 OPEN_INSTRUCT = ClampRule(
-    "open-instruct ±40", ("k1", "k2", "k3"), 40.0, None,
+    "open-instruct ±40",
+    ("k1", "k2", "k3"),
+    40.0,
+    None,
     source="allenai/open-instruct: open_instruct/grpo_fast.py",
-    note="the log-ratio is clamped to ±40 before the estimator; no output clamp")
+    note="the log-ratio is clamped to ±40 before the estimator; no output clamp",
+)
 
 #: verl's clamp on PPO's old-vs-current log-ratio (``compute_policy_loss_vanilla``, since PR #1779,
 #: 2025-06): ``log_prob - old_log_prob`` is clamped to ±20 before the ratio and before ``ppo_kl``, the
 #: k1 of KL(pi_old || pi_theta). It limits a monitoring KL, not a reference penalty, so it is *not* in
 #: :data:`CLAMP_RULES` (whose rules the rollout diagnosis and lesson 06 apply to reference log-ratios).
 VERL_PPO_KL = ClampRule(
-    "verl ppo_kl", ("k1",), 20.0, None,
+    "verl ppo_kl",
+    ("k1",),
+    20.0,
+    None,
     source=f"{VERL_COMMIT}: verl/trainer/ppo/core_algos.py (compute_policy_loss_vanilla)",
-    note="the default policy loss clamps log_prob - old_log_prob to ±20; gspo, clip_cov, geo_mean and dro "
-         "do not")
+    note="the default policy loss clamps log_prob - old_log_prob to ±20; gspo, clip_cov, geo_mean and dro do not",
+)
 
 #: Every clamp rule on a reference-KL estimate, by name (the names lessons and reports show).
 CLAMP_RULES: dict[str, ClampRule] = {r.name: r for r in (NO_CLAMP, VERL_LOW_VAR_KL, NEMO_RL, OPENRLHF, OPEN_INSTRUCT)}

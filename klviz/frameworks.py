@@ -26,6 +26,7 @@ the bound; an unclamped overflow gives ``inf`` or NaN) instead of raising. Paddi
 0) are set to 0 before any sum, so whatever they hold never reaches a result; an all-zero mask
 gives 0.0 where a framework would divide 0 by 0.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -47,12 +48,22 @@ from .validation import (
 )
 
 __all__ = [
-    "verl_kl_loss", "verl_kl_in_reward", "verl_ppo_kl", "verl_kl_penalty",
-    "openrlhf_compute_approx_kl", "openrlhf_kl",
-    "trl_grpo_kl", "trl_ppo_kl",
-    "nemo_rl_calculate_kl", "nemo_rl_kl_loss",
-    "minimind_approx_kl", "minimind_kl_ref_penalty",
-    "side_by_side", "FRAMEWORK_FUNCTIONS", "TRL_RELEASE", "TRL_COMMIT",
+    "verl_kl_loss",
+    "verl_kl_in_reward",
+    "verl_ppo_kl",
+    "verl_kl_penalty",
+    "openrlhf_compute_approx_kl",
+    "openrlhf_kl",
+    "trl_grpo_kl",
+    "trl_ppo_kl",
+    "nemo_rl_calculate_kl",
+    "nemo_rl_kl_loss",
+    "minimind_approx_kl",
+    "minimind_kl_ref_penalty",
+    "side_by_side",
+    "FRAMEWORK_FUNCTIONS",
+    "TRL_RELEASE",
+    "TRL_COMMIT",
 ]
 
 #: The TRL sources read: the release pip installs (GRPO) and main (the PPO trainer, which the
@@ -80,8 +91,9 @@ def _mask(mask: Tensor, like: Tensor, name: str = "mask", **counted: Tensor) -> 
     m = as_mask(mask, like, name)
     check_same_shape(like, m, "the log-probabilities", name)
     if like.dim() != 2:
-        raise ValueError("the log-probabilities must be a [batch, response_length] matrix, "
-                         f"got shape {tuple(like.shape)}")
+        raise ValueError(
+            f"the log-probabilities must be a [batch, response_length] matrix, got shape {tuple(like.shape)}"
+        )
     if bool(((m != 0) & (m != 1)).any()):
         raise ValueError(f"{name} must hold only 0 and 1 (valid response token or not)")
     for arg, t in counted.items():
@@ -143,16 +155,24 @@ def _verl_penalty(lp: Tensor, ref: Tensor, kind: str) -> Tensor:
         forward = kernel.k2(ref - lp)
     else:
         d = VERL_LOW_VAR_KL.clamp_input(ref - lp, "k3")
-        forward = VERL_LOW_VAR_KL.clamp_output(torch.exp(d) - d - 1, "k3")   # verl's own k3 (exp, not expm1)
+        forward = VERL_LOW_VAR_KL.clamp_output(torch.exp(d) - d - 1, "k3")  # verl's own k3 (exp, not expm1)
     if not kind.endswith("+"):
         return forward
     backward = kernel.k2(ref - lp)
     return backward - backward.detach() + forward.detach()
 
 
-def verl_kl_loss(logprob: Tensor, ref_logprob: Tensor, response_mask: Tensor, kl_loss_type: str = "low_var_kl",
-                 loss_agg_mode: str = "token-mean", kl_loss_coef: float = 0.001, *,
-                 loss_scale_factor: float | None = None, legacy_norm: bool = False) -> dict[str, Any]:
+def verl_kl_loss(
+    logprob: Tensor,
+    ref_logprob: Tensor,
+    response_mask: Tensor,
+    kl_loss_type: str = "low_var_kl",
+    loss_agg_mode: str = "token-mean",
+    kl_loss_coef: float = 0.001,
+    *,
+    loss_scale_factor: float | None = None,
+    legacy_norm: bool = False,
+) -> dict[str, Any]:
     """verl's KL **in the loss** (``actor.use_kl_loss``): ``kl_penalty`` then ``agg_loss``.
 
     Follows verl-project/verl @ 1dda039, ``verl/workers/utils/losses.py`` (``ppo_loss``: ``kld =
@@ -174,12 +194,18 @@ def verl_kl_loss(logprob: Tensor, ref_logprob: Tensor, response_mask: Tensor, kl
     m = _mask(response_mask, lp, "response_mask", **{"logprob": lp, "ref_logprob": ref})
     per_token = _verl_penalty(lp, ref, kind)
     kl_loss = agg_loss(per_token, m, loss_agg_mode, loss_scale_factor, legacy_norm=legacy_norm)
-    return {"per_token": _masked(per_token, m), "kl_loss": kl_loss, "loss_term": kl_loss_coef * kl_loss,
-            "logged": kl_loss, "logged_name": "actor/kl_loss"}
+    return {
+        "per_token": _masked(per_token, m),
+        "kl_loss": kl_loss,
+        "loss_term": kl_loss_coef * kl_loss,
+        "logged": kl_loss,
+        "logged_name": "actor/kl_loss",
+    }
 
 
-def verl_kl_in_reward(old_logprob: Tensor, ref_logprob: Tensor, response_mask: Tensor, kl_penalty_kind: str = "kl",
-                      kl_coef: float = 0.001) -> dict[str, Any]:
+def verl_kl_in_reward(
+    old_logprob: Tensor, ref_logprob: Tensor, response_mask: Tensor, kl_penalty_kind: str = "kl", kl_coef: float = 0.001
+) -> dict[str, Any]:
     """verl's KL **in the reward** (``algorithm.use_kl_in_reward``), ``apply_kl_penalty``.
 
     Follows verl-project/verl @ 1dda039, ``verl/trainer/ppo/ray_trainer.py`` (``apply_kl_penalty``)
@@ -197,12 +223,18 @@ def verl_kl_in_reward(old_logprob: Tensor, ref_logprob: Tensor, response_mask: T
     kld = _masked(_verl_penalty(old, ref, kind), m)
     per_seq = masked_mean(kld, m, dim=-1)
     logged = per_seq.mean()
-    return {"per_token": kld, "reward_delta": -kl_coef * kld, "per_sequence": per_seq, "logged": logged,
-            "logged_name": "actor/reward_kl_penalty"}
+    return {
+        "per_token": kld,
+        "reward_delta": -kl_coef * kld,
+        "per_sequence": per_seq,
+        "logged": logged,
+        "logged_name": "actor/reward_kl_penalty",
+    }
 
 
-def verl_ppo_kl(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor, *,
-                clamp_log_ratio: bool = True) -> dict[str, Any]:
+def verl_ppo_kl(
+    log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor, *, clamp_log_ratio: bool = True
+) -> dict[str, Any]:
     """verl's ``ppo_kl``: the masked mean of ``old_log_prob - log_prob``, i.e. **k1 of KL(pi_old || pi_theta)**.
 
     Follows verl-project/verl @ 1dda039, ``verl/trainer/ppo/core_algos.py``
@@ -225,8 +257,9 @@ def verl_ppo_kl(log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor, *
 # ---------------------------------------------------------------------------------------------
 # OpenRLHF
 # ---------------------------------------------------------------------------------------------
-def openrlhf_compute_approx_kl(log_probs: Tensor, log_probs_base: Tensor, kl_estimator: str = "k1",
-                               clamp: bool = True, *, float32: bool = True) -> Tensor:
+def openrlhf_compute_approx_kl(
+    log_probs: Tensor, log_probs_base: Tensor, kl_estimator: str = "k1", clamp: bool = True, *, float32: bool = True
+) -> Tensor:
     """OpenRLHF's ``compute_approx_kl``: per-token k1, k2 or k3 with ``log_ratio = log_probs - log_probs_base``.
 
     Follows OpenRLHF/OpenRLHF @ 3c3be62, ``openrlhf/models/utils.py``: ``log_ratio =
@@ -245,17 +278,25 @@ def openrlhf_compute_approx_kl(log_probs: Tensor, log_probs_base: Tensor, kl_est
 def _openrlhf_approx_kl(lp: Tensor, base: Tensor, kind: str, clamp: bool, float32: bool) -> Tensor:
     if float32:
         lp, base = lp.float(), base.float()
-    log_ratio = lp - base                  # = -log r, r = pi_base / pi
+    log_ratio = lp - base  # = -log r, r = pi_base / pi
     if kind == "k3":
-        out = torch.exp(-log_ratio) - 1.0 + log_ratio      # OpenRLHF's own k3 (no expm1, no input clamp)
+        out = torch.exp(-log_ratio) - 1.0 + log_ratio  # OpenRLHF's own k3 (no expm1, no input clamp)
     else:
         out = kernel.estimate(kind, -log_ratio)
     return OPENRLHF.clamp_output(out, kind) if clamp else out
 
 
-def openrlhf_kl(action_log_probs: Tensor, base_action_log_probs: Tensor, action_mask: Tensor,
-                kl_estimator: str = "k1", init_kl_coef: float = 0.01, use_kl_loss: bool = False,
-                clamp: bool = True, *, float32: bool = True) -> dict[str, Any]:
+def openrlhf_kl(
+    action_log_probs: Tensor,
+    base_action_log_probs: Tensor,
+    action_mask: Tensor,
+    kl_estimator: str = "k1",
+    init_kl_coef: float = 0.01,
+    use_kl_loss: bool = False,
+    clamp: bool = True,
+    *,
+    float32: bool = True,
+) -> dict[str, Any]:
     """OpenRLHF's KL in the reward (default, PPO) or in the loss (``--algo.kl.use_loss``, GRPO-style).
 
     Follows OpenRLHF/OpenRLHF @ 3c3be62: ``openrlhf/models/utils.py`` (``compute_approx_kl``;
@@ -289,10 +330,18 @@ def openrlhf_kl(action_log_probs: Tensor, base_action_log_probs: Tensor, action_
 _TRL_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo")
 
 
-def trl_grpo_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor, completion_mask: Tensor,
-                old_per_token_logps: Tensor | None = None, use_bias_correction_kl: bool = True,
-                beta: float = 0.0, loss_type: str = "dapo", max_completion_length: int | None = 512, *,
-                importance_sampling_level: str = "token") -> dict[str, Any]:
+def trl_grpo_kl(
+    per_token_logps: Tensor,
+    ref_per_token_logps: Tensor,
+    completion_mask: Tensor,
+    old_per_token_logps: Tensor | None = None,
+    use_bias_correction_kl: bool = True,
+    beta: float = 0.0,
+    loss_type: str = "dapo",
+    max_completion_length: int | None = 512,
+    *,
+    importance_sampling_level: str = "token",
+) -> dict[str, Any]:
     """TRL's GRPO KL: k3 of (current vs reference) **in the loss**, times the importance ratio by default.
 
     Follows huggingface/trl release 1.16.0 (PyPI), ``trl/trainer/grpo_trainer.py``
@@ -323,7 +372,7 @@ def trl_grpo_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor, completion
     loss_type = check_choice(loss_type, "loss_type", _TRL_LOSS_TYPES)
     level = check_choice(importance_sampling_level, "importance_sampling_level", ("token", "sequence"))
     d = ref - lp
-    per_token_kl = torch.exp(d) - d - 1.0          # TRL's own k3 (exp, not expm1; no clamp)
+    per_token_kl = torch.exp(d) - d - 1.0  # TRL's own k3 (exp, not expm1; no clamp)
     weights = None
     if use_bias_correction_kl:
         if old_per_token_logps is None:
@@ -347,15 +396,26 @@ def trl_grpo_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor, completion
     else:
         width = lp.shape[-1] if max_completion_length is None else max_completion_length
         kl_in_loss = per_token_kl.sum() / (lp.shape[0] * width)
-    out: dict[str, Any] = {"per_token": per_token_kl, "logged": logged, "logged_name": "kl",
-                           "kl_in_loss": kl_in_loss, "loss_term": beta * kl_in_loss}
+    out: dict[str, Any] = {
+        "per_token": per_token_kl,
+        "logged": logged,
+        "logged_name": "kl",
+        "kl_in_loss": kl_in_loss,
+        "loss_term": beta * kl_in_loss,
+    }
     if weights is not None:
         out["weights"] = weights
     return out
 
 
-def trl_ppo_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_estimator: str = "k1", kl_coef: float = 0.05,
-               new_logprobs: Tensor | None = None) -> dict[str, Any]:
+def trl_ppo_kl(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kl_estimator: str = "k1",
+    kl_coef: float = 0.05,
+    new_logprobs: Tensor | None = None,
+) -> dict[str, Any]:
     """TRL's PPO: k1 or k3 of (policy vs reference) **in the reward**, and ``approxkl`` logging.
 
     Follows huggingface/trl @ f2cd577, ``trl/experimental/ppo/ppo_trainer.py`` (moved from
@@ -374,10 +434,15 @@ def trl_ppo_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_estimato
     lp, ref = _pair(logprobs, ref_logprobs, "logprobs", "ref_logprobs", finite=False)
     m = _mask(mask, lp, "mask", **{"logprobs": lp, "ref_logprobs": ref})
     kind = check_choice(kl_estimator, "kl_estimator", ("k1", "k3"))
-    logr = _masked(ref - lp, m)                            # filler positions: equal values -> 0
-    kl = kernel.k1(logr) if kind == "k1" else (torch.exp(logr) - 1) - logr     # TRL's own k3, as written there
-    out: dict[str, Any] = {"per_token": kl, "reward_delta": -kl_coef * kl, "per_sequence": kl.sum(1),
-                           "logged": kl.sum(1).mean(), "logged_name": "objective/kl"}
+    logr = _masked(ref - lp, m)  # filler positions: equal values -> 0
+    kl = kernel.k1(logr) if kind == "k1" else (torch.exp(logr) - 1) - logr  # TRL's own k3, as written there
+    out: dict[str, Any] = {
+        "per_token": kl,
+        "reward_delta": -kl_coef * kl,
+        "per_sequence": kl.sum(1),
+        "logged": kl.sum(1).mean(),
+        "logged_name": "objective/kl",
+    }
     if new_logprobs is not None:
         new, _ = _pair(new_logprobs, lp, "new_logprobs", "logprobs", finite=False)
         check_finite_values(new, "new_logprobs", where=m != 0)
@@ -389,10 +454,14 @@ def trl_ppo_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kl_estimato
 # ---------------------------------------------------------------------------------------------
 # NeMo-RL
 # ---------------------------------------------------------------------------------------------
-def nemo_rl_calculate_kl(logprobs: Tensor, logprobs_reference: Tensor, kl_type: str = "k3",
-                         input_clamp_value: float | None = NEMO_RL.input_clamp,
-                         output_clamp_value: float | None = NEMO_RL.upper_bound,
-                         importance_sampling_weights: Tensor | None = None) -> Tensor:
+def nemo_rl_calculate_kl(
+    logprobs: Tensor,
+    logprobs_reference: Tensor,
+    kl_type: str = "k3",
+    input_clamp_value: float | None = NEMO_RL.input_clamp,
+    output_clamp_value: float | None = NEMO_RL.upper_bound,
+    importance_sampling_weights: Tensor | None = None,
+) -> Tensor:
     """NeMo-RL's ``calculate_kl``: ``logr = ref - logprobs`` clamped to ±20, then k1 (``-logr``),
     k2 (``logr²/2``) or k3 (``exp(logr) - 1 - logr``), optionally times importance weights, the
     result clamped to ±10.
@@ -411,8 +480,14 @@ def nemo_rl_calculate_kl(logprobs: Tensor, logprobs_reference: Tensor, kl_type: 
     return _nemo_calculate_kl(lp, ref, kind, input_clamp_value, output_clamp_value, w)
 
 
-def _nemo_calculate_kl(lp: Tensor, ref: Tensor, kind: str, input_clamp_value: float | None,
-                       output_clamp_value: float | None, weights: Tensor | None) -> Tensor:
+def _nemo_calculate_kl(
+    lp: Tensor,
+    ref: Tensor,
+    kind: str,
+    input_clamp_value: float | None,
+    output_clamp_value: float | None,
+    weights: Tensor | None,
+) -> Tensor:
     logr = ref - lp
     if input_clamp_value is not None:
         c = float(input_clamp_value)
@@ -421,7 +496,7 @@ def _nemo_calculate_kl(lp: Tensor, ref: Tensor, kind: str, input_clamp_value: fl
             weights = torch.where(logr == clamped, weights, weights.detach())
         logr = clamped
     if kind == "k3":
-        kl = torch.exp(logr) - 1 - logr            # NeMo-RL's own k3 (exp, not expm1)
+        kl = torch.exp(logr) - 1 - logr  # NeMo-RL's own k3 (exp, not expm1)
     else:
         kl = kernel.estimate(kind, logr)
     if weights is not None:
@@ -431,13 +506,21 @@ def _nemo_calculate_kl(lp: Tensor, ref: Tensor, kind: str, input_clamp_value: fl
     return kl
 
 
-def nemo_rl_kl_loss(curr_logprobs: Tensor, reference_policy_logprobs: Tensor, mask: Tensor,
-                    generation_logprobs: Tensor | None = None, kl_type: str = "k3",
-                    reference_policy_kl_penalty: float = 0.01, use_on_policy_kl_approximation: bool = False,
-                    detach_weights: bool = False, *, weight_inside_clamp: bool = True,
-                    kl_input_clamp_value: float | None = NEMO_RL.input_clamp,
-                    kl_output_clamp_value: float | None = NEMO_RL.upper_bound,
-                    token_level_loss: bool = True) -> dict[str, Any]:
+def nemo_rl_kl_loss(
+    curr_logprobs: Tensor,
+    reference_policy_logprobs: Tensor,
+    mask: Tensor,
+    generation_logprobs: Tensor | None = None,
+    kl_type: str = "k3",
+    reference_policy_kl_penalty: float = 0.01,
+    use_on_policy_kl_approximation: bool = False,
+    detach_weights: bool = False,
+    *,
+    weight_inside_clamp: bool = True,
+    kl_input_clamp_value: float | None = NEMO_RL.input_clamp,
+    kl_output_clamp_value: float | None = NEMO_RL.upper_bound,
+    token_level_loss: bool = True,
+) -> dict[str, Any]:
     """NeMo-RL's reference KL in the loss (``ClippedPGLossFn``), importance-weighted.
 
     Follows NVIDIA-NeMo/RL @ 7ea279a, ``nemo_rl/algorithms/loss/loss_functions.py``
@@ -462,7 +545,9 @@ def nemo_rl_kl_loss(curr_logprobs: Tensor, reference_policy_logprobs: Tensor, ma
     nothing, the mean of ``per_token``) and ``loss_term`` (the mean of ``coef`` times the weighted k).
     """
     kind = check_choice(kl_type, "kl_type", kernel.ESTIMATORS)
-    lp, ref = _pair(curr_logprobs, reference_policy_logprobs, "curr_logprobs", "reference_policy_logprobs", finite=False)
+    lp, ref = _pair(
+        curr_logprobs, reference_policy_logprobs, "curr_logprobs", "reference_policy_logprobs", finite=False
+    )
     m = _mask(mask, lp, "mask", **{"curr_logprobs": lp, "reference_policy_logprobs": ref})
     if use_on_policy_kl_approximation:
         if generation_logprobs is None:
@@ -482,26 +567,27 @@ def nemo_rl_kl_loss(curr_logprobs: Tensor, reference_policy_logprobs: Tensor, ma
     else:
         k = _nemo_calculate_kl(lp, ref, kind, kl_input_clamp_value, kl_output_clamp_value, None)
         per_token = w * k
-        loss_tok = w * coef * k                    # NeMo-RL's order: (weight * coef) * kl
+        loss_tok = w * coef * k  # NeMo-RL's order: (weight * coef) * kl
     per_token, loss_tok = _masked(per_token, m), _masked(loss_tok, m)
     if token_level_loss:
         loss_term = _mean(loss_tok, m)
     else:
         loss_term = _mean(_mean(loss_tok, m, dim=-1), torch.ones_like(m[:, 0]))
     if coef != 0:
-        logged = loss_term / coef                  # NeMo-RL logs kl / reference_policy_kl_penalty
-    else:                                          # NeMo-RL skips the KL at 0; the value it would log
-        logged = _mean(per_token, m) if token_level_loss else _mean(_mean(per_token, m, dim=-1),
-                                                                     torch.ones_like(m[:, 0]))
-    return {"per_token": per_token, "weights": w, "logged": logged, "logged_name": "kl_penalty",
-            "loss_term": loss_term}
+        logged = loss_term / coef  # NeMo-RL logs kl / reference_policy_kl_penalty
+    else:  # NeMo-RL skips the KL at 0; the value it would log
+        logged = (
+            _mean(per_token, m) if token_level_loss else _mean(_mean(per_token, m, dim=-1), torch.ones_like(m[:, 0]))
+        )
+    return {"per_token": per_token, "weights": w, "logged": logged, "logged_name": "kl_penalty", "loss_term": loss_term}
 
 
 # ---------------------------------------------------------------------------------------------
 # MiniMind
 # ---------------------------------------------------------------------------------------------
-def minimind_approx_kl(mb_resp_logp: Tensor, old_resp_logp: Tensor, resp_policy_mask: Tensor,
-                       early_stop_kl: float = 0.25) -> dict[str, Any]:
+def minimind_approx_kl(
+    mb_resp_logp: Tensor, old_resp_logp: Tensor, resp_policy_mask: Tensor, early_stop_kl: float = 0.25
+) -> dict[str, Any]:
     """MiniMind's ``approx_kl`` = masked mean of ``½ (log pi_theta - log pi_old)²`` on old's tokens.
 
     Follows jingyaogong/minimind @ d65ef2c (2026-08-21), ``trainer/train_ppo.py``: ``log_ratio = mb_resp_logp -
@@ -515,14 +601,20 @@ def minimind_approx_kl(mb_resp_logp: Tensor, old_resp_logp: Tensor, resp_policy_
     m = _mask(resp_policy_mask, new, "resp_policy_mask", **{"mb_resp_logp": new, "old_resp_logp": old})
     if not float(early_stop_kl) > 0:
         raise ValueError(f"early_stop_kl must be positive, got {early_stop_kl!r}")
-    per_token = _masked(kernel.k2(new - old), m)   # MiniMind multiplies by the mask; padding here may hold inf
+    per_token = _masked(kernel.k2(new - old), m)  # MiniMind multiplies by the mask; padding here may hold inf
     approx_kl = per_token.sum() / m.sum().clamp(min=1.0)
-    return {"per_token": per_token, "approx_kl": approx_kl, "stop": approx_kl > early_stop_kl,
-            "logged": approx_kl, "logged_name": "approx_kl"}
+    return {
+        "per_token": per_token,
+        "approx_kl": approx_kl,
+        "stop": approx_kl > early_stop_kl,
+        "logged": approx_kl,
+        "logged_name": "approx_kl",
+    }
 
 
-def minimind_kl_ref_penalty(mb_resp_logp: Tensor, ref_resp_logp: Tensor, resp_policy_mask: Tensor,
-                            kl_coef: float = 0.02) -> dict[str, Any]:
+def minimind_kl_ref_penalty(
+    mb_resp_logp: Tensor, ref_resp_logp: Tensor, resp_policy_mask: Tensor, kl_coef: float = 0.02
+) -> dict[str, Any]:
     """MiniMind's ``kl_ref_penalty``: masked mean of k3 of (current vs reference), in the loss.
 
     Follows jingyaogong/minimind @ d65ef2c (2026-08-21), ``trainer/train_ppo.py``:
@@ -533,23 +625,39 @@ def minimind_kl_ref_penalty(mb_resp_logp: Tensor, ref_resp_logp: Tensor, resp_po
     lp, ref = _pair(mb_resp_logp, ref_resp_logp, "mb_resp_logp", "ref_resp_logp", finite=False)
     m = _mask(resp_policy_mask, lp, "resp_policy_mask", **{"mb_resp_logp": lp, "ref_resp_logp": ref})
     d = ref - lp
-    per_token = _masked(torch.exp(d) - d - 1.0, m)   # MiniMind's own k3 (exp, not expm1; no clamp)
+    per_token = _masked(torch.exp(d) - d - 1.0, m)  # MiniMind's own k3 (exp, not expm1; no clamp)
     pen = per_token.sum() / m.sum().clamp(min=1.0)
-    return {"per_token": per_token, "kl_ref_penalty": pen, "loss_term": kl_coef * pen, "logged": pen,
-            "logged_name": "kl_ref"}
+    return {
+        "per_token": per_token,
+        "kl_ref_penalty": pen,
+        "loss_term": kl_coef * pen,
+        "logged": pen,
+        "logged_name": "kl_ref",
+    }
 
 
 FRAMEWORK_FUNCTIONS = {
-    "verl_kl_loss": verl_kl_loss, "verl_kl_in_reward": verl_kl_in_reward, "verl_ppo_kl": verl_ppo_kl,
-    "openrlhf_kl": openrlhf_kl, "trl_grpo_kl": trl_grpo_kl, "trl_ppo_kl": trl_ppo_kl,
-    "nemo_rl_kl_loss": nemo_rl_kl_loss, "minimind_approx_kl": minimind_approx_kl,
+    "verl_kl_loss": verl_kl_loss,
+    "verl_kl_in_reward": verl_kl_in_reward,
+    "verl_ppo_kl": verl_ppo_kl,
+    "openrlhf_kl": openrlhf_kl,
+    "trl_grpo_kl": trl_grpo_kl,
+    "trl_ppo_kl": trl_ppo_kl,
+    "nemo_rl_kl_loss": nemo_rl_kl_loss,
+    "minimind_approx_kl": minimind_approx_kl,
     "minimind_kl_ref_penalty": minimind_kl_ref_penalty,
 }
 
 
-def side_by_side(policy_logprob: Tensor, old_logprob: Tensor, ref_logprob: Tensor, mask: Tensor,
-                 exact_policy_ref: Tensor | None = None, exact_old_policy: Tensor | None = None,
-                 exact_old_ref: Tensor | None = None) -> list[dict[str, Any]]:
+def side_by_side(
+    policy_logprob: Tensor,
+    old_logprob: Tensor,
+    ref_logprob: Tensor,
+    mask: Tensor,
+    exact_policy_ref: Tensor | None = None,
+    exact_old_policy: Tensor | None = None,
+    exact_old_ref: Tensor | None = None,
+) -> list[dict[str, Any]]:
     """One batch through every framework: a list of table rows (framework, name, direction, value).
 
     ``policy_logprob``: the policy being updated (pi_theta), ``old_logprob``: the sampler
@@ -570,38 +678,80 @@ def side_by_side(policy_logprob: Tensor, old_logprob: Tensor, ref_logprob: Tenso
     rows: list[dict[str, Any]] = []
 
     def row(framework: str, name: str, direction: str, how: str, value: Tensor) -> None:
-        rows.append({"framework": framework, "logged as": name, "estimates": direction, "how": how,
-                     "value": float(value)})
+        rows.append(
+            {"framework": framework, "logged as": name, "estimates": direction, "how": how, "value": float(value)}
+        )
 
     row("verl", "actor/kl_loss", ref_dir, "low_var_kl (k3, clamps), token-mean", verl_kl_loss(lp, ref, m)["logged"])
-    row("verl", "actor/reward_kl_penalty", old_ref_dir, "k1 of π_old vs ref, mean of per-seq token means",
-        verl_kl_in_reward(old, ref, m)["logged"])
+    row(
+        "verl",
+        "actor/reward_kl_penalty",
+        old_ref_dir,
+        "k1 of π_old vs ref, mean of per-seq token means",
+        verl_kl_in_reward(old, ref, m)["logged"],
+    )
     row("verl", "actor/ppo_kl", ppo_dir, "k1 (log-ratio clamped ±20), token mean", verl_ppo_kl(lp, old, m)["logged"])
-    row("OpenRLHF", "kl", old_ref_dir, "k1 of π_old vs ref clamped ±10 (float32), mean of per-seq means",
-        openrlhf_kl(old, ref, m, "k1")["logged"])
-    row("OpenRLHF", "kl (use_kl_loss, k3)", ref_dir, "k3 clamped ±10 (float32), token mean",
-        openrlhf_kl(lp, ref, m, "k3", use_kl_loss=True)["kl_loss"])
-    row("TRL GRPO", "kl", ref_dir, "k3, token mean (no ratio: use_bias_correction_kl=False or on-policy)",
-        trl_grpo_kl(lp, ref, m, use_bias_correction_kl=False)["logged"])
-    row("TRL GRPO", "kl (bias-corrected)", ref_dir, "k3 × π_θ/π_old, token mean (TRL's default weighting)",
-        trl_grpo_kl(lp, ref, m, old_per_token_logps=old, use_bias_correction_kl=True)["logged"])
+    row(
+        "OpenRLHF",
+        "kl",
+        old_ref_dir,
+        "k1 of π_old vs ref clamped ±10 (float32), mean of per-seq means",
+        openrlhf_kl(old, ref, m, "k1")["logged"],
+    )
+    row(
+        "OpenRLHF",
+        "kl (use_kl_loss, k3)",
+        ref_dir,
+        "k3 clamped ±10 (float32), token mean",
+        openrlhf_kl(lp, ref, m, "k3", use_kl_loss=True)["kl_loss"],
+    )
+    row(
+        "TRL GRPO",
+        "kl",
+        ref_dir,
+        "k3, token mean (no ratio: use_bias_correction_kl=False or on-policy)",
+        trl_grpo_kl(lp, ref, m, use_bias_correction_kl=False)["logged"],
+    )
+    row(
+        "TRL GRPO",
+        "kl (bias-corrected)",
+        ref_dir,
+        "k3 × π_θ/π_old, token mean (TRL's default weighting)",
+        trl_grpo_kl(lp, ref, m, old_per_token_logps=old, use_bias_correction_kl=True)["logged"],
+    )
     trl_ppo = trl_ppo_kl(old, ref, m, "k1", new_logprobs=lp)
     row("TRL PPO", "objective/kl", old_ref_dir, "k1 of π_old vs ref, mean of per-seq sums", trl_ppo["logged"])
     row("TRL PPO", "approxkl", ppo_dir, "½Δ², unmasked mean (padding counts)", trl_ppo["approxkl"])
-    row("NeMo-RL", "kl_penalty", ref_dir,
+    row(
+        "NeMo-RL",
+        "kl_penalty",
+        ref_dir,
         "π_θ/π_old × k3, then the ±10 clamp (use_on_policy_kl_approximation), token mean",
-        nemo_rl_kl_loss(lp, ref, m, generation_logprobs=old, use_on_policy_kl_approximation=True)["logged"])
+        nemo_rl_kl_loss(lp, ref, m, generation_logprobs=old, use_on_policy_kl_approximation=True)["logged"],
+    )
     row("MiniMind", "approx_kl", ppo_dir, "½Δ² (k2), token mean", minimind_approx_kl(lp, old, m)["logged"])
     row("MiniMind", "kl_ref", ref_dir, "k3, token mean", minimind_kl_ref_penalty(lp, ref, m)["logged"])
-    for exact, direction, name in ((exact_policy_ref, ref_dir, "exact_policy_ref"),
-                                   (exact_old_policy, ppo_dir, "exact_old_policy"),
-                                   (exact_old_ref, old_ref_dir, "exact_old_ref")):
+    for exact, direction, name in (
+        (exact_policy_ref, ref_dir, "exact_policy_ref"),
+        (exact_old_policy, ppo_dir, "exact_old_policy"),
+        (exact_old_ref, old_ref_dir, "exact_old_ref"),
+    ):
         if exact is None:
             continue
         ex = as_float_tensor(exact, name).to(lp.dtype)
         check_same_shape(ex, lp, "exact", "policy_logprob")
-        row("exact", "per-token mean", direction, "Σ over the vocabulary at each position, token mean",
-            masked_mean(ex, m))
-        row("exact", "per-sequence sum", direction, "Σ over the vocabulary, summed per sequence, mean",
-            (ex * m).sum(-1).mean())
+        row(
+            "exact",
+            "per-token mean",
+            direction,
+            "Σ over the vocabulary at each position, token mean",
+            masked_mean(ex, m),
+        )
+        row(
+            "exact",
+            "per-sequence sum",
+            direction,
+            "Σ over the vocabulary, summed per sequence, mean",
+            (ex * m).sum(-1).mean(),
+        )
     return rows

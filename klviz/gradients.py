@@ -20,6 +20,7 @@ DeepSeek-V3.2 and TRL; ``"straight-through"`` keeps the value and takes the grad
 :func:`expected_kl_gradient` sums ``pi(x) c(x) s(x)`` over the vocabulary (exact, no sampling);
 :func:`sampled_kl_gradients` draws tokens and returns the per-sample gradients.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,10 @@ from .usage import EstimatorUse, parse_use
 from .validation import Tensor, as_float_tensor, check_positive_int, check_same_shape, common_dtype
 
 __all__ = [
-    "expected_kl_gradient", "reverse_kl_gradient", "forward_kl_gradient", "sampled_kl_gradients",
+    "expected_kl_gradient",
+    "reverse_kl_gradient",
+    "forward_kl_gradient",
+    "sampled_kl_gradients",
     "gradient_coefficient",
 ]
 
@@ -39,7 +43,9 @@ def _policy_pair(policy_logits: Tensor, ref_logits: Tensor) -> tuple[Tensor, Ten
     th = as_float_tensor(policy_logits, "policy_logits")
     ref = as_float_tensor(ref_logits, "ref_logits")
     if th.dim() != 1:
-        raise ValueError(f"policy_logits must be 1-D (one categorical over the vocabulary), got shape {tuple(th.shape)}")
+        raise ValueError(
+            f"policy_logits must be 1-D (one categorical over the vocabulary), got shape {tuple(th.shape)}"
+        )
     check_same_shape(th, ref, "policy_logits", "ref_logits")
     if th.numel() < 2:
         raise ValueError("policy_logits needs at least two tokens")
@@ -58,26 +64,30 @@ def _loss_coefficient(log_r: Tensor, estimator: str) -> Tensor:
 
 def use_coefficient(log_r: Tensor, use: EstimatorUse) -> Tensor:
     """c(x) for an already checked ``log_r`` and ``use`` (no input checks; see :func:`gradient_coefficient`)."""
-    if use.placement == "reward":         # sg(k) · s, or sg(k) · grad rho = sg(k) · s on-policy
+    if use.placement == "reward":  # sg(k) · s, or sg(k) · grad rho = sg(k) · s on-policy
         return kernel.estimate(use.estimator, log_r)
     if use.weighting == "straight-through":
-        return kernel.k1(log_r)           # the gradient of k2, whatever the value
+        return kernel.k1(log_r)  # the gradient of k2, whatever the value
     c = _loss_coefficient(log_r, use.estimator)
-    if use.weighting == "rho":            # grad(rho · k) = k · s + grad k, rho = pi / sg(pi) = 1 in value
+    if use.weighting == "rho":  # grad(rho · k) = k · s + grad k, rho = pi / sg(pi) = 1 in value
         c = c + kernel.estimate(use.estimator, log_r)
     return c
 
 
 def _as_use(estimator: str | EstimatorUse, placement: str | None, weighting: str) -> EstimatorUse:
     """An :class:`EstimatorUse` from ``("k3", "loss", "rho")``, a label ``"k3·ρ in loss"`` or a use."""
-    if isinstance(estimator, EstimatorUse) or (placement is None and isinstance(estimator, str) and " in " in estimator):
+    if isinstance(estimator, EstimatorUse) or (
+        placement is None and isinstance(estimator, str) and " in " in estimator
+    ):
         if placement is not None or weighting != "none":
-            raise ValueError("placement and weighting are part of the use already; pass only the use "
-                             f"{str(estimator)!r}")
+            raise ValueError(
+                f"placement and weighting are part of the use already; pass only the use {str(estimator)!r}"
+            )
         return parse_use(estimator)
     if placement is None:
-        raise ValueError(f"placement is needed with estimator {estimator!r} ('loss' or 'reward'), or pass a use "
-                         "such as 'k3 in loss'")
+        raise ValueError(
+            f"placement is needed with estimator {estimator!r} ('loss' or 'reward'), or pass a use such as 'k3 in loss'"
+        )
     return EstimatorUse(estimator, placement, weighting)
 
 
@@ -90,23 +100,24 @@ def weighted_coefficient(log_pi: Tensor, log_ref: Tensor, use: EstimatorUse) -> 
     """
     pi, ref = log_pi.exp(), log_ref.exp()
     log_r = log_ref - log_pi
-    k1_term = pi * kernel.k1(log_r)                            # pi · (-log r)
+    k1_term = pi * kernel.k1(log_r)  # pi · (-log r)
 
-    def value_term(estimator: str) -> Tensor:                  # pi · k
+    def value_term(estimator: str) -> Tensor:  # pi · k
         if estimator == "k3":
-            return (ref - pi) + k1_term                        # pi (r - 1 - log r)
+            return (ref - pi) + k1_term  # pi (r - 1 - log r)
         return pi * kernel.estimate(estimator, log_r)
 
     if use.placement == "reward":
         return value_term(use.estimator)
     if use.weighting == "straight-through":
         return k1_term
-    loss_term = {"k1": pi, "k2": k1_term, "k3": pi - ref}[use.estimator]     # pi · d k / d log pi
+    loss_term = {"k1": pi, "k2": k1_term, "k3": pi - ref}[use.estimator]  # pi · d k / d log pi
     return loss_term + value_term(use.estimator) if use.weighting == "rho" else loss_term
 
 
-def gradient_coefficient(log_r: Tensor, estimator: str | EstimatorUse, placement: str | None = None,
-                         weighting: str = "none") -> Tensor:
+def gradient_coefficient(
+    log_r: Tensor, estimator: str | EstimatorUse, placement: str | None = None, weighting: str = "none"
+) -> Tensor:
     """The coefficient c(x) with per-sample gradient ``c(x) · grad log pi(x)`` (see the module table).
 
     ``log_r = log pi_ref(x) - log pi(x)`` for tokens x sampled from the policy pi. ``estimator`` in
@@ -118,8 +129,13 @@ def gradient_coefficient(log_r: Tensor, estimator: str | EstimatorUse, placement
     return use_coefficient(as_float_tensor(log_r, "log_r"), use)
 
 
-def expected_kl_gradient(policy_logits: Tensor, ref_logits: Tensor, estimator: str | EstimatorUse,
-                         placement: str | None = None, weighting: str = "none") -> Tensor:
+def expected_kl_gradient(
+    policy_logits: Tensor,
+    ref_logits: Tensor,
+    estimator: str | EstimatorUse,
+    placement: str | None = None,
+    weighting: str = "none",
+) -> Tensor:
     """Exact E_{x~pi}[per-sample gradient] w.r.t. the policy logits, by summing over the vocabulary.
 
     Tokens are sampled from the policy pi = softmax(policy_logits); ``ref_logits`` define pi_ref.
@@ -134,14 +150,21 @@ def expected_kl_gradient(policy_logits: Tensor, ref_logits: Tensor, estimator: s
     th, ref = _policy_pair(policy_logits, ref_logits)
     log_pi = torch.log_softmax(th, -1)
     pi = log_pi.exp()
-    w = weighted_coefficient(log_pi, torch.log_softmax(ref, -1), use)   # pi · c, in log space where r is
+    w = weighted_coefficient(log_pi, torch.log_softmax(ref, -1), use)  # pi · c, in log space where r is
     # E[c s] = sum_x pi(x) c(x) (e_x - pi) = w - pi · sum(w)
     return w - pi * w.sum()
 
 
-def sampled_kl_gradients(policy_logits: Tensor, ref_logits: Tensor, estimator: str | EstimatorUse,
-                         placement: str | None, num_samples: int, *, weighting: str = "none",
-                         generator: torch.Generator | None = None) -> Tensor:
+def sampled_kl_gradients(
+    policy_logits: Tensor,
+    ref_logits: Tensor,
+    estimator: str | EstimatorUse,
+    placement: str | None,
+    num_samples: int,
+    *,
+    weighting: str = "none",
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Per-sample gradients ``c(x_i) · (onehot(x_i) - pi)`` for ``num_samples`` tokens x_i ~ pi.
 
     Returns a [num_samples, V] tensor whose mean estimates :func:`expected_kl_gradient` (the use

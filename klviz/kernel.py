@@ -15,6 +15,7 @@ worked clamp demo in :mod:`klviz.tokens`), where a framework's own formula diffe
 instance verl's ``exp(d) - d - 1`` whose float32 rounding near ``d = 0`` is itself a lesson; each
 such place says so in a comment.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,8 +26,18 @@ import torch
 
 Tensor = torch.Tensor
 
-__all__ = ["ESTIMATORS", "k1", "k2", "k3", "kl_to_target", "estimate", "estimates", "k3_series_threshold",
-           "k3_series", "k3_into"]
+__all__ = [
+    "ESTIMATORS",
+    "k1",
+    "k2",
+    "k3",
+    "kl_to_target",
+    "estimate",
+    "estimates",
+    "k3_series_threshold",
+    "k3_series",
+    "k3_into",
+]
 
 #: The three estimators of KL(q || p) from samples of q, in the order lessons show them.
 ESTIMATORS: tuple[str, str, str] = ("k1", "k2", "k3")
@@ -68,7 +79,7 @@ def k3_series(t: Any, out: Any = None, scratch: Any = None) -> Any:
     if out is None:
         return t * t * (0.5 + t * (1 / 6 + t * (1 / 24 + t * (1 / 120 + t / 720))))
     xp = np if isinstance(t, np.ndarray) else torch
-    s = xp.divide(t, 720, out=out)                    # the expression above, innermost step first
+    s = xp.divide(t, 720, out=out)  # the expression above, innermost step first
     for coefficient in (1 / 120, 1 / 24, 1 / 6):
         s += coefficient
         s *= t
@@ -97,7 +108,7 @@ def _numpy_expm1_is_simd() -> bool:
     (more for larger |t|), against about 20 µs with AVX-512 and about 100 µs for torch's expm1."""
     import importlib
 
-    for name in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):   # NumPy 2, NumPy 1
+    for name in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # NumPy 2, NumPy 1
         try:
             features = importlib.import_module(name).__cpu_features__
         except (ImportError, AttributeError):
@@ -140,12 +151,12 @@ def k3_into(log_r: Any, out: Any, scratch: Any, scratch2: Any) -> Any:
         series = k3_series(t, scratch, scratch2)
         if _NUMPY_EXPM1_IS_SIMD:
             np.expm1(t, out=out)
-        else:                       # torch's vectorised expm1, on the same memory
+        else:  # torch's vectorised expm1, on the same memory
             torch.expm1(torch.from_numpy(t), out=torch.from_numpy(out))
         out -= t
     ints = np.dtype(f"i{t.itemsize}")
     mask = np.subtract(np.abs(t, out=scratch2), threshold, out=scratch2).view(ints)
-    np.right_shift(mask, 8 * t.itemsize - 1, out=mask)      # all ones where |t| < threshold, else 0
+    np.right_shift(mask, 8 * t.itemsize - 1, out=mask)  # all ones where |t| < threshold, else 0
     bits, series_bits = out.view(ints), series.view(ints)
     series_bits ^= bits
     series_bits &= mask

@@ -17,6 +17,7 @@ sources only, so running a lesson (outputs, execution counts, widget state) is n
 JupyterLab then starts in DIR on 127.0.0.1 with a random token, locked as :mod:`klviz.servers`
 describes, and the URL, token included, is printed once the server answers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,15 +27,23 @@ import os
 import shutil
 import sys
 import webbrowser
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 from .servers import Server, run_until_interrupted, start_lab_server
 
-__all__ = ["shipped_notebooks_dir", "lesson_paths", "resolve_lesson", "sync_lessons", "SyncReport",
-           "lesson_fingerprint", "start_lab", "main"]
+__all__ = [
+    "shipped_notebooks_dir",
+    "lesson_paths",
+    "resolve_lesson",
+    "sync_lessons",
+    "SyncReport",
+    "lesson_fingerprint",
+    "start_lab",
+    "main",
+]
 
 DEFAULT_DIR = "klviz-lessons"
 MANIFEST = ".klviz-lessons.json"
@@ -51,7 +60,8 @@ def shipped_notebooks_dir() -> Path:
             return candidate
     raise FileNotFoundError(
         f"no lesson notebooks found in {here / 'notebooks'} or {here.parent / 'notebooks'}; "
-        "reinstall klviz (`pip install --force-reinstall klviz`) or run from a source checkout")
+        "reinstall klviz (`pip install --force-reinstall klviz`) or run from a source checkout"
+    )
 
 
 def lesson_paths(directory: str | os.PathLike[str] | None = None) -> list[Path]:
@@ -91,8 +101,9 @@ def lesson_fingerprint(path: Path) -> str | None:
     """
     try:
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        content = [(c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
-                   for c in cells]
+        content = [
+            (c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"]) for c in cells
+        ]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()
@@ -115,20 +126,28 @@ class SyncReport:
         if self.copied:
             out.append(f"copied {len(self.copied)} lesson(s) into {self.dest}")
         if self.updated:
-            out.append(f"updated {len(self.updated)} unedited lesson(s) to the installed version: "
-                       + ", ".join(self.updated))
+            out.append(
+                f"updated {len(self.updated)} unedited lesson(s) to the installed version: " + ", ".join(self.updated)
+            )
         if self.overwritten:
             out.append(f"overwrote {', '.join(self.overwritten)}; your previous copies are in {self.backup_dir}")
         for name in self.kept:
-            out.append(f"kept your edited {name} (it differs from the shipped version; "
-                       "run `klviz lab --force` to replace it, after a backup)")
+            out.append(
+                f"kept your edited {name} (it differs from the shipped version; "
+                "run `klviz lab --force` to replace it, after a backup)"
+            )
         if not out:
             out.append(f"{len(self.unchanged)} lesson(s) in {self.dest} are up to date")
         return out
 
 
-def sync_lessons(dest: str | os.PathLike[str], *, source: str | os.PathLike[str] | None = None,
-                 force: bool = False, ask: Callable[[str], bool] | None = None) -> SyncReport:
+def sync_lessons(
+    dest: str | os.PathLike[str],
+    *,
+    source: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    ask: Callable[[str], bool] | None = None,
+) -> SyncReport:
     """Copy the shipped lessons into ``dest`` without losing a learner's edits (see the module doc).
 
     ``ask(name)`` is called for each edited copy when given (a terminal); it returns True to
@@ -184,14 +203,17 @@ def sync_lessons(dest: str | os.PathLike[str], *, source: str | os.PathLike[str]
 
 
 def _ask_on_terminal(name: str) -> bool:
-    answer = input(f"{name} differs from the shipped version (you edited or ran it). "
-                   "Overwrite it? Your copy is saved under backups/ first. [y/N] ")
+    answer = input(
+        f"{name} differs from the shipped version (you edited or ran it). "
+        "Overwrite it? Your copy is saved under backups/ first. [y/N] "
+    )
     return answer.strip().lower() in ("y", "yes")
 
 
 # -- JupyterLab ----------------------------------------------------------------------------------
-def start_lab(folder: Path, *, port: int | None = None, first: str | None = None,
-              strip_on_save: bool = False) -> Server:
+def start_lab(
+    folder: Path, *, port: int | None = None, first: str | None = None, strip_on_save: bool = False
+) -> Server:
     """JupyterLab in ``folder`` on 127.0.0.1 with a random token, locked against a user's own
     configuration and against imports from ``folder`` (see :mod:`klviz.servers`); with
     ``strip_on_save`` a saved notebook keeps no outputs (for the repository's own lessons)."""
@@ -204,16 +226,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="klviz lab",
         description="Copy the klviz lessons into DIR (never overwriting your edited copies without asking) "
-                    "and open JupyterLab there, on 127.0.0.1 with a token.")
+        "and open JupyterLab there, on 127.0.0.1 with a token.",
+    )
     parser.add_argument("dir", nargs="?", default=DEFAULT_DIR, help=f"working folder (default ./{DEFAULT_DIR})")
-    parser.add_argument("--force", action="store_true",
-                        help="overwrite lessons you edited with the shipped version (your copies go to DIR/backups/)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite lessons you edited with the shipped version (your copies go to DIR/backups/)",
+    )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser; just print the URL")
     parser.add_argument("--port", type=int, default=None, help="port for JupyterLab (default: a free one)")
-    parser.add_argument("--copy-only", action="store_true", help="copy the lessons and exit without starting JupyterLab")
-    parser.add_argument("--in-place", action="store_true",
-                        help="serve DIR as it is, copying nothing, and save notebooks without their outputs "
-                             "(what `make lab` does with the repository's notebooks/: git status stays clean)")
+    parser.add_argument(
+        "--copy-only", action="store_true", help="copy the lessons and exit without starting JupyterLab"
+    )
+    parser.add_argument(
+        "--in-place",
+        action="store_true",
+        help="serve DIR as it is, copying nothing, and save notebooks without their outputs "
+        "(what `make lab` does with the repository's notebooks/: git status stays clean)",
+    )
     args = parser.parse_args(argv)
     if args.port is not None and not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
@@ -244,9 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not args.no_browser:
         webbrowser.open(server.url)
-    return run_until_interrupted(server, [f"klviz lab: JupyterLab is running in {folder}",
-                                          f"klviz lab: open {server.url}",
-                                          "klviz lab: press Ctrl+C to stop it."])
+    return run_until_interrupted(
+        server,
+        [
+            f"klviz lab: JupyterLab is running in {folder}",
+            f"klviz lab: open {server.url}",
+            "klviz lab: press Ctrl+C to stop it.",
+        ],
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -34,24 +34,46 @@ Position ``t`` holds the token predicted from positions ``< t``; ``logprobs[b, t
 sampler's log-probability of ``input_ids[b, t]``. A response that reaches ``max_new_tokens``
 without EOS is truncated (all its tokens stay in the mask and ``finished[b]`` is False).
 """
+
 from __future__ import annotations
 
 import functools
 import importlib.resources
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 from torch import nn
 
-from .validation import check_positive_int
 from .devices import check_generator, resolve_device, single_thread
+from .validation import check_positive_int
 
 __all__ = [
-    "VOCAB", "PAD", "BOS", "EOS", "PAD_ID", "BOS_ID", "EOS_ID", "STATES", "PROMPTS",
-    "encode", "decode", "TinyLM", "load_tiny_lm", "update_path", "num_update_steps",
-    "Rollouts", "sample_rollouts", "logprobs_of", "next_token_logprobs", "reward",
-    "POSITIVE_WORDS", "NEGATIVE_WORDS", "update_batch", "corpus", "token_strings",
+    "VOCAB",
+    "PAD",
+    "BOS",
+    "EOS",
+    "PAD_ID",
+    "BOS_ID",
+    "EOS_ID",
+    "STATES",
+    "PROMPTS",
+    "encode",
+    "decode",
+    "TinyLM",
+    "load_tiny_lm",
+    "update_path",
+    "num_update_steps",
+    "Rollouts",
+    "sample_rollouts",
+    "logprobs_of",
+    "next_token_logprobs",
+    "reward",
+    "POSITIVE_WORDS",
+    "NEGATIVE_WORDS",
+    "update_batch",
+    "corpus",
+    "token_strings",
     "UPDATE_BATCH_SEED",
 ]
 
@@ -66,8 +88,16 @@ STATES = ("ref", "old", "new")
 
 #: Prompts of different lengths (subjects from the corpus); the model continues each sentence.
 PROMPTS: tuple[str, ...] = (
-    "the cat", "a dog", "my old friend", "the little bird", "our teacher", "a girl",
-    "the farmer", "my sister", "a small boy", "the baker",
+    "the cat",
+    "a dog",
+    "my old friend",
+    "the little bird",
+    "our teacher",
+    "a girl",
+    "the farmer",
+    "my sister",
+    "a small boy",
+    "the baker",
 )
 
 #: The programmatic reward: +1 per positive word, -1 per negative word, -1 if no EOS was reached.
@@ -85,6 +115,7 @@ def _single_threaded(fn):
     def wrapper(*args, **kwargs):
         with single_thread():
             return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -95,8 +126,10 @@ def encode(text: str) -> list[int]:
     try:
         return [_CHAR_TO_ID[c] for c in text]
     except KeyError as err:
-        raise ValueError(f"text contains {err.args[0]!r}, which is not in the tiny model's vocabulary "
-                         f"(lower-case letters, space, '.' and ',')") from None
+        raise ValueError(
+            f"text contains {err.args[0]!r}, which is not in the tiny model's vocabulary "
+            f"(lower-case letters, space, '.' and ',')"
+        ) from None
 
 
 def decode(ids: Sequence[int] | torch.Tensor, *, specials: bool = False) -> str:
@@ -131,8 +164,13 @@ class TinyLM(nn.Module):
     here is right-padded. About 45k parameters; a [64, 48] batch takes a few ms on one CPU core.
     """
 
-    def __init__(self, vocab_size: int = len(VOCAB), context: int = CONTEXT, embed_dim: int = EMBED_DIM,
-                 hidden_dim: int = HIDDEN_DIM):
+    def __init__(
+        self,
+        vocab_size: int = len(VOCAB),
+        context: int = CONTEXT,
+        embed_dim: int = EMBED_DIM,
+        hidden_dim: int = HIDDEN_DIM,
+    ):
         super().__init__()
         self.context = context
         self.embed = nn.Embedding(vocab_size, embed_dim)
@@ -199,8 +237,7 @@ def update_path(device: str | torch.device | None = "cpu") -> list[TinyLM]:
     dev = resolve_device(device)
     middle = _load_state_dict("tiny_lm_path.pt")
     steps = [middle[k] for k in sorted(middle, key=lambda s: int(s.split("_")[-1]))]
-    return ([load_tiny_lm("old", dev)] + [_model_from_state(sd, dev) for sd in steps]
-            + [load_tiny_lm("new", dev)])
+    return [load_tiny_lm("old", dev)] + [_model_from_state(sd, dev) for sd in steps] + [load_tiny_lm("new", dev)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +293,7 @@ class Rollouts:
         out = values.new_zeros((self.batch_size, width, *values.shape[2:]))
         for b in range(self.batch_size):
             sl = self.response_slice(b)
-            out[b, :sl.stop - sl.start] = values[b, sl]
+            out[b, : sl.stop - sl.start] = values[b, sl]
         return out
 
     @property
@@ -265,11 +302,23 @@ class Rollouts:
         cols = torch.arange(self.response_width, device=self.response_lengths.device)
         return (cols[None, :] < self.response_lengths[:, None]).float()
 
-    def to(self, device: str | torch.device) -> "Rollouts":
+    def to(self, device: str | torch.device) -> Rollouts:
         dev = torch.device(device)
-        return Rollouts(*(getattr(self, n).to(dev) for n in (
-            "input_ids", "attention_mask", "response_mask", "logprobs", "prompt_lengths",
-            "response_lengths", "finished")), prompts=list(self.prompts))
+        return Rollouts(
+            *(
+                getattr(self, n).to(dev)
+                for n in (
+                    "input_ids",
+                    "attention_mask",
+                    "response_mask",
+                    "logprobs",
+                    "prompt_lengths",
+                    "response_lengths",
+                    "finished",
+                )
+            ),
+            prompts=list(self.prompts),
+        )
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -280,8 +329,14 @@ def _model_device(model: nn.Module) -> torch.device:
 
 @_single_threaded
 @torch.no_grad()
-def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Generator, max_new_tokens: int = 40,
-                    temperature: float = 1.0, stop_at_eos: bool = True) -> Rollouts:
+def sample_rollouts(
+    model: TinyLM,
+    prompts: Sequence[str],
+    generator: torch.Generator,
+    max_new_tokens: int = 40,
+    temperature: float = 1.0,
+    stop_at_eos: bool = True,
+) -> Rollouts:
     """Sample one response per prompt from ``model``, token by token, with ``generator``.
 
     The prompts are fed in teacher-forced (each row has its own length), then each row samples
@@ -297,7 +352,9 @@ def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Gene
     """
     dev = _model_device(model)
     if not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator (klviz.make_generator(seed)), got {type(generator).__name__}")
+        raise ValueError(
+            f"generator must be a torch.Generator (klviz.make_generator(seed)), got {type(generator).__name__}"
+        )
     check_generator(generator, dev)
     if isinstance(prompts, str) or len(prompts) == 0:
         raise ValueError("prompts must be a non-empty list of strings")
@@ -311,7 +368,7 @@ def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Gene
     ids = torch.full((bsz, total), PAD_ID, dtype=torch.long)
     ids[:, 0] = BOS_ID
     for b, e in enumerate(encoded):
-        ids[b, 1:1 + len(e)] = torch.tensor(e, dtype=torch.long)
+        ids[b, 1 : 1 + len(e)] = torch.tensor(e, dtype=torch.long)
     logprobs = torch.zeros(bsz, total)
     resp_mask = torch.zeros(bsz, total)
     done = torch.zeros(bsz, dtype=torch.bool)
@@ -319,15 +376,15 @@ def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Gene
     n_new = torch.zeros(bsz, dtype=torch.long)
     ids_dev = ids.to(dev)
     ctx = model.context
-    padded = nn.functional.pad(ids_dev, (ctx, 0), value=PAD_ID)   # padded[:, j + ctx] = ids[:, j]
+    padded = nn.functional.pad(ids_dev, (ctx, 0), value=PAD_ID)  # padded[:, j + ctx] = ids[:, j]
     for t in range(1, total):
-        in_prompt = t <= plen                       # position t is still a prompt character
+        in_prompt = t <= plen  # position t is still a prompt character
         sampling = ~in_prompt & ~done
         if not bool(sampling.any()):
             if bool((~in_prompt).all()):
                 break
             continue
-        logits = model.window_logits(padded[:, t:t + ctx])           # ids[:, t-ctx : t]
+        logits = model.window_logits(padded[:, t : t + ctx])  # ids[:, t-ctx : t]
         logp = torch.log_softmax(logits.float() / temperature, -1)
         tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
         tok_cpu = tok.cpu()
@@ -345,8 +402,16 @@ def sample_rollouts(model: TinyLM, prompts: Sequence[str], generator: torch.Gene
             break
     ids, logprobs, resp_mask = ids[:, :total], logprobs[:, :total], resp_mask[:, :total]
     attn = (ids != PAD_ID).float()
-    return Rollouts(ids.to(dev), attn.to(dev), resp_mask.to(dev), logprobs.to(dev), plen.to(dev),
-                    n_new.to(dev), finished.to(dev), prompts=list(prompts))
+    return Rollouts(
+        ids.to(dev),
+        attn.to(dev),
+        resp_mask.to(dev),
+        logprobs.to(dev),
+        plen.to(dev),
+        n_new.to(dev),
+        finished.to(dev),
+        prompts=list(prompts),
+    )
 
 
 def _check_rollouts(rollouts: Rollouts) -> None:
@@ -417,8 +482,9 @@ def update_batch(old: TinyLM | None = None, device: str | torch.device | None = 
     model = load_tiny_lm("old", device) if old is None else old
     dev = _model_device(model)
     prompts = [p for p in PROMPTS for _ in range(UPDATE_BATCH_REPEATS)]
-    return sample_rollouts(model, prompts, make_generator(UPDATE_BATCH_SEED, dev),
-                           max_new_tokens=UPDATE_BATCH_MAX_NEW_TOKENS)
+    return sample_rollouts(
+        model, prompts, make_generator(UPDATE_BATCH_SEED, dev), max_new_tokens=UPDATE_BATCH_MAX_NEW_TOKENS
+    )
 
 
 def corpus() -> list[str]:

@@ -23,6 +23,7 @@ estimate **KL(π_rollout ‖ π_old)**. This module provides
 - an exactly enumerable case (:class:`MarkovPair`, :func:`exact_correction_stats`) and the
   length trap of sequence weights (:func:`sequence_weight_moments`, :func:`log_weight_clamp_rate`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -42,10 +43,25 @@ from .validation import as_float_tensor, check_choice, check_positive_int, check
 Tensor = torch.Tensor
 
 __all__ = [
-    "PRECISIONS", "EngineSpec", "EngineRollouts", "engine_model", "sampling_mask", "engine_logprobs",
-    "sample_engine", "trainer_logprobs", "kept_mass_of", "mismatch_metrics", "batch_invariance",
-    "SAFETY_BOUND", "CORRECTIONS", "correction_weights", "corrected_estimates", "MarkovPair",
-    "exact_correction_stats", "sequence_weight_moments", "log_weight_clamp_rate",
+    "PRECISIONS",
+    "EngineSpec",
+    "EngineRollouts",
+    "engine_model",
+    "sampling_mask",
+    "engine_logprobs",
+    "sample_engine",
+    "trainer_logprobs",
+    "kept_mass_of",
+    "mismatch_metrics",
+    "batch_invariance",
+    "SAFETY_BOUND",
+    "CORRECTIONS",
+    "correction_weights",
+    "corrected_estimates",
+    "MarkovPair",
+    "exact_correction_stats",
+    "sequence_weight_moments",
+    "log_weight_clamp_rate",
 ]
 
 #: Engine precisions: the dtype the engine runs the model's weights and activations in.
@@ -125,7 +141,7 @@ def sampling_mask(logp: Tensor, top_p: float = 1.0, top_k: int = 0) -> Tensor:
     whose renormalised probability reaches ``top_p`` (the most likely token is always kept).
     """
     logp = as_float_tensor(logp, "logp", allow_neg_inf=True)
-    EngineSpec(top_p=top_p, top_k=top_k)        # validates both
+    EngineSpec(top_p=top_p, top_k=top_k)  # validates both
     keep = torch.ones_like(logp, dtype=torch.bool)
     if top_k and top_k < logp.shape[-1]:
         kth = logp.topk(top_k, dim=-1).values[..., -1:]
@@ -135,8 +151,8 @@ def sampling_mask(logp: Tensor, top_p: float = 1.0, top_k: int = 0) -> Tensor:
         lp = lp - torch.logsumexp(lp, -1, keepdim=True)
         sorted_lp, order = lp.sort(-1, descending=True)
         cum = sorted_lp.exp().cumsum(-1)
-        before = cum - sorted_lp.exp()          # mass of the tokens ranked above each one
-        keep_sorted = before < top_p            # keep until the mass reaches top_p
+        before = cum - sorted_lp.exp()  # mass of the tokens ranked above each one
+        keep_sorted = before < top_p  # keep until the mass reaches top_p
         keep_sorted[..., 0] = True
         keep &= torch.zeros_like(keep).scatter(-1, order, keep_sorted)
     return keep
@@ -188,8 +204,13 @@ class EngineRollouts:
 
 
 @torch.no_grad()
-def sample_engine(model: lm.TinyLM, prompts: Sequence[str], generator: torch.Generator, spec: EngineSpec | None = None,
-                  max_new_tokens: int = 40) -> EngineRollouts:
+def sample_engine(
+    model: lm.TinyLM,
+    prompts: Sequence[str],
+    generator: torch.Generator,
+    spec: EngineSpec | None = None,
+    max_new_tokens: int = 40,
+) -> EngineRollouts:
     """Sample one response per prompt with an *engine* of ``model`` (its weights, ``spec``'s numerics).
 
     Decoding is token by token, as an engine does (one ``[B, context]`` step per position); the
@@ -205,8 +226,9 @@ def sample_engine(model: lm.TinyLM, prompts: Sequence[str], generator: torch.Gen
     if not isinstance(model, lm.TinyLM):
         raise ValueError(f"model must be a klviz.lm.TinyLM, got {type(model).__name__}")
     if not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator (klviz.make_generator(seed)), "
-                         f"got {type(generator).__name__}")
+        raise ValueError(
+            f"generator must be a torch.Generator (klviz.make_generator(seed)), got {type(generator).__name__}"
+        )
     if isinstance(prompts, str) or len(prompts) == 0:
         raise ValueError("prompts must be a non-empty list of strings")
     max_new = check_positive_int(max_new_tokens, "max_new_tokens")
@@ -220,7 +242,7 @@ def sample_engine(model: lm.TinyLM, prompts: Sequence[str], generator: torch.Gen
     ids = torch.full((bsz, total), lm.PAD_ID, dtype=torch.long)
     ids[:, 0] = lm.BOS_ID
     for b, e in enumerate(encoded):
-        ids[b, 1:1 + len(e)] = torch.tensor(e, dtype=torch.long)
+        ids[b, 1 : 1 + len(e)] = torch.tensor(e, dtype=torch.long)
     logprobs, resp = torch.zeros(bsz, total), torch.zeros(bsz, total)
     kept = torch.ones(bsz, total)
     keep_all = torch.ones(bsz, total, V, dtype=torch.bool)
@@ -235,7 +257,7 @@ def sample_engine(model: lm.TinyLM, prompts: Sequence[str], generator: torch.Gen
                 if bool((t > plen).all()):
                     break
                 continue
-            logits = eng.window_logits(padded[:, t:t + ctx].to(dev)).float()
+            logits = eng.window_logits(padded[:, t : t + ctx].to(dev)).float()
             logp, keep, mass = engine_logprobs(logits, spec)
             tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1).cpu()
             s = sampling
@@ -257,8 +279,9 @@ def sample_engine(model: lm.TinyLM, prompts: Sequence[str], generator: torch.Gen
     return EngineRollouts(ro, kept[:, :total], keep_all[:, :total], spec)
 
 
-def trainer_logprobs(model: lm.TinyLM, batch: EngineRollouts | lm.Rollouts, *, temperature: float = 1.0,
-                     replay_mask: bool = False) -> Tensor:
+def trainer_logprobs(
+    model: lm.TinyLM, batch: EngineRollouts | lm.Rollouts, *, temperature: float = 1.0, replay_mask: bool = False
+) -> Tensor:
     """``[B, T]``: the trainer's log-probs of the sampled tokens (``old_log_prob``, π_old), 0 outside the mask.
 
     One float32 teacher-forced forward pass of ``model``, logits divided by ``temperature`` (pass the
@@ -298,16 +321,24 @@ def batch_invariance(model: lm.TinyLM, rollouts: lm.Rollouts, precision: str = "
     ids, mask = rollouts.input_ids, rollouts.response_mask.bool()
     with torch.no_grad(), single_thread():
         whole = torch.log_softmax(eng(ids[:, :-1]).float(), -1)
-        rows = torch.cat([torch.log_softmax(eng(ids[b:b + 1, :-1]).float(), -1) for b in range(ids.shape[0])])
+        rows = torch.cat([torch.log_softmax(eng(ids[b : b + 1, :-1]).float(), -1) for b in range(ids.shape[0])])
         padded = nn.functional.pad(ids, (eng.context - 1, 0), value=lm.PAD_ID)
-        steps = torch.stack([torch.log_softmax(eng.window_logits(padded[:, t:t + eng.context]).float(), -1)
-                             for t in range(ids.shape[1] - 1)], 1)
+        steps = torch.stack(
+            [
+                torch.log_softmax(eng.window_logits(padded[:, t : t + eng.context]).float(), -1)
+                for t in range(ids.shape[1] - 1)
+            ],
+            1,
+        )
     tok = ids[:, 1:].unsqueeze(-1)
     m = mask[:, 1:]
     pick = lambda x: x.gather(-1, tok).squeeze(-1)[m]  # noqa: E731
     w, r, s = pick(whole), pick(rows), pick(steps)
-    return {"batch_vs_row": float((w - r).abs().max()), "batch_vs_decode": float((w - s).abs().max()),
-            "tokens": int(m.sum())}
+    return {
+        "batch_vs_row": float((w - r).abs().max()),
+        "batch_vs_decode": float((w - s).abs().max()),
+        "tokens": int(m.sum()),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,8 +413,15 @@ def mismatch_metrics(train_logprob: Tensor, engine_logprob: Tensor, mask: Tensor
 # ---------------------------------------------------------------------------------------------
 # corrections
 # ---------------------------------------------------------------------------------------------
-def correction_weights(log_r: Tensor, mask: Tensor, method: str, *, cap: float = 2.0,
-                       band: tuple[float, float] = (0.5, 2.0), log_clamp: float = SAFETY_BOUND) -> Tensor:
+def correction_weights(
+    log_r: Tensor,
+    mask: Tensor,
+    method: str,
+    *,
+    cap: float = 2.0,
+    band: tuple[float, float] = (0.5, 2.0),
+    log_clamp: float = SAFETY_BOUND,
+) -> Tensor:
     """Per-token weights ``[B, T]`` that correct tokens sampled by the engine towards the trainer.
 
     ``log_r = log π_train − log π_rollout`` of the sampled tokens (tokens from π_rollout); ``method``:
@@ -511,7 +549,7 @@ def exact_correction_stats(pair: MarkovPair, length: int, method: str, **kwargs:
     m = support[:, None].expand_as(lr)
     est = corrected_estimates(g, lr, m, method, **kwargs)
     mean = float((q * est).sum())
-    var = float((q * est.square()).sum()) - mean ** 2
+    var = float((q * est.square()).sum()) - mean**2
     w = correction_weights(lr, m, method, **kwargs)
     kept = float((q * (w != 0).any(-1)).sum())
     return {"truth": truth, "mean": mean, "bias": mean - truth, "std": math.sqrt(max(var, 0.0)), "kept": kept}
@@ -527,15 +565,15 @@ def sequence_weight_moments(pair: MarkovPair, length: int) -> dict[str, float]:
     T = check_positive_int(length, "length")
     tr, en = pair.train_logp, pair.engine_logp
     ok = torch.isfinite(en)
-    m1 = torch.where(ok, tr.exp(), torch.zeros_like(tr))                      # q · (p/q)
-    m2 = torch.where(ok, torch.exp(2 * tr - en), torch.zeros_like(tr))        # q · (p/q)²
-    kl_t = torch.where(ok, en.exp() * (en - tr), torch.zeros_like(tr))        # q log q/p, per transition
+    m1 = torch.where(ok, tr.exp(), torch.zeros_like(tr))  # q · (p/q)
+    m2 = torch.where(ok, torch.exp(2 * tr - en), torch.zeros_like(tr))  # q · (p/q)²
+    kl_t = torch.where(ok, en.exp() * (en - tr), torch.zeros_like(tr))  # q log q/p, per transition
     V = pair.vocab
     q = torch.where(ok, en.exp(), torch.zeros_like(en))
     start = torch.zeros(V + 1, dtype=torch.float64)
     start[V] = 1.0
 
-    def step(state: Tensor, mat: Tensor) -> Tensor:      # [V + 1] over the previous token -> next
+    def step(state: Tensor, mat: Tensor) -> Tensor:  # [V + 1] over the previous token -> next
         return torch.cat([state @ mat, torch.zeros(1, dtype=torch.float64)])
 
     s1, s2, sq, kl = start, start, start, 0.0
@@ -544,11 +582,12 @@ def sequence_weight_moments(pair: MarkovPair, length: int) -> dict[str, float]:
         kl += float(sq @ row_kl)
         s1, s2, sq = step(s1, m1), step(s2, m2), step(sq, q)
     ew, ew2 = float(s1.sum()), float(s2.sum())
-    return {"E_W": ew, "E_W2": ew2, "var_W": ew2 - ew ** 2, "kl_seq": kl}
+    return {"E_W": ew, "E_W2": ew2, "var_W": ew2 - ew**2, "kl_seq": kl}
 
 
-def log_weight_clamp_rate(mean_per_token: float, std_per_token: float, length: int | Tensor,
-                          bound: float = SAFETY_BOUND) -> Tensor:
+def log_weight_clamp_rate(
+    mean_per_token: float, std_per_token: float, length: int | Tensor, bound: float = SAFETY_BOUND
+) -> Tensor:
     """P(|log W| > ``bound``) for log W = Σ_t log r_t with i.i.d. per-token moments (normal approximation).
 
     ``mean_per_token`` is E[log r] = −KL(π_rollout ‖ π_train) per token, ``std_per_token`` its std;

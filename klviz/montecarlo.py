@@ -7,6 +7,7 @@ buffers by :func:`klviz.kernel.k3_into`) and reduced to sums of deviations from 
 meanwhile. So 10^7 samples cost little more than drawing them, no array of size n is ever made,
 and the variance never suffers from catastrophic cancellation.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,15 +25,22 @@ from .devices import check_generator, resolve_device, single_thread
 from .statistics import RunningMoments
 from .validation import as_float_tensor, check_positive_int
 
-__all__ = ["estimator_stats", "categorical_counts", "check_probabilities", "moments_from_counts", "summarize",
-           "ESTIMATORS", "MAX_SAMPLES"]
+__all__ = [
+    "estimator_stats",
+    "categorical_counts",
+    "check_probabilities",
+    "moments_from_counts",
+    "summarize",
+    "ESTIMATORS",
+    "MAX_SAMPLES",
+]
 
 ESTIMATORS = kernel.ESTIMATORS
 #: The most samples one call draws: 10^10 Gaussian draws take about 20 minutes on a 2-core CPU;
 #: beyond that a typo (10**30) would run for years instead of failing.
 MAX_SAMPLES = 10**10
-_CHUNK = 1 << 18            # categorical draws per chunk (float64 uniforms: 2 MiB)
-_NORMAL_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}   # Gaussian draws per chunk, by device type
+_CHUNK = 1 << 18  # categorical draws per chunk (float64 uniforms: 2 MiB)
+_NORMAL_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}  # Gaussian draws per chunk, by device type
 
 
 def _relative(value: float, true_kl: float) -> float:
@@ -82,9 +90,16 @@ class _ShiftedSums:
         return RunningMoments(self.n, mean, m2)
 
 
-def _normal_stats(q: Normal, p: Normal, n: int, gen: torch.Generator | None, dev: torch.device,
-                  chunk: int, use_numpy: bool | None = None,
-                  draw_ahead: bool | None = None) -> dict[str, RunningMoments]:
+def _normal_stats(
+    q: Normal,
+    p: Normal,
+    n: int,
+    gen: torch.Generator | None,
+    dev: torch.device,
+    chunk: int,
+    use_numpy: bool | None = None,
+    draw_ahead: bool | None = None,
+) -> dict[str, RunningMoments]:
     mq, sq = q.loc.to(dev, torch.float64), q.scale.to(dev, torch.float64)
     mp, sp = p.loc.to(dev, torch.float64), p.scale.to(dev, torch.float64)
     # With x = mq + sq z, log r = log p(x) - log q(x) is a quadratic a + b z + c z² in z ~ N(0, 1).
@@ -105,7 +120,7 @@ def _normal_stats(q: Normal, p: Normal, n: int, gen: torch.Generator | None, dev
     if draw_ahead is None:
         draw_ahead = dev.type == "cpu" and len(sizes) > 1 and _cpu_count() > 1
     zs = [torch.empty(sizes[0], device=dev, dtype=dtype) for _ in range(2 if draw_ahead else 1)]
-    v_t, d_t, s_t, w_t = (torch.empty_like(zs[0]) for _ in range(4))   # k3; deviations; k3's scratch
+    v_t, d_t, s_t, w_t = (torch.empty_like(zs[0]) for _ in range(4))  # k3; deviations; k3's scratch
     v_all, s_all, w_all = (x.numpy() for x in (v_t, s_t, w_t)) if cpu else (v_t, s_t, w_t)
 
     def draw(z: torch.Tensor, m: int) -> torch.Tensor:
@@ -133,7 +148,7 @@ def _normal_stats(q: Normal, p: Normal, n: int, gen: torch.Generator | None, dev
                 v *= c
                 v += b
                 log_r *= v
-                log_r += a                                        # log r = a + b z + c z²
+                log_r += a  # log r = a + b z + c z²
             sums["k1"].add(kernel.k1(log_r), d)
             sums["k2"].add(kernel.k2(log_r), d)
             sums["k3"].add(kernel.k3_into(log_r, v, s, w), d)
@@ -164,8 +179,9 @@ def check_probabilities(probs: Any, name: str) -> torch.Tensor:
     return pr
 
 
-def categorical_counts(probs: torch.Tensor, num_samples: int, *, generator: torch.Generator | None = None,
-                       chunk_size: int = _CHUNK) -> torch.Tensor:
+def categorical_counts(
+    probs: torch.Tensor, num_samples: int, *, generator: torch.Generator | None = None, chunk_size: int = _CHUNK
+) -> torch.Tensor:
     """How many of ``num_samples`` draws from the categorical ``probs`` landed on each category.
 
     Draws by inverse CDF on uniform numbers from ``generator``, chunk by chunk, keeping only the
@@ -208,16 +224,21 @@ def summarize(moments: dict[str, RunningMoments], true_kl: float) -> dict[str, A
     for name, rm in moments.items():
         bias = rm.mean - true_kl
         out[name] = {
-            "mean": rm.mean, "bias": bias, "std": rm.std, "se": rm.se,
-            "bias_rel": _relative(bias, true_kl), "std_rel": _relative(rm.std, true_kl),
+            "mean": rm.mean,
+            "bias": bias,
+            "std": rm.std,
+            "se": rm.se,
+            "bias_rel": _relative(bias, true_kl),
+            "std_rel": _relative(rm.std, true_kl),
         }
     return out
 
 
-def _categorical_stats(q: Categorical, p: Categorical, n: int, gen: torch.Generator | None,
-                       dev: torch.device, chunk: int) -> dict[str, RunningMoments]:
+def _categorical_stats(
+    q: Categorical, p: Categorical, n: int, gen: torch.Generator | None, dev: torch.device, chunk: int
+) -> dict[str, RunningMoments]:
     probs_q = q.probs.to(dev, torch.float64)
-    log_r = (p.logits - q.logits).to(dev, torch.float64)   # per category; logits are normalised
+    log_r = (p.logits - q.logits).to(dev, torch.float64)  # per category; logits are normalised
     support = probs_q > 0
     counts = categorical_counts(probs_q, n, generator=gen, chunk_size=chunk)
     if bool((counts[~support] > 0).any()):  # pragma: no cover - inverse CDF never picks zero mass
@@ -260,8 +281,9 @@ def estimator_stats(
         if not isinstance(dist, (Normal, Categorical)):
             raise ValueError(f"{name} must be a torch.distributions Normal or Categorical, got {type(dist).__name__}")
         if dist.batch_shape != torch.Size():
-            raise ValueError(f"{name} must be a single distribution (batch_shape ()), got batch_shape "
-                             f"{tuple(dist.batch_shape)}")
+            raise ValueError(
+                f"{name} must be a single distribution (batch_shape ()), got batch_shape {tuple(dist.batch_shape)}"
+            )
     if type(q) is not type(p):
         raise ValueError(f"q is a {type(q).__name__} but p is a {type(p).__name__}; both must be of one kind")
     if isinstance(q, Categorical) and isinstance(p, Categorical) and q.probs.numel() != p.probs.numel():
@@ -274,8 +296,10 @@ def estimator_stats(
         if not all(bool(torch.isfinite(v).all()) for v in vals):
             raise ValueError(f"{name} has NaN or inf parameters")
         if isinstance(dist, Normal) and not bool((dist.scale > 0).all()):
-            raise ValueError(f"{name} has scale {float(dist.scale):g}; a Normal's scale must be positive "
-                             "(it was built with validate_args=False, which let it through)")
+            raise ValueError(
+                f"{name} has scale {float(dist.scale):g}; a Normal's scale must be positive "
+                "(it was built with validate_args=False, which let it through)"
+            )
         if isinstance(dist, Categorical):
             check_probabilities(dist.probs, f"{name}.probs")
 

@@ -1,4 +1,5 @@
 """What the first cell of every lesson calls: figures, style, device, and a line about the machine."""
+
 from __future__ import annotations
 
 import os
@@ -44,6 +45,7 @@ def setup_notebook(interactive: bool | None = None, quiet: bool = False) -> torc
         interactive = os.environ.get("KLVIZ_STATIC", "") not in ("1", "true", "yes")
     try:
         from IPython import get_ipython
+
         ip = get_ipython()
     except ImportError:  # pragma: no cover - IPython is a dependency
         ip = None

@@ -11,6 +11,7 @@ Cell ids: an id that is valid and not already taken in the notebook is kept (Jup
 cells random ones); a cell without one, or with a duplicate (a copied cell), gets an id derived from its
 position, so running this twice changes nothing and two people cleaning the same notebook get the same ids.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -8,6 +8,7 @@ sampler), ``log_r = log p(x) - log q(x)``, and k1, k2, k3 estimate KL(q || p).
 Gaussian toy: q = N(0, 1), p = N(mu, 1), so ``log r = mu x - mu²/2`` with x ~ q, KL(q||p) = mu²/2
 and χ²(q||p) = E_q[q/p] - 1 = e^{mu²} - 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,23 +17,42 @@ from typing import Any
 import numpy as np
 import torch
 
-from .validation import Tensor, as_float_tensor, check_choice, check_positive_int, check_same_shape
 from .estimators import k1, k2, k3
 from .framework_rules import CLAMP_RULES
 from .kernel import ESTIMATORS
 from .statistics import mean_se
+from .validation import Tensor, as_float_tensor, check_choice, check_positive_int, check_same_shape
 
 __all__ = [
-    "inverted_k3_exact", "inverted_k3_mc", "inverted_compute_kl", "correct_compute_kl",
-    "gaussian_clamped_expectation", "gaussian_clamp_hit_rate", "gaussian_clamp_curve", "CLAMP_RULES", "apply_clamp",
-    "logprobs_in_precision", "precision_errors",
-    "off_policy_expectations", "aggregation_weights", "prob_negative_k1_mean", "negative_k1_mc",
-    "no_grad_kl_demo", "mixture_k3_exact", "mixture_k3_mc", "relative_variance_table", "gaussian_cov_logr_r",
+    "inverted_k3_exact",
+    "inverted_k3_mc",
+    "inverted_compute_kl",
+    "correct_compute_kl",
+    "gaussian_clamped_expectation",
+    "gaussian_clamp_hit_rate",
+    "gaussian_clamp_curve",
+    "CLAMP_RULES",
+    "apply_clamp",
+    "logprobs_in_precision",
+    "precision_errors",
+    "off_policy_expectations",
+    "aggregation_weights",
+    "prob_negative_k1_mean",
+    "negative_k1_mc",
+    "no_grad_kl_demo",
+    "mixture_k3_exact",
+    "mixture_k3_mc",
+    "relative_variance_table",
+    "gaussian_cov_logr_r",
 ]
 
 
 def _mu(mu: Any) -> float:
-    if isinstance(mu, bool) or not isinstance(mu, (int, float, np.floating, np.integer)) or not math.isfinite(float(mu)):
+    if (
+        isinstance(mu, bool)
+        or not isinstance(mu, (int, float, np.floating, np.integer))
+        or not math.isfinite(float(mu))
+    ):
         raise ValueError(f"mu must be a finite number, got {mu!r}")
     return float(mu)
 
@@ -40,6 +60,7 @@ def _mu(mu: Any) -> float:
 # ---------------------------------------------------------------------------------------------
 # 1. the inverted ratio (a widely copied compute_kl samples from q and uses r = q/p)
 # ---------------------------------------------------------------------------------------------
+
 
 def inverted_k3_exact(mu: float) -> dict[str, float]:
     """Exact expectations for q = N(0,1), p = N(mu,1) when k3 is fed the **inverted** ratio q/p.
@@ -59,8 +80,8 @@ def inverted_k3_mc(mu: float, num_samples: int, *, generator: torch.Generator | 
     m = _mu(mu)
     n = check_positive_int(num_samples, "num_samples")
     x = torch.randn(n, generator=generator, dtype=torch.float64)
-    log_r = m * x - 0.5 * m * m                    # log p(x) - log q(x): target over sampler
-    right, wrong = k3(log_r), k3(-log_r)           # the inverted r = q/p is exp(-log_r)
+    log_r = m * x - 0.5 * m * m  # log p(x) - log q(x): target over sampler
+    right, wrong = k3(log_r), k3(-log_r)  # the inverted r = q/p is exp(-log_r)
     (c, c_se), (w, w_se) = mean_se(right), mean_se(wrong)
     return {"correct": c, "correct_se": c_se, "inverted": w, "inverted_se": w_se}
 
@@ -71,7 +92,7 @@ def inverted_compute_kl(logp_new: Tensor, logp_old: Tensor) -> Tensor:
     Kept only to measure it: the ratio is sampler over target, the inverse of what k3 needs.
     """
     d = as_float_tensor(logp_old, "logp_old") - as_float_tensor(logp_new, "logp_new")
-    return torch.exp(d) - 1 - d      # the mistaken code as written, kept to be measured (not klviz.kernel.k3)
+    return torch.exp(d) - 1 - d  # the mistaken code as written, kept to be measured (not klviz.kernel.k3)
 
 
 def correct_compute_kl(logp_new: Tensor, logp_old: Tensor) -> Tensor:
@@ -88,6 +109,7 @@ def gaussian_cov_logr_r(mu: float) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 # 2. clamps
 # ---------------------------------------------------------------------------------------------
+
 
 def apply_clamp(log_r: Tensor, estimator: str, rule: str) -> Tensor:
     """Per-token ``estimator`` (``"k1"``, ``"k2"``, ``"k3"``) of ``log_r`` with a framework's clamps.
@@ -165,7 +187,9 @@ def logprobs_in_precision(logits: Tensor, tokens: Tensor, precision: str) -> Ten
     if tok.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"tokens must be an integer tensor of ids, got dtype {tok.dtype}")
     if tok.shape != lg.shape[:-1]:
-        raise ValueError(f"tokens has shape {tuple(tok.shape)} but logits has {tuple(lg.shape)}; expected logits [..., V]")
+        raise ValueError(
+            f"tokens has shape {tuple(tok.shape)} but logits has {tuple(lg.shape)}; expected logits [..., V]"
+        )
     if precision == "float32":
         lp = torch.log_softmax(lg, -1)
     elif precision == "bfloat16 logits":
@@ -176,8 +200,9 @@ def logprobs_in_precision(logits: Tensor, tokens: Tensor, precision: str) -> Ten
     return lp.gather(-1, tok.long().unsqueeze(-1)).squeeze(-1).double()
 
 
-def precision_errors(policy_logits: Tensor, ref_logits: Tensor, tokens: Tensor, precision: str,
-                     *, ref_precision: str = "float32") -> dict[str, Any]:
+def precision_errors(
+    policy_logits: Tensor, ref_logits: Tensor, tokens: Tensor, precision: str, *, ref_precision: str = "float32"
+) -> dict[str, Any]:
     """How much k1, k2, k3 change when the policy's log-probs come from a ``precision`` forward pass.
 
     ``ref_precision`` is the precision of the reference pass (float32 by default; pass the same as
@@ -193,14 +218,20 @@ def precision_errors(policy_logits: Tensor, ref_logits: Tensor, tokens: Tensor, 
     for name, fn in (("k1", k1), ("k2", k2), ("k3", k3)):
         exact, low = fn(ref32 - lp32), fn(ref - lp)
         err = low - exact
-        out[name] = {"per_token_abs": float(err.abs().mean()), "batch_mean_error": float(err.mean()),
-                     "batch_mean": float(exact.mean()), "batch_mean_low": float(low.mean()), "errors": err}
+        out[name] = {
+            "per_token_abs": float(err.abs().mean()),
+            "batch_mean_error": float(err.mean()),
+            "batch_mean": float(exact.mean()),
+            "batch_mean_low": float(low.mean()),
+            "errors": err,
+        }
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # 4. off-policy tokens (the second PPO epoch)
 # ---------------------------------------------------------------------------------------------
+
 
 def off_policy_expectations(old_logits: Tensor, theta_logits: Tensor, ref_logits: Tensor) -> dict[str, float]:
     """Exact expectations (vocabulary sums) when tokens come from pi_old but the code uses pi_theta.
@@ -222,8 +253,11 @@ def off_policy_expectations(old_logits: Tensor, theta_logits: Tensor, ref_logits
         "KL(theta||ref)": float((pt * (lt - lr_)).sum(-1).mean()),
         "KL(old||ref)": float((po * (lo - lr_)).sum(-1).mean()),
         "KL(old||theta)": float((po * (lo - lt)).sum(-1).mean()),
-        "k1": e(k1(log_r)), "k2": e(k2(log_r)), "k3": e(k3(log_r)),
-        "rho*k1": e(rho * k1(log_r)), "rho*k3": e(rho * k3(log_r)),
+        "k1": e(k1(log_r)),
+        "k2": e(k2(log_r)),
+        "k3": e(k3(log_r)),
+        "rho*k1": e(rho * k1(log_r)),
+        "rho*k3": e(rho * k3(log_r)),
         "ppo_kl": e(lo - lt),
     }
 
@@ -231,6 +265,7 @@ def off_policy_expectations(old_logits: Tensor, theta_logits: Tensor, ref_logits
 # ---------------------------------------------------------------------------------------------
 # 5. sum vs mean over sequences of different lengths
 # ---------------------------------------------------------------------------------------------
+
 
 def aggregation_weights(lengths: Any, mode: str) -> torch.Tensor:
     """Weight each *token* of a sequence of the given length receives in ``klviz.agg_loss(mode)``.
@@ -256,6 +291,7 @@ def aggregation_weights(lengths: Any, mode: str) -> torch.Tensor:
 # 6. negative k1 batch means
 # ---------------------------------------------------------------------------------------------
 
+
 def prob_negative_k1_mean(mu: float, batch_tokens: int) -> float:
     """P(mean of ``batch_tokens`` k1 values < 0) for q = N(0,1), p = N(mu,1): Φ(-|mu|·√N / 2).
 
@@ -269,8 +305,9 @@ def prob_negative_k1_mean(mu: float, batch_tokens: int) -> float:
     return 0.5 * math.erfc(m * math.sqrt(n) / 2 / math.sqrt(2))
 
 
-def negative_k1_mc(mu: float, batch_tokens: int, num_batches: int, *,
-                   generator: torch.Generator | None = None) -> dict[str, float]:
+def negative_k1_mc(
+    mu: float, batch_tokens: int, num_batches: int, *, generator: torch.Generator | None = None
+) -> dict[str, float]:
     """Fraction of ``num_batches`` simulated batches whose k1 mean is negative, and its standard error."""
     m = _mu(mu)
     n = check_positive_int(batch_tokens, "batch_tokens")
@@ -285,8 +322,10 @@ def negative_k1_mc(mu: float, batch_tokens: int, num_batches: int, *,
 # 7. a KL loss under torch.no_grad
 # ---------------------------------------------------------------------------------------------
 
-def no_grad_kl_demo(policy_logits: Tensor, ref_logits: Tensor, tokens: Tensor, advantages: Tensor,
-                    beta: float = 0.1) -> dict[str, Any]:
+
+def no_grad_kl_demo(
+    policy_logits: Tensor, ref_logits: Tensor, tokens: Tensor, advantages: Tensor, beta: float = 0.1
+) -> dict[str, Any]:
     """Gradients of a toy policy-gradient loss with a k3 penalty computed three ways.
 
     ``"pg only"``: no KL term; ``"kl under no_grad"``: the k3 term computed inside
@@ -329,6 +368,7 @@ def no_grad_kl_demo(policy_logits: Tensor, ref_logits: Tensor, tokens: Tensor, a
 # 8. "mix samples from p" without importance weights
 # ---------------------------------------------------------------------------------------------
 
+
 def mixture_k3_exact(mu: float, alpha: float) -> dict[str, float]:
     """q = N(0,1), p = N(mu,1); a fraction ``alpha`` of the samples drawn from p, k3 averaged naively.
 
@@ -342,7 +382,9 @@ def mixture_k3_exact(mu: float, alpha: float) -> dict[str, float]:
     return {"kl": kl, "naive": (1 - alpha) * kl + alpha * (math.expm1(m * m) - kl), "weighted": kl}
 
 
-def mixture_k3_mc(mu: float, alpha: float, num_samples: int, *, generator: torch.Generator | None = None) -> dict[str, float]:
+def mixture_k3_mc(
+    mu: float, alpha: float, num_samples: int, *, generator: torch.Generator | None = None
+) -> dict[str, float]:
     """Monte Carlo of :func:`mixture_k3_exact`: naive and importance-weighted means with standard errors."""
     m = _mu(mu)
     mixture_k3_exact(m, alpha)
@@ -353,8 +395,10 @@ def mixture_k3_mc(mu: float, alpha: float, num_samples: int, *, generator: torch
     log_p = -0.5 * (x - m) ** 2
     lr = log_p - log_q
     naive = k3(lr)
-    log_mix = torch.logaddexp(math.log1p(-alpha) + log_q if alpha < 1 else torch.full_like(x, -math.inf),
-                              math.log(alpha) + log_p if alpha > 0 else torch.full_like(x, -math.inf))
+    log_mix = torch.logaddexp(
+        math.log1p(-alpha) + log_q if alpha < 1 else torch.full_like(x, -math.inf),
+        math.log(alpha) + log_p if alpha > 0 else torch.full_like(x, -math.inf),
+    )
     weighted = torch.exp(log_q - log_mix) * naive
     (a, a_se), (w, w_se) = mean_se(naive), mean_se(weighted)
     return {"naive": a, "naive_se": a_se, "weighted": w, "weighted_se": w_se}
@@ -364,7 +408,10 @@ def mixture_k3_mc(mu: float, alpha: float, num_samples: int, *, generator: torch
 # 9. a widely quoted variance table, measured
 # ---------------------------------------------------------------------------------------------
 
-def relative_variance_table(log_r: Tensor, exact_kl: float, weights: Tensor | None = None) -> dict[str, dict[str, float]]:
+
+def relative_variance_table(
+    log_r: Tensor, exact_kl: float, weights: Tensor | None = None
+) -> dict[str, dict[str, float]]:
     """The quoted table (relative variance, bias %) measured on per-token ``log_r`` of tokens x ~ q.
 
     ``exact_kl`` is the true KL(q||p) the tokens estimate (a vocabulary sum); ``weights`` optional
@@ -386,7 +433,10 @@ def relative_variance_table(log_r: Tensor, exact_kl: float, weights: Tensor | No
         var = float((w * (v - mean) ** 2).sum())
         if var1 is None:
             var1 = var
-        out[name] = {"mean": mean, "var": var, "var_rel_k1": var / var1 if var1 > 0 else math.nan,
-                     "bias_pct": 100.0 * (mean - exact_kl) / exact_kl}
+        out[name] = {
+            "mean": mean,
+            "var": var,
+            "var_rel_k1": var / var1 if var1 > 0 else math.nan,
+            "bias_pct": 100.0 * (mean - exact_kl) / exact_kl,
+        }
     return out
-

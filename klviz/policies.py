@@ -1,4 +1,5 @@
 """Toy policies: small named vocabularies, Zipf-like large ones, and ways to move one policy away from another."""
+
 from __future__ import annotations
 
 import torch
@@ -9,7 +10,18 @@ __all__ = ["TOY_VOCAB", "toy_sampler_logits", "zipf_logits", "move_policy", "cat
 
 #: Twelve tokens a reader can read: the next-token choices after "The cat sat on the".
 TOY_VOCAB: tuple[str, ...] = (
-    " mat", " sofa", " floor", " chair", " bed", " rug", " roof", " table", " dog", " moon", " keyboard", "<eos>",
+    " mat",
+    " sofa",
+    " floor",
+    " chair",
+    " bed",
+    " rug",
+    " roof",
+    " table",
+    " dog",
+    " moon",
+    " keyboard",
+    "<eos>",
 )
 
 
@@ -33,8 +45,15 @@ def zipf_logits(vocab_size: int, exponent: float = 1.1, *, generator: torch.Gene
     return torch.log_softmax(logits, -1)
 
 
-def move_policy(logits: Tensor, *, temperature: float = 1.0, push: float = 0.0, push_token: int = 0,
-                mix: float = 0.0, mix_logits: Tensor | None = None) -> Tensor:
+def move_policy(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    push: float = 0.0,
+    push_token: int = 0,
+    mix: float = 0.0,
+    mix_logits: Tensor | None = None,
+) -> Tensor:
     """A new policy's normalised log-probabilities, made from ``logits`` by three familiar moves.
 
     1. **temperature**: divide the logits by ``temperature`` (> 0): below 1 sharpens, above 1 flattens;
@@ -55,8 +74,11 @@ def move_policy(logits: Tensor, *, temperature: float = 1.0, push: float = 0.0, 
     moved[push_token] += push
     log_p = torch.log_softmax(moved, -1)
     if mix > 0:
-        other = (torch.full_like(lg, 1.0 / lg.numel()) if mix_logits is None
-                 else torch.softmax(as_float_tensor(mix_logits, "mix_logits"), -1))
+        other = (
+            torch.full_like(lg, 1.0 / lg.numel())
+            if mix_logits is None
+            else torch.softmax(as_float_tensor(mix_logits, "mix_logits"), -1)
+        )
         if other.shape != lg.shape:
             raise ValueError(f"mix_logits has shape {tuple(other.shape)} but logits has {tuple(lg.shape)}")
         log_p = torch.log((1.0 - mix) * log_p.exp() + mix * other)

@@ -11,6 +11,7 @@ configuration cannot switch off, the server's Host check against DNS rebinding, 
 shown to viewers, and a private working folder (token file included) that is removed when the
 server stops or fails to start. Needs Voila: ``pip install "klviz[present]"``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,11 @@ def _is_skeleton(cell: nbformat.NotebookNode) -> bool:
 
 def _code_block(source: str, heading: str) -> nbformat.NotebookNode:
     """``source`` shown as code on the slide (Voila hides code cells), without its check lines."""
-    kept = [line for line in source.splitlines()
-            if "klviz.check" not in line and not line.lstrip().startswith(("assert check", "# Solution"))]
+    kept = [
+        line
+        for line in source.splitlines()
+        if "klviz.check" not in line and not line.lstrip().startswith(("assert check", "# Solution"))
+    ]
     body = "\n".join(kept).strip("\n")
     return nbformat.v4.new_markdown_cell(f"{heading}\n\n```python\n{body}\n```")
 
@@ -60,8 +64,11 @@ def presenter_notebook(path: str | os.PathLike[str], *, with_solutions: bool = F
                 cells.append(_code_block(cell.source, "**Solution**"))
             continue
         if cell.cell_type == "code" and _is_skeleton(cell):
-            cells.append(_code_block(cell.source, "**Your turn:** complete the function and check it in the lesson "
-                                                  "(`klviz lab`)."))
+            cells.append(
+                _code_block(
+                    cell.source, "**Your turn:** complete the function and check it in the lesson (`klviz lab`)."
+                )
+            )
             continue
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -79,8 +86,9 @@ def presenter_config(root: Path, *, theme: str = "light") -> dict:
     }
 
 
-def start_presenter(lesson: Path, *, port: int | None = None, with_solutions: bool = False,
-                    theme: str = "light") -> Server:
+def start_presenter(
+    lesson: Path, *, port: int | None = None, with_solutions: bool = False, theme: str = "light"
+) -> Server:
     """Start Voila on ``lesson``; returns the running :class:`~klviz.servers.Server` (its URL opens
     the lesson, token included; ``stop()`` ends it and removes its private folder)."""
     try:
@@ -90,7 +98,7 @@ def start_presenter(lesson: Path, *, port: int | None = None, with_solutions: bo
     lesson = Path(lesson).resolve()
     folder = private_folder("klviz-present-")
     try:
-        root = folder / "lesson"          # what Voila serves; the config and the log stay outside it
+        root = folder / "lesson"  # what Voila serves; the config and the log stay outside it
         root.mkdir()
         nbformat.write(presenter_notebook(lesson, with_solutions=with_solutions), root / lesson.name)
         # Siblings (data files a lesson may open by a relative path) stay reachable from the copy;
@@ -102,12 +110,20 @@ def start_presenter(lesson: Path, *, port: int | None = None, with_solutions: bo
                     target.symlink_to(sibling)
                 except OSError:
                     pass
-        env = dict(os.environ, KLVIZ_PRESENTER="1", KLVIZ_THEME=theme)   # quiet setup, figures for the page
+        env = dict(os.environ, KLVIZ_PRESENTER="1", KLVIZ_THEME=theme)  # quiet setup, figures for the page
         env.pop("KLVIZ_STATIC", None)  # live panels, interactive figures
         env.pop("MPLBACKEND", None)
-        return start_server(["jupyter_server"], presenter_config(root, theme=theme), ready_path="/api/status",
-                            probe_path="/api/contents", url_path=f"/voila/render/{lesson.name}", port=port,
-                            folder=folder, env=env, timeout=90)
+        return start_server(
+            ["jupyter_server"],
+            presenter_config(root, theme=theme),
+            ready_path="/api/status",
+            probe_path="/api/contents",
+            url_path=f"/voila/render/{lesson.name}",
+            port=port,
+            folder=folder,
+            env=env,
+            timeout=90,
+        )
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -117,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m klviz.present LESSON [--port N] [--no-browser] [--with-solutions] [--theme dark]``."""
     parser = argparse.ArgumentParser(
         prog="klviz present",
-        description="Serve one lesson's prose and live panels as a clean app (Voila, no code cells) on 127.0.0.1.")
+        description="Serve one lesson's prose and live panels as a clean app (Voila, no code cells) on 127.0.0.1.",
+    )
     parser.add_argument("lesson", help="lesson number (02), name prefix (02_three) or path to a notebook")
     parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     parser.add_argument("--no-browser", action="store_true", help="only print the URL")
@@ -135,8 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.no_browser:
         webbrowser.open(server.url)
-    return run_until_interrupted(server, [f"klviz present: {lesson.stem} is served at",
-                                          f"klviz present: {server.url}", "klviz present: press Ctrl+C to stop."])
+    return run_until_interrupted(
+        server,
+        [
+            f"klviz present: {lesson.stem} is served at",
+            f"klviz present: {server.url}",
+            "klviz present: press Ctrl+C to stop.",
+        ],
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

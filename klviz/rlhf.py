@@ -31,6 +31,7 @@ unbiased estimate of the sequence KL with no sampling noise inside each position
 estimator **reports** (the batch mean of its per-sequence sum; k1 for the reward placement), and the
 mean per-token entropy of the policy.
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,8 +56,12 @@ __all__ = ["PLACEMENTS", "LabConfig", "TrainingHistory", "TrainingRun", "train_p
 #: The uses of an estimator the lab trains with (:mod:`klviz.usage`). In the loss they are verl's
 #: ``kl_penalty`` kinds, its clamps included; k3·ρ is TRL's unclamped k3 times rho.
 LAB_USES: tuple[EstimatorUse, ...] = (
-    EstimatorUse("k1", "reward"), EstimatorUse("k1"), EstimatorUse("k2"), EstimatorUse("k3"),
-    EstimatorUse("k3", weighting="rho"), EstimatorUse("k3", weighting="straight-through"),
+    EstimatorUse("k1", "reward"),
+    EstimatorUse("k1"),
+    EstimatorUse("k2"),
+    EstimatorUse("k3"),
+    EstimatorUse("k3", weighting="rho"),
+    EstimatorUse("k3", weighting="straight-through"),
 )
 #: The lab's KL choices by label, and "none" (no KL term) last.
 PLACEMENTS: tuple[str, ...] = (*(use.label for use in LAB_USES), "none")
@@ -65,9 +70,19 @@ PLACEMENTS: tuple[str, ...] = (*(use.label for use in LAB_USES), "none")
 def _verl_kind(use: EstimatorUse) -> str:
     """verl's ``kl_penalty`` kind for a use in the loss: the estimator, with "+" for straight-through."""
     return use.estimator + ("+" if use.weighting == "straight-through" else "")
+
+
 #: What a history records at every step (one float each).
-METRICS: tuple[str, ...] = ("reward", "true_kl", "reported_kl", "entropy", "approx_kl", "epochs_run",
-                            "response_length", "finished")
+METRICS: tuple[str, ...] = (
+    "reward",
+    "true_kl",
+    "reported_kl",
+    "entropy",
+    "approx_kl",
+    "epochs_run",
+    "response_length",
+    "finished",
+)
 
 
 @dataclass(frozen=True)
@@ -77,13 +92,13 @@ class LabConfig:
     placement: str = "k1 in reward"
     beta: float = 0.2
     steps: int = 60
-    prompts: int = 4                  # distinct prompts per batch (from klviz.lm.PROMPTS, cycled)
-    group_size: int = 8               # responses per prompt (the baseline is the group mean)
+    prompts: int = 4  # distinct prompts per batch (from klviz.lm.PROMPTS, cycled)
+    group_size: int = 8  # responses per prompt (the baseline is the group mean)
     max_new_tokens: int = 24
     lr: float = 1e-3
-    epochs: int = 1                   # gradient steps per batch; > 1: the later ones are off-policy
+    epochs: int = 1  # gradient steps per batch; > 1: the later ones are off-policy
     early_stop_kl: float | None = None  # stop a batch's epochs when approx_kl exceeds this
-    clip: float | None = None         # PPO ratio clip epsilon (None: plain importance ratio)
+    clip: float | None = None  # PPO ratio clip epsilon (None: plain importance ratio)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -96,8 +111,9 @@ class LabConfig:
                 raise ValueError(f"{name} must be a finite non-negative number, got {v!r}")
         if self.lr == 0:
             raise ValueError("lr must be positive, got 0")
-        if self.early_stop_kl is not None and not (isinstance(self.early_stop_kl, (int, float))
-                                                   and self.early_stop_kl > 0):
+        if self.early_stop_kl is not None and not (
+            isinstance(self.early_stop_kl, (int, float)) and self.early_stop_kl > 0
+        ):
             raise ValueError(f"early_stop_kl must be a positive number or None, got {self.early_stop_kl!r}")
         if self.clip is not None and not (isinstance(self.clip, (int, float)) and 0 < self.clip < 1):
             raise ValueError(f"clip must lie in (0, 1) or be None, got {self.clip!r}")
@@ -136,10 +152,15 @@ def _batch_prompts(cfg: LabConfig) -> list[str]:
     return [p for p in chosen for _ in range(cfg.group_size)]
 
 
-def train_policy(config: LabConfig, *, policy: nn.Module | None = None, reference: nn.Module | None = None,
-                 reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None = None,
-                 device: str | torch.device | None = "cpu",
-                 callback: Callable[[int, TrainingHistory], None] | None = None) -> TrainingHistory:
+def train_policy(
+    config: LabConfig,
+    *,
+    policy: nn.Module | None = None,
+    reference: nn.Module | None = None,
+    reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None = None,
+    device: str | torch.device | None = "cpu",
+    callback: Callable[[int, TrainingHistory], None] | None = None,
+) -> TrainingHistory:
     """Train ``policy`` (default: a fresh copy of the reference) for ``config.steps`` steps.
 
     ``reference`` defaults to ``klviz.lm.load_tiny_lm("ref")``; the policy may be any
@@ -164,14 +185,21 @@ class TrainingRun:
     ``config.steps`` is ignored here.
     """
 
-    def __init__(self, config: LabConfig, *, policy: nn.Module | None = None, reference: nn.Module | None = None,
-                 reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None = None,
-                 device: str | torch.device | None = "cpu") -> None:
+    def __init__(
+        self,
+        config: LabConfig,
+        *,
+        policy: nn.Module | None = None,
+        reference: nn.Module | None = None,
+        reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None = None,
+        device: str | torch.device | None = "cpu",
+    ) -> None:
         self.config = config if isinstance(config, LabConfig) else LabConfig(**config)
         self.device = resolve_device(device)
         dev = self.device
-        self.reference = (lm.load_tiny_lm("ref", dev) if reference is None
-                          else reference.to(dev).eval().requires_grad_(False))
+        self.reference = (
+            lm.load_tiny_lm("ref", dev) if reference is None else reference.to(dev).eval().requires_grad_(False)
+        )
         self.policy = copy.deepcopy(self.reference if policy is None else policy).to(dev)
         self.reward_fn = lm.reward if reward_fn is None else reward_fn
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.lr)
@@ -190,13 +218,17 @@ class TrainingRun:
         if steps > self.steps_done:
             raise ValueError(f"steps={steps} but this run has trained {self.steps_done}; advance it first")
         cfg = replace(self.config, steps=steps)
-        return TrainingHistory(cfg, {k: v[:steps] for k, v in self.history.metrics.items()},
-                               self.history.samples[:steps], self.seconds[steps - 1])
+        return TrainingHistory(
+            cfg,
+            {k: v[:steps] for k, v in self.history.metrics.items()},
+            self.history.samples[:steps],
+            self.seconds[steps - 1],
+        )
 
     def advance(self, steps: int, callback: Callable[[int, TrainingHistory], None] | None = None) -> None:
         """Train ``steps`` more steps; ``callback(step, history)`` after each (``step`` counts from the run's start)."""
         check_positive_int(steps, "steps")
-        if self.device.type == "cpu":   # a 45k-parameter model: one thread beats two threads handing work back and forth
+        if self.device.type == "cpu":  # a 45k-parameter model: one thread beats two threads handing work back and forth
             with single_thread():
                 self._advance(steps, callback)
         else:
@@ -250,10 +282,10 @@ class TrainingRun:
                         pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
                     loss_tok = pg
                     if kind is not None and cfg.beta > 0:
-                        if use.weighting == "rho":                      # TRL / DeepSeek-V3.2: unclamped k3 times rho
-                            pen = ratio * k3(ref_logp - logp)           # rho = pi / sg(pi_old), differentiated
+                        if use.weighting == "rho":  # TRL / DeepSeek-V3.2: unclamped k3 times rho
+                            pen = ratio * k3(ref_logp - logp)  # rho = pi / sg(pi_old), differentiated
                         else:
-                            pen = kl_penalty(logp, ref_logp, kind)      # verl's kinds, with verl's clamps for k3
+                            pen = kl_penalty(logp, ref_logp, kind)  # verl's kinds, with verl's clamps for k3
                         loss_tok = loss_tok + cfg.beta * pen
                     loss = _masked_row_sum(loss_tok, mask).mean()
                     opt.zero_grad(set_to_none=True)
@@ -285,8 +317,9 @@ class TrainingRun:
             pol.eval().requires_grad_(False)
 
 
-def run_placements(placements: Sequence[str] = PLACEMENTS, *, device: str | torch.device | None = "cpu",
-                   **overrides: Any) -> dict[str, TrainingHistory]:
+def run_placements(
+    placements: Sequence[str] = PLACEMENTS, *, device: str | torch.device | None = "cpu", **overrides: Any
+) -> dict[str, TrainingHistory]:
     """Side-by-side runs: the same config (and seed) for each placement."""
     out = {}
     for p in placements:
@@ -308,8 +341,13 @@ __all__ += ["PLACEMENT_COLORS", "cached_run", "lab_history", "trained_history"]
 
 #: The colour of each placement in lesson 07's figures and panel.
 PLACEMENT_COLORS: dict[str, str] = {
-    "k1 in reward": "#1f77b4", "k1 in loss": "#17becf", "k2 in loss": "#ff7f0e", "k3 in loss": "#2ca02c",
-    "k3·ρ in loss": "#9467bd", "k3+ in loss": "#8c564b", "none": "#7f7f7f",
+    "k1 in reward": "#1f77b4",
+    "k1 in loss": "#17becf",
+    "k2 in loss": "#ff7f0e",
+    "k3 in loss": "#2ca02c",
+    "k3·ρ in loss": "#9467bd",
+    "k3+ in loss": "#8c564b",
+    "none": "#7f7f7f",
 }
 
 _RUNS: dict[tuple[LabConfig, str], TrainingHistory] = {}
@@ -342,14 +380,14 @@ def lab_history(config: LabConfig, device: str | torch.device = "cpu", callback:
     The history comes without a policy; use :func:`cached_run` when you need it.
     """
     dev = str(torch.device(device))
-    with _TRAINING:                            # one run trains at a time (runs are shared)
+    with _TRAINING:  # one run trains at a time (runs are shared)
         if (config, dev) in _RUNS:
             return _RUNS[(config, dev)]
         key = _resumable_key(config, dev)
         run = _RESUMABLE.pop(key, None)
         if run is None:
             run = TrainingRun(config, device=device)
-        _RESUMABLE[key] = run                  # most recently used goes last
+        _RESUMABLE[key] = run  # most recently used goes last
         while len(_RESUMABLE) > _MAX_RESUMABLE:
             del _RESUMABLE[next(iter(_RESUMABLE))]
         if run.steps_done < config.steps:
@@ -381,8 +419,15 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-__all__ += ["LAB_SEEDS", "LAB_SEED_CONFIGS", "LAB_SEEDS_PATH", "LabSeeds", "run_lab_seeds", "save_lab_seeds",
-            "load_lab_seeds"]
+__all__ += [
+    "LAB_SEEDS",
+    "LAB_SEED_CONFIGS",
+    "LAB_SEEDS_PATH",
+    "LabSeeds",
+    "run_lab_seeds",
+    "save_lab_seeds",
+    "load_lab_seeds",
+]
 
 #: The seeds every comparison of lesson 07 rests on (a verdict from one seed is no verdict).
 LAB_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
@@ -391,13 +436,16 @@ LAB_SEED_METRICS: tuple[str, ...] = ("reward", "true_kl", "reported_kl", "entrop
 
 
 def _lab_seed_configs() -> dict[str, LabConfig]:
-    on = {"beta": 0.2, "steps": 40}                           # on-policy: one gradient step per batch
-    off = {"beta": 0.2, "steps": 20, "epochs": 4}             # PPO-style: four epochs per batch
-    big = {"beta": 1.0, "steps": 20, "epochs": 4}             # a strong penalty, four epochs
-    cfgs = {f"on · {p}": LabConfig(placement=p, **on)
-            for p in ("none", "k1 in loss", "k1 in reward", "k2 in loss", "k3 in loss")}
-    cfgs.update({f"off · {p}": LabConfig(placement=p, **off)
-                 for p in ("none", "k1 in loss", "k3 in loss", "k3·ρ in loss")})
+    on = {"beta": 0.2, "steps": 40}  # on-policy: one gradient step per batch
+    off = {"beta": 0.2, "steps": 20, "epochs": 4}  # PPO-style: four epochs per batch
+    big = {"beta": 1.0, "steps": 20, "epochs": 4}  # a strong penalty, four epochs
+    cfgs = {
+        f"on · {p}": LabConfig(placement=p, **on)
+        for p in ("none", "k1 in loss", "k1 in reward", "k2 in loss", "k3 in loss")
+    }
+    cfgs.update(
+        {f"off · {p}": LabConfig(placement=p, **off) for p in ("none", "k1 in loss", "k3 in loss", "k3·ρ in loss")}
+    )
     cfgs["off · k3 in loss, early stop 0.01"] = LabConfig(placement="k3 in loss", early_stop_kl=0.01, **off)
     cfgs.update({f"β=1 · {p}": LabConfig(placement=p, **big) for p in ("k1 in loss", "k3·ρ in loss")})
     cfgs["β=1 · k1 in loss, clip 0.2"] = LabConfig(placement="k1 in loss", clip=0.2, **big)
@@ -438,21 +486,34 @@ class LabSeeds:
         SE, and in how many seeds a came out above b.
         """
         from .statistics import mean_se  # one home of mean ± SE
+
         va, vb = self.final(a, metric, window), self.final(b, metric, window)
         ma, sa = mean_se(torch.as_tensor(va))
         mb, sb = mean_se(torch.as_tensor(vb))
         md, sd = mean_se(torch.as_tensor(va - vb))
-        return {"a": ma, "a_se": sa, "b": mb, "b_se": sb, "diff": md, "diff_se": sd,
-                "a_above": int((va > vb).sum()), "seeds": len(va)}
+        return {
+            "a": ma,
+            "a_se": sa,
+            "b": mb,
+            "b_se": sb,
+            "diff": md,
+            "diff_se": sd,
+            "a_above": int((va > vb).sum()),
+            "seeds": len(va),
+        }
 
 
 def _history_arrays(hist: TrainingHistory) -> dict[str, np.ndarray]:
     return {m: np.asarray(hist.metrics[m], dtype=np.float64) for m in LAB_SEED_METRICS}
 
 
-def run_lab_seeds(configs: dict[str, LabConfig] | None = None, seeds: Sequence[int] = LAB_SEEDS, *,
-                  device: str | torch.device = "cpu",
-                  progress: Callable[[str, int, float], None] | None = None) -> LabSeeds:
+def run_lab_seeds(
+    configs: dict[str, LabConfig] | None = None,
+    seeds: Sequence[int] = LAB_SEEDS,
+    *,
+    device: str | torch.device = "cpu",
+    progress: Callable[[str, int, float], None] | None = None,
+) -> LabSeeds:
     """Train every config with every seed on ``device`` (CPU: what the stored file holds)."""
     configs = LAB_SEED_CONFIGS if configs is None else configs
     metrics: dict[str, dict[str, list[np.ndarray]]] = {n: {m: [] for m in LAB_SEED_METRICS} for n in configs}
@@ -467,16 +528,22 @@ def run_lab_seeds(configs: dict[str, LabConfig] | None = None, seeds: Sequence[i
             seconds[name].append(hist.seconds)
             if progress is not None:
                 progress(name, int(s), hist.seconds)
-    return LabSeeds(dict(configs), tuple(int(s) for s in seeds),
-                    {n: {m: np.stack(v) for m, v in d.items()} for n, d in metrics.items()},
-                    samples, {n: np.asarray(v) for n, v in seconds.items()}, torch.__version__)
+    return LabSeeds(
+        dict(configs),
+        tuple(int(s) for s in seeds),
+        {n: {m: np.stack(v) for m, v in d.items()} for n, d in metrics.items()},
+        samples,
+        {n: np.asarray(v) for n, v in seconds.items()},
+        torch.__version__,
+    )
 
 
 def save_lab_seeds(data: LabSeeds, path: str | Path = LAB_SEEDS_PATH) -> Path:
     """Write ``data`` as a compressed ``.npz`` (no pickles: strings are unicode arrays, configs JSON)."""
     names = list(data.configs)
     arrays: dict[str, np.ndarray] = {
-        "names": np.asarray(names), "seeds": np.asarray(data.seeds, dtype=np.int64),
+        "names": np.asarray(names),
+        "seeds": np.asarray(data.seeds, dtype=np.int64),
         "configs": np.asarray(json.dumps({n: asdict(c) for n, c in data.configs.items()}, ensure_ascii=False)),
         "torch_version": np.asarray(data.torch_version),
     }

@@ -6,6 +6,7 @@ When the tokens come from another distribution mu, each term needs the **importa
 ``w(x) = q(x) / mu(x)``; the price is variance, measured by the **effective sample size**.
 Lesson 01 is built from the functions here.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,14 @@ from .statistics import mean_se
 from .validation import Tensor, as_float_tensor, check_positive_int, check_same_shape
 
 __all__ = [
-    "draw_tokens", "importance_weights", "effective_sample_size", "ess_fraction", "expected_ess_fraction",
-    "running_mean", "log_spaced_counts", "zipf_policy_pair",
+    "draw_tokens",
+    "importance_weights",
+    "effective_sample_size",
+    "ess_fraction",
+    "expected_ess_fraction",
+    "running_mean",
+    "log_spaced_counts",
+    "zipf_policy_pair",
 ]
 
 _CHUNK = 1 << 18
@@ -39,8 +46,9 @@ def _probs_vector(probs: Any, name: str) -> Tensor:
     return pr
 
 
-def draw_tokens(probs: Tensor, num_samples: int, *, generator: torch.Generator | None = None,
-                chunk_size: int = _CHUNK) -> Tensor:
+def draw_tokens(
+    probs: Tensor, num_samples: int, *, generator: torch.Generator | None = None, chunk_size: int = _CHUNK
+) -> Tensor:
     """``num_samples`` token ids drawn from the categorical ``probs`` by inverse CDF (int64 tensor).
 
     Uses the same uniforms and the same rule as :func:`klviz.montecarlo.categorical_counts`, so with
@@ -57,7 +65,7 @@ def draw_tokens(probs: Tensor, num_samples: int, *, generator: torch.Generator |
     for start in range(0, n, chunk):
         m = min(chunk, n - start)
         u = torch.rand(m, generator=generator, device=pr.device, dtype=torch.float64)
-        out[start:start + m] = torch.searchsorted(cdf, u, right=True).clamp_max_(pr.numel() - 1)
+        out[start : start + m] = torch.searchsorted(cdf, u, right=True).clamp_max_(pr.numel() - 1)
     return out
 
 
@@ -74,8 +82,10 @@ def importance_weights(log_target: Tensor, log_sampler: Tensor) -> Tensor:
     check_same_shape(lt, ls, "log_target", "log_sampler")
     uncovered = torch.isneginf(ls) & ~torch.isneginf(lt)
     if bool(uncovered.any()):
-        raise ValueError(f"log_sampler is -inf at {int(uncovered.sum())} token(s) where log_target is not: the "
-                         "sampler never draws tokens the target can emit, so importance weights cannot fix the bias")
+        raise ValueError(
+            f"log_sampler is -inf at {int(uncovered.sum())} token(s) where log_target is not: the "
+            "sampler never draws tokens the target can emit, so importance weights cannot fix the bias"
+        )
     diff = torch.where(torch.isneginf(lt), torch.full_like(lt, -math.inf), lt - ls)
     return torch.exp(diff)
 
@@ -169,8 +179,9 @@ def running_mean(values: Tensor, num_points: int = 200) -> dict[str, np.ndarray]
     return {"n": pts.astype(np.int64), "mean": mean.cpu().numpy(), "se": se.cpu().numpy()}
 
 
-def zipf_policy_pair(vocab_size: int, *, exponent: float = 1.1, nudge: float = 0.5,
-                     generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def zipf_policy_pair(
+    vocab_size: int, *, exponent: float = 1.1, nudge: float = 0.5, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
     """Two nearby policies over a large Zipf-like vocabulary: ``(log_q, log_p)``, normalised.
 
     ``log_q`` is :func:`klviz.policies.zipf_logits` with ranks shuffled over token ids; ``log_p``
@@ -188,4 +199,3 @@ def zipf_policy_pair(vocab_size: int, *, exponent: float = 1.1, nudge: float = 0
     noise = torch.randn(v, generator=generator) * float(nudge)
     log_p = torch.log_softmax(log_q + noise, -1)
     return log_q, log_p
-

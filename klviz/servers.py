@@ -16,6 +16,7 @@ Every server klviz starts:
 - writes its own log to a file in the private folder, so the terminal shows one URL (klviz's), and
   the log's tail is printed if the server fails to start.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,12 +33,24 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-__all__ = ["LOCKED_SERVER_SETTINGS", "Server", "start_server", "start_lab_server", "verify_locked", "run_until_interrupted", "free_port",
-           "wait_for_http", "lab_settings_dir", "private_folder", "running"]
+__all__ = [
+    "LOCKED_SERVER_SETTINGS",
+    "Server",
+    "start_server",
+    "start_lab_server",
+    "verify_locked",
+    "run_until_interrupted",
+    "free_port",
+    "wait_for_http",
+    "lab_settings_dir",
+    "private_folder",
+    "running",
+]
 
 #: JupyterLab's first-start news prompt and update check, switched off for lesson servers.
 _QUIET_LAB = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
@@ -114,13 +127,17 @@ def verify_locked(url: str) -> None:
     """
     status, _ = _probe(url, {})
     if status not in (401, 403):
-        raise RuntimeError(f"the server answered a request without its token with HTTP {status}: a Jupyter "
-                           "configuration has switched the token off, so klviz will not serve the lessons")
+        raise RuntimeError(
+            f"the server answered a request without its token with HTTP {status}: a Jupyter "
+            "configuration has switched the token off, so klviz will not serve the lessons"
+        )
     status, allow = _probe(url, {"Origin": _PROBE_ORIGIN})
     if 200 <= status < 300 or allow in ("*", _PROBE_ORIGIN):
-        raise RuntimeError("the server lets other web pages call it (HTTP "
-                           f"{status}, Access-Control-Allow-Origin: {allow}): a Jupyter configuration has opened "
-                           "it up, so klviz will not serve the lessons")
+        raise RuntimeError(
+            "the server lets other web pages call it (HTTP "
+            f"{status}, Access-Control-Allow-Origin: {allow}): a Jupyter configuration has opened "
+            "it up, so klviz will not serve the lessons"
+        )
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -166,9 +183,18 @@ class Server:
             return ""
 
 
-def start_server(args: list[str], config: dict[str, Any], *, ready_path: str, probe_path: str,
-                 url_path: str, port: int | None = None, folder: Path | None = None,
-                 env: dict[str, str] | None = None, timeout: float = 120.0) -> Server:
+def start_server(
+    args: list[str],
+    config: dict[str, Any],
+    *,
+    ready_path: str,
+    probe_path: str,
+    url_path: str,
+    port: int | None = None,
+    folder: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120.0,
+) -> Server:
     """Start ``python -m <args>`` with ``config`` as its highest-priority config file, and lock it.
 
     ``config`` gets the address, port and a fresh token added; ``ready_path`` is polled (with the
@@ -183,7 +209,7 @@ def start_server(args: list[str], config: dict[str, Any], *, ready_path: str, pr
     cfg.setdefault("ServerApp", {}).update({"ip": "127.0.0.1", "port": port, "port_retries": 0})
     cfg.setdefault("IdentityProvider", {})["token"] = token
     config_file = work / "klviz_server_config.json"
-    fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)   # never through a link
+    fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never through a link
     with os.fdopen(fd, "w") as f:
         json.dump(cfg, f, indent=1)
     log = work / "server.log"
@@ -194,8 +220,15 @@ def start_server(args: list[str], config: dict[str, Any], *, ready_path: str, pr
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and Binder-like machines run as root
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=work, env=run_env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=work,
+            env=run_env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
     base = f"http://127.0.0.1:{port}"
     server = Server(proc, f"{base}{url_path}{'&' if '?' in url_path else '?'}token={token}", work, log)
     try:
@@ -211,13 +244,25 @@ def start_server(args: list[str], config: dict[str, Any], *, ready_path: str, pr
 
 
 #: Server settings every lesson server gets, overriding any user configuration.
-LOCKED_SERVER_SETTINGS = {"allow_origin": "", "allow_origin_pat": "", "disable_check_xsrf": False, "allow_remote_access": False,
-           "open_browser": False}
+LOCKED_SERVER_SETTINGS = {
+    "allow_origin": "",
+    "allow_origin_pat": "",
+    "disable_check_xsrf": False,
+    "allow_remote_access": False,
+    "open_browser": False,
+}
 
 
-def start_lab_server(root: Path, *, first: str | None = None, port: int | None = None,
-                     env: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
-                     strip_on_save: bool = False, timeout: float = 120.0) -> Server:
+def start_lab_server(
+    root: Path,
+    *,
+    first: str | None = None,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+    strip_on_save: bool = False,
+    timeout: float = 120.0,
+) -> Server:
     """JupyterLab serving ``root``, locked (see the module docstring), opened at ``first`` if given.
 
     ``strip_on_save``: notebooks are saved in their stored form (no outputs; see
@@ -235,8 +280,17 @@ def start_lab_server(root: Path, *, first: str | None = None, port: int | None =
         config.setdefault(section, {}).update(values)
     path = f"/lab/tree/{first}" if first else "/lab"
     try:
-        return start_server(["jupyterlab"], config, ready_path="/api/status", probe_path="/api/contents",
-                            url_path=path, port=port, folder=folder, env=env, timeout=timeout)
+        return start_server(
+            ["jupyterlab"],
+            config,
+            ready_path="/api/status",
+            probe_path="/api/contents",
+            url_path=path,
+            port=port,
+            folder=folder,
+            env=env,
+            timeout=timeout,
+        )
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -248,6 +302,7 @@ def run_until_interrupted(server: Server, announce: list[str]) -> int:
     Ctrl+C, SIGTERM and SIGHUP (the terminal closed) stop it; so does a broken pipe on the output.
     Returns the exit status for the command (0 after a requested stop).
     """
+
     def stop(*_args: object) -> None:
         raise KeyboardInterrupt
 
@@ -258,7 +313,7 @@ def run_until_interrupted(server: Server, announce: list[str]) -> int:
             for line in announce:
                 print(line, flush=True)
         except (BrokenPipeError, OSError):
-            with contextlib.suppress(OSError):   # nobody reads our output any more: keep quiet
+            with contextlib.suppress(OSError):  # nobody reads our output any more: keep quiet
                 sys.stdout = open(os.devnull, "w")  # lives until exit
         code = server.proc.wait()
         return code

@@ -25,10 +25,11 @@ choice              :class:`~klviz.usage.EstimatorUse`  expected gradient
 plus the two references ``reverse KL`` (the true gradient of KL(pi || pi_ref)) and ``forward KL``
 (the true gradient of KL(pi_ref || pi) = pi - pi_ref).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -38,8 +39,20 @@ from .usage import LESSON_USES, EstimatorUse
 from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
 
 __all__ = [
-    "CHOICES", "REFERENCE_FLOWS", "ALL_FLOWS", "CHOICE_COLORS", "CHOICE_STYLES",
-    "LOGIT_FLOOR", "check_probs", "to_xy", "simplex_grid", "flow_coefficient", "field_gradient", "gradient_error_terms", "reward_gradient", "probability_velocity",
+    "CHOICES",
+    "REFERENCE_FLOWS",
+    "ALL_FLOWS",
+    "CHOICE_COLORS",
+    "CHOICE_STYLES",
+    "LOGIT_FLOOR",
+    "check_probs",
+    "to_xy",
+    "simplex_grid",
+    "flow_coefficient",
+    "field_gradient",
+    "gradient_error_terms",
+    "reward_gradient",
+    "probability_velocity",
     "descent_paths",
 ]
 
@@ -51,15 +64,28 @@ ALL_FLOWS: tuple[str, ...] = tuple(CHOICES) + REFERENCE_FLOWS
 
 #: Colour per estimator (the suite's k1/k2/k3 colours), line style per placement.
 CHOICE_COLORS: dict[str, str] = {
-    "k1 in loss": "#1f77b4", "k2 in loss": "#ff7f0e", "k3 in loss": "#2ca02c",
-    "k1 in reward": "#1f77b4", "k2 in reward": "#ff7f0e", "k3 in reward": "#2ca02c",
-    "k3·ρ in loss": "#9467bd", "k3+ in loss": "#8c564b",
-    "reverse KL": "#222222", "forward KL": "#d62728",
+    "k1 in loss": "#1f77b4",
+    "k2 in loss": "#ff7f0e",
+    "k3 in loss": "#2ca02c",
+    "k1 in reward": "#1f77b4",
+    "k2 in reward": "#ff7f0e",
+    "k3 in reward": "#2ca02c",
+    "k3·ρ in loss": "#9467bd",
+    "k3+ in loss": "#8c564b",
+    "reverse KL": "#222222",
+    "forward KL": "#d62728",
 }
 CHOICE_STYLES: dict[str, str] = {
-    "k1 in loss": "-", "k2 in loss": "-", "k3 in loss": "-",
-    "k1 in reward": "--", "k2 in reward": "--", "k3 in reward": "--",
-    "k3·ρ in loss": "-", "k3+ in loss": "-", "reverse KL": ":", "forward KL": ":",
+    "k1 in loss": "-",
+    "k2 in loss": "-",
+    "k3 in loss": "-",
+    "k1 in reward": "--",
+    "k2 in reward": "--",
+    "k3 in reward": "--",
+    "k3·ρ in loss": "-",
+    "k3+ in loss": "-",
+    "reverse KL": ":",
+    "forward KL": ":",
 }
 
 _SQRT3_2 = math.sqrt(3.0) / 2.0
@@ -113,9 +139,9 @@ def simplex_grid(resolution: int = 14, *, margin: float = 0.04) -> Tensor:
 def _flow_coefficient(log_pi: Tensor, log_ref: Tensor, flow: str) -> Tensor:
     """The per-token coefficient c with expected gradient sum_x pi(x) c(x) s(x) = pi * (c - E_pi[c])."""
     if flow == "reverse KL":
-        return log_pi - log_ref                     # grad KL(pi || ref) = E_pi[(log pi - log ref) s]
+        return log_pi - log_ref  # grad KL(pi || ref) = E_pi[(log pi - log ref) s]
     if flow == "forward KL":
-        return -torch.exp(log_ref - log_pi)         # grad KL(ref || pi) = -E_pi[(ref/pi) s] = pi - ref
+        return -torch.exp(log_ref - log_pi)  # grad KL(ref || pi) = -E_pi[(ref/pi) s] = pi - ref
     return use_coefficient(log_ref - log_pi, CHOICES[flow])
 
 
@@ -124,8 +150,9 @@ def _prepare(logits: Tensor, ref_logits: Tensor, flow: str) -> tuple[Tensor, Ten
     lg = as_float_tensor(logits, "logits")
     ref = as_float_tensor(ref_logits, "ref_logits")
     if ref.dim() != 1 or lg.shape[-1] != ref.shape[0]:
-        raise ValueError(f"ref_logits must be 1-D with the vocabulary size of logits ({lg.shape[-1]}), "
-                         f"got shape {tuple(ref.shape)}")
+        raise ValueError(
+            f"ref_logits must be 1-D with the vocabulary size of logits ({lg.shape[-1]}), got shape {tuple(ref.shape)}"
+        )
     dtype = torch.float64 if torch.float64 in (lg.dtype, ref.dtype) else torch.float32
     return torch.log_softmax(lg.to(dtype), -1), torch.log_softmax(ref.to(dtype), -1)
 
@@ -167,7 +194,7 @@ def gradient_error_terms(policy_logits: Tensor, ref_logits: Tensor, flow: str) -
     c = _flow_coefficient(log_pi, log_ref, flow)
     mean = pi * c - pi * (pi * c).sum()
     target = pi * (log_pi - log_ref) - pi * (pi * (log_pi - log_ref)).sum()
-    score_sq = 1.0 - 2.0 * pi + (pi * pi).sum()               # ||e_x - pi||² for each token x
+    score_sq = 1.0 - 2.0 * pi + (pi * pi).sum()  # ||e_x - pi||² for each token x
     second = (pi * c * c * score_sq).sum()
     return {"bias_sq": float((mean - target).square().sum()), "variance": float(second - mean.square().sum())}
 
@@ -191,9 +218,18 @@ def probability_velocity(probs: Tensor, logit_step: Tensor) -> Tensor:
     return p * (d - (p * d).sum(-1, keepdim=True))
 
 
-def descent_paths(start_probs: Tensor, ref_probs: Tensor, flows: Sequence[str], *, steps: int = 200,
-                  lr: float = 1.0, rewards: Tensor | None = None, beta: float | Tensor = 1.0,
-                  record_every: int = 1, preconditioned: bool = False) -> dict[str, Tensor]:
+def descent_paths(
+    start_probs: Tensor,
+    ref_probs: Tensor,
+    flows: Sequence[str],
+    *,
+    steps: int = 200,
+    lr: float = 1.0,
+    rewards: Tensor | None = None,
+    beta: float | Tensor = 1.0,
+    record_every: int = 1,
+    preconditioned: bool = False,
+) -> dict[str, Tensor]:
     """Gradient descent on the logits, one run per penalty in ``flows``, all from ``start_probs``.
 
     Each step is ``logits -= lr · (beta · g_flow(pi) - grad E_pi[R])`` with ``g_flow`` the expected
@@ -244,7 +280,7 @@ def descent_paths(start_probs: Tensor, ref_probs: Tensor, flows: Sequence[str], 
             theta = (theta - theta.max(-1, keepdim=True).values).clamp_min(LOGIT_FLOOR)
             if t % every == 0 or t == n:
                 rec.append(torch.softmax(theta, -1))
-        stacked = torch.stack(rec, 1)                         # [F, records, ..., V]
+        stacked = torch.stack(rec, 1)  # [F, records, ..., V]
         for i, flow in enumerate(flows):
             out[flow] = stacked[i]
             if not bool(torch.isfinite(out[flow]).all()):

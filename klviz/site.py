@@ -19,6 +19,7 @@ Why not Jupyter Book 2 / MyST: tried (``jupyter-book`` 2.1.7, mystmd 1.11): its 
 site theme from api.mystmd.org, which a build without the network cannot reach, and its HTML is a
 Remix application meant to be served over HTTP, not opened from disk (jupyter-book/mystmd#188).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,19 +32,27 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
 
 import nbformat
 
 from .labcmd import lesson_paths
 from .widgets.static import PRECOMPUTED_NOTE, STATIC_CONTROLS, static_panel_html
 
-__all__ = ["LessonPage", "STATIC_CONTROLS", "execute_notebook", "lesson_title", "render_lesson", "build_site",
-           "static_panel_html", "main"]
+__all__ = [
+    "LessonPage",
+    "STATIC_CONTROLS",
+    "execute_notebook",
+    "lesson_title",
+    "render_lesson",
+    "build_site",
+    "static_panel_html",
+    "main",
+]
 
 CDN_MATHJAX = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
 LOCAL_MATHJAX = "_static/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
@@ -96,9 +105,11 @@ details.klviz-checks > summary { color: #777; font-size: 12px; }
 {% endblock extra_css %}
 {%- macro klviz_nav(where) -%}
 <nav class="klviz-nav {{ where }}">
-  <span>{% if resources.klviz.prev %}<a class="klviz-prev" href="{{ resources.klviz.prev.href }}">&larr; {{ resources.klviz.prev.title | e }}</a>{% endif %}</span>
+  <span>{% if resources.klviz.prev %}<a class="klviz-prev" href="{{ resources.klviz.prev.href }}">
+    &larr; {{ resources.klviz.prev.title | e }}</a>{% endif %}</span>
   <span><a class="klviz-index" href="index.html">All lessons</a></span>
-  <span>{% if resources.klviz.next %}<a class="klviz-next" href="{{ resources.klviz.next.href }}">{{ resources.klviz.next.title | e }} &rarr;</a>{% endif %}</span>
+  <span>{% if resources.klviz.next %}<a class="klviz-next" href="{{ resources.klviz.next.href }}">
+    {{ resources.klviz.next.title | e }} &rarr;</a>{% endif %}</span>
 </nav>
 {%- endmacro -%}
 {%- block body_header -%}
@@ -170,8 +181,13 @@ def execute_notebook(path: str | os.PathLike[str], *, timeout: int = 600) -> nbf
         nb = nbformat.read(path, as_version=4)
         try:
             with _static_environment():
-                NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
-                               resources={"metadata": {"path": str(path.parent.resolve())}}).execute()
+                NotebookClient(
+                    nb,
+                    timeout=timeout,
+                    kernel_name="python3",
+                    store_widget_state=False,
+                    resources={"metadata": {"path": str(path.parent.resolve())}},
+                ).execute()
             return nb
         except (CellExecutionError, CellTimeoutError):
             raise
@@ -198,7 +214,7 @@ def lesson_title(nb: nbformat.NotebookNode, fallback: str) -> tuple[str, str]:
     for i, line in enumerate(lines):
         if line.startswith("# "):
             title = line[2:].strip()
-            rest = lines[i + 1:]
+            rest = lines[i + 1 :]
             summary = _learn_list(rest)
             if not summary:
                 body = "\n".join(rest).strip()
@@ -218,8 +234,11 @@ def _learn_list(lines: list[str]) -> str:
             kept, j = [line.strip(), ""], i + 1
             while j < len(lines) and not lines[j].strip():
                 j += 1
-            while j < len(lines) and lines[j].strip() and (re.match(r"\s*([-*+]|\d+[.)])\s", lines[j])
-                                                          or lines[j].startswith((" ", "\t"))):
+            while (
+                j < len(lines)
+                and lines[j].strip()
+                and (re.match(r"\s*([-*+]|\d+[.)])\s", lines[j]) or lines[j].startswith((" ", "\t")))
+            ):
                 kept.append(lines[j].rstrip())
                 j += 1
             return "\n".join(kept).strip() if len(kept) > 2 else ""
@@ -265,9 +284,14 @@ def _exporter(mathjax_url: str):
     import jinja2
     from nbconvert import HTMLExporter
 
-    return HTMLExporter(template_name="lab", extra_loaders=[jinja2.DictLoader({"klviz_site.html.j2": _TEMPLATE})],
-                        template_file="klviz_site.html.j2", mathjax_url=mathjax_url,
-                        exclude_input_prompt=True, exclude_output_prompt=True)
+    return HTMLExporter(
+        template_name="lab",
+        extra_loaders=[jinja2.DictLoader({"klviz_site.html.j2": _TEMPLATE})],
+        template_file="klviz_site.html.j2",
+        mathjax_url=mathjax_url,
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+    )
 
 
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -294,16 +318,24 @@ def _mark_checks(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def render_lesson(nb: nbformat.NotebookNode, page: LessonPage, prev: LessonPage | None,
-                  next_: LessonPage | None, *, mathjax_url: str = LOCAL_MATHJAX) -> str:
+def render_lesson(
+    nb: nbformat.NotebookNode,
+    page: LessonPage,
+    prev: LessonPage | None,
+    next_: LessonPage | None,
+    *,
+    mathjax_url: str = LOCAL_MATHJAX,
+) -> str:
     """The HTML page of an executed lesson, with navigation and rewritten lesson links."""
+
     def ref(p: LessonPage | None) -> dict | None:  # short titles in the navigation bar
         return None if p is None else {"href": p.page, "title": _plain_title(p.title).split(":")[0].strip()}
 
     nb = _mark_checks(_without_widget_views(nb))
-    resources = {"klviz": {"prev": ref(prev), "next": ref(next_), "note": PRECOMPUTED_NOTE,
-                           "mathjax_config": MATHJAX_CONFIG},
-                 "metadata": {"name": _plain_title(page.title)}}
+    resources = {
+        "klviz": {"prev": ref(prev), "next": ref(next_), "note": PRECOMPUTED_NOTE, "mathjax_config": MATHJAX_CONFIG},
+        "metadata": {"name": _plain_title(page.title)},
+    }
     body, _ = _exporter(mathjax_url).from_notebook_node(nb, resources=resources)
     return rewrite_links(body)
 
@@ -347,9 +379,11 @@ def _copy_mathjax(out: Path) -> str:
     try:
         import jupyter_server_mathjax
     except ImportError:
-        print("klviz site: jupyter-server-mathjax is not installed, pages load MathJax from a CDN "
-              "(math needs the network); `pip install jupyter-server-mathjax` to ship it with the site",
-              file=sys.stderr)
+        print(
+            "klviz site: jupyter-server-mathjax is not installed, pages load MathJax from a CDN "
+            "(math needs the network); `pip install jupyter-server-mathjax` to ship it with the site",
+            file=sys.stderr,
+        )
         return CDN_MATHJAX
     src = Path(jupyter_server_mathjax.__file__).parent / "static"
     dst = out / "_static" / "mathjax"
@@ -405,15 +439,29 @@ def render_index(pages: list[LessonPage], *, mathjax_url: str = LOCAL_MATHJAX) -
     items = []
     for p in pages:
         summary = markdown2html(p.summary) if p.summary else ""
-        items.append(f'<li><a class="klviz-lesson" href="{html.escape(p.page)}">{_inline_markdown(p.title)}</a>'
-                     f'<div class="summary">{rewrite_links(summary)}</div></li>')
+        items.append(
+            f'<li><a class="klviz-lesson" href="{html.escape(p.page)}">{_inline_markdown(p.title)}</a>'
+            f'<div class="summary">{rewrite_links(summary)}</div></li>'
+        )
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return _INDEX.format(items="\n".join(items), mathjax=html.escape(mathjax_url), when=when,
-                         version=html.escape(__version__), mathjax_config=MATHJAX_CONFIG)
+    return _INDEX.format(
+        items="\n".join(items),
+        mathjax=html.escape(mathjax_url),
+        when=when,
+        version=html.escape(__version__),
+        mathjax_config=MATHJAX_CONFIG,
+    )
 
 
-def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] = "build/site", *,
-               timeout: int = 600, keep_going: bool = False, jobs: int = 2, log=print) -> list[LessonPage]:
+def build_site(
+    notebooks: list[Path] | None = None,
+    out: str | os.PathLike[str] = "build/site",
+    *,
+    timeout: int = 600,
+    keep_going: bool = False,
+    jobs: int = 2,
+    log=print,
+) -> list[LessonPage]:
     """Execute ``notebooks`` (default: every lesson) and write ``out/index.html`` and one page each.
 
     ``jobs`` lessons run at a time, each in its own kernel. A lesson that fails stops the build with
@@ -435,7 +483,7 @@ def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] 
     mathjax_url = _copy_mathjax(out)
     frames = out / "_static" / "frames"
     if frames.exists():
-        shutil.rmtree(frames)                   # frames of an earlier build would pile up
+        shutil.rmtree(frames)  # frames of an earlier build would pile up
 
     sources = [nbformat.read(p, as_version=4) for p in notebooks]
     pages = []
@@ -463,7 +511,7 @@ def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] 
             executed, message = future.result()
             if message is not None:
                 if not keep_going:
-                    for later in results[i + 1:]:
+                    for later in results[i + 1 :]:
                         later.cancel()
                     raise RuntimeError(message)
                 failures.append(message)
@@ -471,11 +519,14 @@ def build_site(notebooks: list[Path] | None = None, out: str | os.PathLike[str] 
             frame_bytes = extract_frames(executed, out)
             prev = pages[i - 1] if i > 0 else None
             next_ = pages[i + 1] if i + 1 < len(pages) else None
-            (out / page.page).write_text(render_lesson(executed, page, prev, next_, mathjax_url=mathjax_url),
-                                         encoding="utf-8")
+            (out / page.page).write_text(
+                render_lesson(executed, page, prev, next_, mathjax_url=mathjax_url), encoding="utf-8"
+            )
             built.append(page)
-            log(f"klviz site: wrote {out / page.page} ({page.seconds:.1f} s, "
-                f"{frame_bytes / 1e6:.1f} MB of new panel frames)")
+            log(
+                f"klviz site: wrote {out / page.page} ({page.seconds:.1f} s, "
+                f"{frame_bytes / 1e6:.1f} MB of new panel frames)"
+            )
     (out / "index.html").write_text(render_index(pages, mathjax_url=mathjax_url), encoding="utf-8")
     log(f"klviz site: wrote {out / 'index.html'}; open it in a browser (file://{(out / 'index.html').resolve()})")
     if failures:
@@ -487,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m klviz.site [NOTEBOOK ...] [--out build/site] [--timeout S] [--keep-going] [--jobs N]``."""
     parser = argparse.ArgumentParser(
         prog="klviz site",
-        description="Execute the lessons (static figures) and write an HTML site that opens from disk.")
+        description="Execute the lessons (static figures) and write an HTML site that opens from disk.",
+    )
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to build (default: every lesson)")
     parser.add_argument("--out", default="build/site", help="output folder (default build/site)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
@@ -499,8 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     try:
-        build_site(args.notebooks or None, args.out, timeout=args.timeout, keep_going=args.keep_going,
-                   jobs=args.jobs)
+        build_site(args.notebooks or None, args.out, timeout=args.timeout, keep_going=args.keep_going, jobs=args.jobs)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"klviz site: {err}", file=sys.stderr)
         return 1

@@ -11,11 +11,12 @@ Every "value ± standard error" the suite prints comes from here:
 - :func:`control_variate_lambda`: λ* = −Cov(k1, r) / Var(r), the coefficient that minimises
   Var(k1 + λ (r − 1)), from exact or sampled moments alike.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -23,8 +24,14 @@ import torch
 from .validation import Tensor, as_float_tensor
 
 __all__ = [
-    "mean_se", "mean_std_with_se", "clustered_mean_se", "clustered_mean_se_from_sums", "batch_means_se", "RunningMoments",
-    "control_variate_lambda", "sample_moments",
+    "mean_se",
+    "mean_std_with_se",
+    "clustered_mean_se",
+    "clustered_mean_se_from_sums",
+    "batch_means_se",
+    "RunningMoments",
+    "control_variate_lambda",
+    "sample_moments",
 ]
 
 

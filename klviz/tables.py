@@ -19,6 +19,7 @@ Jeffreys divergence, never negative). It is why k3 = (r - 1) - log r has less va
 k1 = -log r when p is close to q, and it fixes the best control-variate coefficient
 ``lambda* = (KL(q||p) + KL(p||q)) / chi²(p||q)`` of the family ``k1 + lambda (r - 1)``.
 """
+
 from __future__ import annotations
 
 import html
@@ -37,10 +38,23 @@ from .statistics import RunningMoments, batch_means_se, control_variate_lambda
 from .validation import as_float_tensor, check_positive_int
 
 __all__ = [
-    "EstimatorMoments", "gaussian_moments", "gaussian_closed_forms", "categorical_moments",
-    "monte_carlo_row", "schulman_table", "SCHULMAN_PUBLISHED", "table_html",
-    "k1_negative_probability", "variance_crossing_mu", "control_variate_samples", "sample_log_ratio", "exact_moments",
-    "k1_negative_mass", "k2_bias_series", "k3_variance_parts", "format_mc",
+    "EstimatorMoments",
+    "gaussian_moments",
+    "gaussian_closed_forms",
+    "categorical_moments",
+    "monte_carlo_row",
+    "schulman_table",
+    "SCHULMAN_PUBLISHED",
+    "table_html",
+    "k1_negative_probability",
+    "variance_crossing_mu",
+    "control_variate_samples",
+    "sample_log_ratio",
+    "exact_moments",
+    "k1_negative_mass",
+    "k2_bias_series",
+    "k3_variance_parts",
+    "format_mc",
 ]
 
 #: The numbers printed in Schulman's blog post (bias/true and std/true of one sample), by mu.
@@ -115,7 +129,7 @@ class EstimatorMoments:
         if not np.all(np.isfinite(lam_arr)):
             raise ValueError("lam must be finite")
         if math.isfinite(self.var_r):
-            out = self.var["k1"] + 2.0 * lam_arr * self.cov_k1_r + lam_arr ** 2 * self.var_r
+            out = self.var["k1"] + 2.0 * lam_arr * self.cov_k1_r + lam_arr**2 * self.var_r
             out = np.maximum(out, 0.0)
         else:
             out = np.where(lam_arr == 0.0, self.var["k1"], np.inf)
@@ -130,9 +144,9 @@ def _poly_mean(coef: np.ndarray) -> float:
 def _log_ratio_quadratic(mu_q: float, sigma_q: float, mu_p: float, sigma_p: float) -> tuple[float, float, float]:
     """(a, b, c) with log p(x) - log q(x) = a + b z + c z² for x = mu_q + sigma_q z."""
     d = mu_q - mu_p
-    a = math.log(sigma_q / sigma_p) - d * d / (2 * sigma_p ** 2)
-    b = -d * sigma_q / sigma_p ** 2
-    c = 0.5 - sigma_q ** 2 / (2 * sigma_p ** 2)
+    a = math.log(sigma_q / sigma_p) - d * d / (2 * sigma_p**2)
+    b = -d * sigma_q / sigma_p**2
+    c = 0.5 - sigma_q**2 / (2 * sigma_p**2)
     return a, b, c
 
 
@@ -159,18 +173,22 @@ def gaussian_moments(mu_q: float, sigma_q: float, mu_p: float, sigma_p: float) -
     var_l = max(b * b + 2 * c * c, 0.0)
     notes: dict[str, str] = {}
     # E_q[r²] = e^{2a} E[exp(2b z + 2c z²)] = e^{2a} (1 - 4c)^{-1/2} exp(2b² / (1 - 4c)), if 1 - 4c > 0
-    s = 1.0 - 4.0 * c   # = 2 sigma_q² / sigma_p² - 1
+    s = 1.0 - 4.0 * c  # = 2 sigma_q² / sigma_p² - 1
     if s <= 0:
         var_r = math.inf
-        notes["k3"] = (f"Var k3 = inf: sigma_p² = {sp * sp:.3g} ≥ 2 sigma_q² = {2 * sq * sq:.3g}, so r² = (p/q)² "
-                       "grows faster in q's tails than q decays and E_q[r²] diverges; a sample std of k3 "
-                       "keeps growing with N instead of settling.")
+        notes["k3"] = (
+            f"Var k3 = inf: sigma_p² = {sp * sp:.3g} ≥ 2 sigma_q² = {2 * sq * sq:.3g}, so r² = (p/q)² "
+            "grows faster in q's tails than q decays and E_q[r²] diverges; a sample std of k3 "
+            "keeps growing with N instead of settling."
+        )
     else:
         log_er2 = 2 * a - 0.5 * math.log(s) + 2 * b * b / s
         if log_er2 > 709.0:
             var_r = math.inf
-            notes["k3"] = (f"Var k3 overflows float64: E_q[r²] = e^{log_er2:.0f} is finite but beyond 1e308; "
-                           "in practice no sample size estimates it.")
+            notes["k3"] = (
+                f"Var k3 overflows float64: E_q[r²] = e^{log_er2:.0f} is finite but beyond 1e308; "
+                "in practice no sample size estimates it."
+            )
         else:
             var_r = math.expm1(log_er2) if abs(log_er2) < 1 else math.exp(log_er2) - 1.0
     jeffreys = kl_qp + kl_pq
@@ -196,11 +214,19 @@ def gaussian_closed_forms(mu: float) -> dict[str, float]:
     kl = m2 / 2
     em1 = math.expm1(m2)
     out = {
-        "true_kl": kl, "mean_k1": kl, "mean_k2": m2 / 2 + m2 * m2 / 8, "mean_k3": kl,
-        "var_k1": m2, "var_k2": m2 * m2 / 2 + m2 ** 3 / 4, "var_k3": em1 - m2, "var_r": em1,
-        "cov_k1_r": -m2, "lambda_star": m2 / em1 if m2 > 0 else 1.0,
+        "true_kl": kl,
+        "mean_k1": kl,
+        "mean_k2": m2 / 2 + m2 * m2 / 8,
+        "mean_k3": kl,
+        "var_k1": m2,
+        "var_k2": m2 * m2 / 2 + m2**3 / 4,
+        "var_k3": em1 - m2,
+        "var_r": em1,
+        "cov_k1_r": -m2,
+        "lambda_star": m2 / em1 if m2 > 0 else 1.0,
         # Var k3 = Var r + Var log r - 2 Cov(r, log r), piece by piece (Cov(Y, e^Y) = s² E[e^Y], Stein)
-        "var_log_r": m2, "cov_r_log_r": m2,
+        "var_log_r": m2,
+        "cov_r_log_r": m2,
     }
     out["bias_rel_k2"] = m2 / 4
     for k in ESTIMATORS:
@@ -217,7 +243,7 @@ def categorical_moments(q_probs: Any, p_probs: Any) -> EstimatorMoments:
     """
     q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
     p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
-    true_kl = float(categorical_kl(q, p))          # validates shapes, signs and normalisation
+    true_kl = float(categorical_kl(q, p))  # validates shapes, signs and normalisation
     if q.dim() != 1:
         raise ValueError(f"q_probs must be one probability vector (1-D), got shape {tuple(q.shape)}")
     support = q > 0
@@ -254,9 +280,15 @@ def exact_moments(q: Normal | Categorical, p: Normal | Categorical) -> Estimator
     return categorical_moments(q.probs, p.probs)
 
 
-def monte_carlo_row(q: Normal | Categorical, p: Normal | Categorical, num_samples: int, *,
-                    num_batches: int = 20, generator: torch.Generator | None = None,
-                    device: str | torch.device | None = None) -> dict[str, Any]:
+def monte_carlo_row(
+    q: Normal | Categorical,
+    p: Normal | Categorical,
+    num_samples: int,
+    *,
+    num_batches: int = 20,
+    generator: torch.Generator | None = None,
+    device: str | torch.device | None = None,
+) -> dict[str, Any]:
     """Monte Carlo bias/true and std/true of k1, k2, k3 with their standard errors, from batches.
 
     Draws ``num_samples`` x ~ q with :func:`klviz.estimator_stats`, in ``num_batches`` independent
@@ -291,17 +323,27 @@ def monte_carlo_row(q: Normal | Categorical, p: Normal | Categorical, num_sample
         se = pooled.se
         se_std = batch_means_se(stds)
         out[k] = {
-            "mean": pooled.mean, "se": se, "se_batches": batch_means_se(means),
-            "bias_rel": _relative(pooled.mean - true_kl, true_kl), "se_bias_rel": _relative(se, true_kl),
-            "std": pooled.std, "se_std": se_std,
-            "std_rel": _relative(pooled.std, true_kl), "se_std_rel": _relative(se_std, true_kl),
+            "mean": pooled.mean,
+            "se": se,
+            "se_batches": batch_means_se(means),
+            "bias_rel": _relative(pooled.mean - true_kl, true_kl),
+            "se_bias_rel": _relative(se, true_kl),
+            "std": pooled.std,
+            "se_std": se_std,
+            "std_rel": _relative(pooled.std, true_kl),
+            "se_std_rel": _relative(se_std, true_kl),
         }
     return out
 
 
-def schulman_table(mus: tuple[float, ...] = (0.1, 1.0), num_samples: int = 10**7, *, num_batches: int = 20,
-                   generator: torch.Generator | None = None,
-                   device: str | torch.device | None = None) -> list[dict[str, Any]]:
+def schulman_table(
+    mus: tuple[float, ...] = (0.1, 1.0),
+    num_samples: int = 10**7,
+    *,
+    num_batches: int = 20,
+    generator: torch.Generator | None = None,
+    device: str | torch.device | None = None,
+) -> list[dict[str, Any]]:
     """Schulman's experiment: q = N(0, 1), p = N(mu, 1) for each ``mu``, ``num_samples`` draws each.
 
     One row per mu: ``{"mu", "exact": EstimatorMoments, "closed": gaussian_closed_forms(mu),
@@ -314,10 +356,15 @@ def schulman_table(mus: tuple[float, ...] = (0.1, 1.0), num_samples: int = 10**7
             raise ValueError("mus must be non-zero: at mu = 0 the KL is 0 and relative numbers are undefined")
         q = Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
         p = Normal(torch.tensor(m, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
-        rows.append({"mu": m, "exact": gaussian_moments(0.0, 1.0, m, 1.0), "closed": gaussian_closed_forms(m),
-                     "mc": monte_carlo_row(q, p, num_samples, num_batches=num_batches, generator=generator,
-                                           device=device),
-                     "published": SCHULMAN_PUBLISHED.get(m)})
+        rows.append(
+            {
+                "mu": m,
+                "exact": gaussian_moments(0.0, 1.0, m, 1.0),
+                "closed": gaussian_closed_forms(m),
+                "mc": monte_carlo_row(q, p, num_samples, num_batches=num_batches, generator=generator, device=device),
+                "published": SCHULMAN_PUBLISHED.get(m),
+            }
+        )
     return rows
 
 
@@ -327,7 +374,7 @@ def _fmt(x: float, digits: int = 4) -> str:
         return "inf"
     if abs(x) < 1e-12:
         return "0"
-    return f"{round(x, digits) + 0.0:.{digits}f}"   # + 0.0 turns a rounded -0.0 into 0.0
+    return f"{round(x, digits) + 0.0:.{digits}f}"  # + 0.0 turns a rounded -0.0 into 0.0
 
 
 def format_mc(value: float, se: float, *, signed: bool = False) -> str:
@@ -351,28 +398,36 @@ def table_html(rows: list[dict[str, Any]], label: str = "mu") -> str:
     ``rows`` are :func:`schulman_table` rows (or any dicts with ``"exact"`` (EstimatorMoments),
     ``"mc"`` (a :func:`monte_carlo_row` result), ``label`` and optionally ``"published"``).
     """
-    head = ("<tr><th rowspan=2>" + html.escape(label) + "</th><th rowspan=2>true KL</th><th rowspan=2>"
-            "estimator</th><th colspan=3>bias / true</th><th colspan=3>std / true (one sample)</th></tr>"
-            "<tr><th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th>"
-            "<th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th></tr>")
+    head = (
+        "<tr><th rowspan=2>" + html.escape(label) + "</th><th rowspan=2>true KL</th><th rowspan=2>"
+        "estimator</th><th colspan=3>bias / true</th><th colspan=3>std / true (one sample)</th></tr>"
+        "<tr><th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th>"
+        "<th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th></tr>"
+    )
     body = []
     for row in rows:
         ex, mc, pub = row["exact"], row["mc"], row.get("published")
         for i, k in enumerate(ESTIMATORS):
             c = mc[k]
-            first = (f"<td rowspan=3>{html.escape(str(row[label]))}</td><td rowspan=3>{ex.true_kl:.4g}</td>"
-                     if i == 0 else "")
+            first = (
+                f"<td rowspan=3>{html.escape(str(row[label]))}</td><td rowspan=3>{ex.true_kl:.4g}</td>"
+                if i == 0
+                else ""
+            )
             pb = pub[k] if pub else None
             body.append(
                 f"<tr>{first}<td><b>{k}</b></td>"
                 f"<td>{format_mc(c['bias_rel'], c['se_bias_rel'], signed=True)}</td><td>{_fmt(ex.bias_rel(k))}</td>"
                 f"<td>{'' if pb is None else pb[0]}</td>"
                 f"<td>{format_mc(c['std_rel'], c['se_std_rel'])}</td><td>{_fmt(ex.std_rel(k))}</td>"
-                f"<td>{'' if pb is None else pb[1]}</td></tr>")
+                f"<td>{'' if pb is None else pb[1]}</td></tr>"
+            )
     pad = " style='padding:2px 8px'"
-    return ("<table class='klviz-table' style='border-collapse:collapse;font-size:90%'>"
-            + (head + "".join(body)).replace("<td>", f"<td{pad}>").replace("<th>", f"<th{pad}>")
-            + "</table>")
+    return (
+        "<table class='klviz-table' style='border-collapse:collapse;font-size:90%'>"
+        + (head + "".join(body)).replace("<td>", f"<td{pad}>").replace("<th>", f"<th{pad}>")
+        + "</table>"
+    )
 
 
 def _normal_cdf(x: float) -> float:
@@ -391,12 +446,12 @@ def k1_negative_probability(mu_q: float, sigma_q: float, mu_p: float, sigma_p: f
     a, b, c = _log_ratio_quadratic(mq, sq, mp, sp)
     if abs(c) < 1e-15:
         if b == 0:
-            return 0.0          # log r = a is constant (equal distributions give a = 0: never > 0)
+            return 0.0  # log r = a is constant (equal distributions give a = 0: never > 0)
         z0 = -a / b
         return 1.0 - _normal_cdf(z0) if b > 0 else _normal_cdf(z0)
     disc = b * b - 4 * a * c
     if disc <= 0:
-        return 1.0 if c > 0 else 0.0   # the quadratic never crosses zero: it keeps the sign of c
+        return 1.0 if c > 0 else 0.0  # the quadratic never crosses zero: it keeps the sign of c
     root = math.sqrt(disc)
     z1, z2 = sorted(((-b - root) / (2 * c), (-b + root) / (2 * c)))
     inside = _normal_cdf(z2) - _normal_cdf(z1)
@@ -419,8 +474,9 @@ def variance_crossing_mu() -> float:
     return math.sqrt(t)
 
 
-def sample_log_ratio(q: Normal, p: Normal, num_samples: int, *,
-                     generator: torch.Generator | None = None, z: torch.Tensor | None = None) -> torch.Tensor:
+def sample_log_ratio(
+    q: Normal, p: Normal, num_samples: int, *, generator: torch.Generator | None = None, z: torch.Tensor | None = None
+) -> torch.Tensor:
     """``num_samples`` values of log r = log p(x) - log q(x) with x ~ q, in float64 (two Normals).
 
     Draws z ~ N(0, 1) from ``generator`` (on its device) and evaluates log r as the quadratic
@@ -434,16 +490,21 @@ def sample_log_ratio(q: Normal, p: Normal, num_samples: int, *,
     for d, name in ((q, "q"), (p, "p")):
         if not isinstance(d, Normal) or d.batch_shape != torch.Size():
             raise ValueError(f"{name} must be a single torch.distributions.Normal")
-    a, b, c = _log_ratio_quadratic(_finite_float(q.loc, "q.loc"), _positive_float(q.scale, "q.scale"),
-                                   _finite_float(p.loc, "p.loc"), _positive_float(p.scale, "p.scale"))
+    a, b, c = _log_ratio_quadratic(
+        _finite_float(q.loc, "q.loc"),
+        _positive_float(q.scale, "q.scale"),
+        _finite_float(p.loc, "p.loc"),
+        _positive_float(p.scale, "p.scale"),
+    )
     dev = generator.device if generator is not None else q.loc.device
     if z is None:
         z = torch.randn(n, generator=generator, device=dev, dtype=torch.float64)
     return (c * z + b).mul_(z).add_(a) if c != 0.0 else (b * z).add_(a)
 
 
-def control_variate_samples(q: Normal, p: Normal, num_samples: int, *, num_batches: int = 20,
-                            generator: torch.Generator | None = None) -> dict[str, float]:
+def control_variate_samples(
+    q: Normal, p: Normal, num_samples: int, *, num_batches: int = 20, generator: torch.Generator | None = None
+) -> dict[str, float]:
     """Measure the best coefficient of k1 + lambda (r - 1) from samples, with a batch-means SE.
 
     In each batch lambda*_b = -Cov(k1, r) / Var(r) from the sample moments; the result is the
@@ -456,7 +517,7 @@ def control_variate_samples(q: Normal, p: Normal, num_samples: int, *, num_batch
     if nb < 2 or n < 2 * nb:
         raise ValueError(f"num_batches must be ≥ 2 and num_samples ≥ 2 * num_batches; got {nb} and {n}")
     size = n // nb
-    pooled = np.zeros(5)   # running sums of k1, r - 1, k1², (r - 1)², k1 (r - 1)
+    pooled = np.zeros(5)  # running sums of k1, r - 1, k1², (r - 1)², k1 (r - 1)
     lams = []
     for _ in range(nb):
         log_r = sample_log_ratio(q, p, size, generator=generator)
@@ -471,8 +532,14 @@ def control_variate_samples(q: Normal, p: Normal, num_samples: int, *, num_batch
     var_k1 = pooled[2] / total - ma * ma
     var_r = pooled[3] / total - mc * mc
     cov = pooled[4] / total - ma * mc
-    return {"lambda_star": control_variate_lambda(cov, var_r), "se": batch_means_se(lams), "var_k1": var_k1,
-            "var_r": var_r, "cov_k1_r": cov, "num_samples": total}
+    return {
+        "lambda_star": control_variate_lambda(cov, var_r),
+        "se": batch_means_se(lams),
+        "var_k1": var_k1,
+        "var_r": var_r,
+        "cov_k1_r": cov,
+        "num_samples": total,
+    }
 
 
 def k1_negative_mass(q_probs: Any, p_probs: Any) -> float:
@@ -485,8 +552,9 @@ def k1_negative_mass(q_probs: Any, p_probs: Any) -> float:
     q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
     p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
     if q.shape != p.shape or q.dim() != 1:
-        raise ValueError(f"q_probs and p_probs must be probability vectors of one shape, got "
-                         f"{tuple(q.shape)} and {tuple(p.shape)}")
+        raise ValueError(
+            f"q_probs and p_probs must be probability vectors of one shape, got {tuple(q.shape)} and {tuple(p.shape)}"
+        )
     return float(q[p > q].sum())
 
 
@@ -508,7 +576,7 @@ def k2_bias_series(q_probs: Any, p_probs: Any, max_order: int = 10) -> dict[str,
         raise ValueError(f"max_order must be at least 3 (the series starts at the cube), got {max_order}")
     q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
     p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
-    true_kl = float(categorical_kl(q, p))           # validates shapes and normalisation
+    true_kl = float(categorical_kl(q, p))  # validates shapes and normalisation
     support = q > 0
     if bool((p[support] <= 0).any()):
         raise ValueError("p_probs is zero on a token that q_probs can sample: KL(q||p) is infinite")
@@ -521,9 +589,16 @@ def k2_bias_series(q_probs: Any, p_probs: Any, max_order: int = 10) -> dict[str,
     m1 = float((w * u).sum())
     c2 = float((w * (u - m1) ** 2).sum())
     c3 = float((w * (u - m1) ** 3).sum())
-    return {"true_kl": true_kl, "mean_k2": mean_k2, "bias": mean_k2 - true_kl, "orders": orders, "terms": terms,
-            "partial": np.cumsum(terms), "third_central": c3,
-            "skewness": c3 / c2 ** 1.5 if c2 > 0 else 0.0}
+    return {
+        "true_kl": true_kl,
+        "mean_k2": mean_k2,
+        "bias": mean_k2 - true_kl,
+        "orders": orders,
+        "terms": terms,
+        "partial": np.cumsum(terms),
+        "third_central": c3,
+        "skewness": c3 / c2**1.5 if c2 > 0 else 0.0,
+    }
 
 
 def k3_variance_parts(q_probs: Any, p_probs: Any) -> dict[str, float]:
@@ -535,7 +610,7 @@ def k3_variance_parts(q_probs: Any, p_probs: Any) -> dict[str, float]:
     """
     q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
     p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
-    categorical_kl(q, p)                             # validates
+    categorical_kl(q, p)  # validates
     support = q > 0
     w, u = q[support], torch.log(p[support]) - torch.log(q[support])
     r = u.exp()

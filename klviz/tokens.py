@@ -5,6 +5,7 @@ throughout: PPO's ``approx_kl`` compares the current policy pi_theta with the ro
 pi_old **on pi_old's tokens**, so ``log r = log pi_theta(x) - log pi_old(x)`` (target minus
 sampler) and every estimator estimates **KL(pi_old || pi_theta)**.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,9 +19,17 @@ from .framework_rules import VERL_LOW_VAR_KL
 from .validation import Tensor, as_float_tensor, check_same_shape
 
 __all__ = [
-    "WORKED_EXAMPLES", "WorkedToken", "worked_token", "one_token_push", "push_expectations",
-    "minimind_response_mask", "mask_variants", "aggregations", "low_var_kl_clamp_effect",
-    "low_var_kl_gradient", "k3_crossing_point",
+    "WORKED_EXAMPLES",
+    "WorkedToken",
+    "worked_token",
+    "one_token_push",
+    "push_expectations",
+    "minimind_response_mask",
+    "mask_variants",
+    "aggregations",
+    "low_var_kl_clamp_effect",
+    "low_var_kl_gradient",
+    "k3_crossing_point",
 ]
 
 #: The two tokens of MiniMind's ``approx_kl`` walk-through, as widely retold: (old log-prob, new log-prob).
@@ -34,11 +43,11 @@ class WorkedToken:
 
     old_logprob: float
     new_logprob: float
-    delta: float          #: log pi_theta(x) - log pi_old(x) = log r
-    ratio: float          #: pi_theta(x) / pi_old(x) = exp(delta), PPO's ratio
-    k1: float             #: -delta: this token's k1 of KL(pi_old || pi_theta) (can be negative)
-    k2: float             #: ½ delta²: MiniMind's and TRL's ``approx_kl`` for this token
-    k3: float             #: (ratio - 1) - delta: CleanRL's/SB3's approx_kl for this token
+    delta: float  #: log pi_theta(x) - log pi_old(x) = log r
+    ratio: float  #: pi_theta(x) / pi_old(x) = exp(delta), PPO's ratio
+    k1: float  #: -delta: this token's k1 of KL(pi_old || pi_theta) (can be negative)
+    k2: float  #: ½ delta²: MiniMind's and TRL's ``approx_kl`` for this token
+    k3: float  #: (ratio - 1) - delta: CleanRL's/SB3's approx_kl for this token
 
 
 def worked_token(old_logprob: float, new_logprob: float) -> WorkedToken:
@@ -59,8 +68,15 @@ def worked_token(old_logprob: float, new_logprob: float) -> WorkedToken:
         values.append(torch.tensor(f, dtype=torch.float64))
     old, new = values
     log_r = new - old
-    return WorkedToken(float(old), float(new), float(log_r), float(torch.exp(log_r)), float(k1(log_r)),
-                       float(k2(log_r)), float(k3(log_r)))
+    return WorkedToken(
+        float(old),
+        float(new),
+        float(log_r),
+        float(torch.exp(log_r)),
+        float(k1(log_r)),
+        float(k2(log_r)),
+        float(k3(log_r)),
+    )
 
 
 def one_token_push(old_logprob: float, new_logprob: float) -> tuple[Tensor, Tensor]:
@@ -76,7 +92,9 @@ def one_token_push(old_logprob: float, new_logprob: float) -> tuple[Tensor, Tens
     new = float(new_logprob)
     for v, name in ((old, "old_logprob"), (new, "new_logprob")):
         if not (math.isfinite(v) and v < 0):
-            raise ValueError(f"{name} must be a finite log-probability below 0 (a token with probability < 1), got {v!r}")
+            raise ValueError(
+                f"{name} must be a finite log-probability below 0 (a token with probability < 1), got {v!r}"
+            )
     p, q = math.exp(old), math.exp(new)
     return torch.tensor([p, 1 - p], dtype=torch.float64), torch.tensor([q, 1 - q], dtype=torch.float64)
 
@@ -89,11 +107,17 @@ def push_expectations(old_logprob: float, new_logprob: float) -> dict[str, float
     Also returns the sampled token's own values, to show that one token's ½Δ² is not the KL.
     """
     p_old, p_new = one_token_push(old_logprob, new_logprob)
-    log_r = torch.log(p_new) - torch.log(p_old)            # target pi_theta over sampler pi_old
+    log_r = torch.log(p_new) - torch.log(p_old)  # target pi_theta over sampler pi_old
     kl = float((p_old * (torch.log(p_old) - torch.log(p_new))).sum())
-    out = {"exact_kl": kl, "E_k1": float((p_old * k1(log_r)).sum()), "E_k2": float((p_old * k2(log_r)).sum()),
-           "E_k3": float((p_old * k3(log_r)).sum()), "token_k1": float(k1(log_r[0])),
-           "token_k2": float(k2(log_r[0])), "token_k3": float(k3(log_r[0]))}
+    out = {
+        "exact_kl": kl,
+        "E_k1": float((p_old * k1(log_r)).sum()),
+        "E_k2": float((p_old * k2(log_r)).sum()),
+        "E_k3": float((p_old * k3(log_r)).sum()),
+        "token_k1": float(k1(log_r[0])),
+        "token_k2": float(k2(log_r[0])),
+        "token_k3": float(k3(log_r[0])),
+    }
     out["E_k2_over_kl"] = out["E_k2"] / kl if kl > 0 else float("nan")
     return out
 
@@ -135,8 +159,12 @@ def mask_variants(completion_ids: Tensor, completion_mask: Tensor, eos_id: int) 
     """
     right = minimind_response_mask(completion_ids, completion_mask, eos_id)
     is_eos = completion_ids.eq(eos_id).float()
-    return {"minimind": right, "no_eos_cut": completion_mask.float(),
-            "eos_excluded": right * (1 - is_eos), "no_mask": torch.ones_like(right)}
+    return {
+        "minimind": right,
+        "no_eos_cut": completion_mask.float(),
+        "eos_excluded": right * (1 - is_eos),
+        "no_mask": torch.ones_like(right),
+    }
 
 
 def aggregations(values: Tensor, mask: Tensor) -> dict[str, float]:
@@ -147,7 +175,9 @@ def aggregations(values: Tensor, mask: Tensor) -> dict[str, float]:
     ``seq-mean-token-sum`` (TRL PPO's ``objective/kl``: a *sequence* KL, by the chain rule).
     """
     v = as_float_tensor(values, "values", check_finite=False)
-    return {mode: float(agg_loss(v, mask, mode)) for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")}
+    return {
+        mode: float(agg_loss(v, mask, mode)) for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +197,7 @@ def k3_crossing_point(bound: float = VERL_LOW_VAR_KL.upper_bound, *, negative: b
     start = -(bound + 1.0) if negative else math.log(bound + 1.0) + 0.5
     d = torch.tensor(start, dtype=torch.float64)
     for _ in range(60):
-        d = d - (kernel.k3(d) - bound) / torch.expm1(d)     # Newton: d k3 / d d = e^d - 1
+        d = d - (kernel.k3(d) - bound) / torch.expm1(d)  # Newton: d k3 / d d = e^d - 1
     return float(d)
 
 
@@ -192,14 +222,20 @@ def low_var_kl_clamp_effect(logprob: Tensor, ref_logprob: Tensor, mask: Tensor) 
         raise ValueError("mask counts no token")
     mean_clamped = float(masked_mean(clamped, m))
     mean_plain = float(masked_mean(plain, m))
-    return {"tokens": n, "fraction_clamped": float(((plain > 10.0) & counted).sum()) / n,
-            "mean_clamped": mean_clamped, "mean_unclamped": mean_plain,
-            "removed_share": (mean_plain - mean_clamped) / mean_plain if mean_plain > 0 else 0.0,
-            "largest_k3": float(plain[counted].max()), "smallest_k3": float(plain[counted].min())}
+    return {
+        "tokens": n,
+        "fraction_clamped": float(((plain > 10.0) & counted).sum()) / n,
+        "mean_clamped": mean_clamped,
+        "mean_unclamped": mean_plain,
+        "removed_share": (mean_plain - mean_clamped) / mean_plain if mean_plain > 0 else 0.0,
+        "largest_k3": float(plain[counted].max()),
+        "smallest_k3": float(plain[counted].min()),
+    }
 
 
-def low_var_kl_gradient(log_ratio: Tensor, input_clamp: bool = True, output_clamp: bool = True,
-                        dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+def low_var_kl_gradient(
+    log_ratio: Tensor, input_clamp: bool = True, output_clamp: bool = True, dtype: torch.dtype = torch.float32
+) -> dict[str, Tensor]:
     """Value and gradient (w.r.t. the policy log-prob) of k3 written verl's way, clamps on or off.
 
     ``log_ratio`` = ``ref_logprob - logprob`` per token. Built as verl builds it
@@ -209,9 +245,9 @@ def low_var_kl_gradient(log_ratio: Tensor, input_clamp: bool = True, output_clam
     times the infinite inner gradient gives **NaN**.
     """
     d0 = as_float_tensor(log_ratio, "log_ratio").to(dtype)
-    logprob = (-d0).clone().requires_grad_(True)          # ref_logprob = 0, logprob = -d
+    logprob = (-d0).clone().requires_grad_(True)  # ref_logprob = 0, logprob = -d
     d = 0.0 - logprob
-    rule = VERL_LOW_VAR_KL                                # the clamp values, from the one table of rules
+    rule = VERL_LOW_VAR_KL  # the clamp values, from the one table of rules
     if input_clamp:
         d = rule.clamp_input(d, "k3")
     # verl's own formula, not klviz.kernel.k3: what its exp() does to the backward pass is the point here

@@ -16,6 +16,7 @@ Its :attr:`~EstimatorUse.label` is derived, never stored: ``"k3 in loss"``, ``"k
 ``"k3+ in loss"``, ``"k1 in reward"``. :func:`per_token_surrogate` turns a use into the per-token
 term whose gradient a training step follows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,14 +43,18 @@ class EstimatorUse:
     weighting: str = "none"
 
     def __post_init__(self) -> None:
-        for value, name, choices in ((self.estimator, "estimator", kernel.ESTIMATORS),
-                                     (self.placement, "placement", PLACEMENTS),
-                                     (self.weighting, "weighting", WEIGHTINGS)):
+        for value, name, choices in (
+            (self.estimator, "estimator", kernel.ESTIMATORS),
+            (self.placement, "placement", PLACEMENTS),
+            (self.weighting, "weighting", WEIGHTINGS),
+        ):
             if not isinstance(value, str) or value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
         if self.placement == "reward" and self.weighting == "straight-through":
-            raise ValueError("weighting 'straight-through' is a loss-side fix (it changes the gradient of the value); "
-                             "in the reward the value is detached, so use weighting 'none' or 'rho'")
+            raise ValueError(
+                "weighting 'straight-through' is a loss-side fix (it changes the gradient of the value); "
+                "in the reward the value is detached, so use weighting 'none' or 'rho'"
+            )
 
     @property
     def label(self) -> str:
@@ -71,20 +76,27 @@ def parse_use(label: str | EstimatorUse) -> EstimatorUse:
                 return EstimatorUse(head[: -len(mark)], placement, weighting)
         if head in kernel.ESTIMATORS:
             return EstimatorUse(head, placement)
-    raise ValueError(f"use must be a label like 'k3 in loss', 'k3·ρ in loss', 'k3+ in loss' or 'k1 in reward'; "
-                     f"got {label!r}")
+    raise ValueError(
+        f"use must be a label like 'k3 in loss', 'k3·ρ in loss', 'k3+ in loss' or 'k1 in reward'; got {label!r}"
+    )
 
 
 #: The eight uses lessons 05 and 07 compare, in the order they are shown.
 LESSON_USES: tuple[EstimatorUse, ...] = (
-    EstimatorUse("k1", "loss"), EstimatorUse("k2", "loss"), EstimatorUse("k3", "loss"),
-    EstimatorUse("k1", "reward"), EstimatorUse("k2", "reward"), EstimatorUse("k3", "reward"),
-    EstimatorUse("k3", "loss", "rho"), EstimatorUse("k3", "loss", "straight-through"),
+    EstimatorUse("k1", "loss"),
+    EstimatorUse("k2", "loss"),
+    EstimatorUse("k3", "loss"),
+    EstimatorUse("k1", "reward"),
+    EstimatorUse("k2", "reward"),
+    EstimatorUse("k3", "reward"),
+    EstimatorUse("k3", "loss", "rho"),
+    EstimatorUse("k3", "loss", "straight-through"),
 )
 
 
-def per_token_surrogate(use: EstimatorUse, logprob: Tensor, ref_logprob: Tensor,
-                        sampler_logprob: Tensor | None = None) -> Tensor:
+def per_token_surrogate(
+    use: EstimatorUse, logprob: Tensor, ref_logprob: Tensor, sampler_logprob: Tensor | None = None
+) -> Tensor:
     """The per-token term whose gradient (through ``logprob``) a training step with ``use`` follows.
 
     ``logprob``: the policy's log-probabilities of the sampled tokens (carrying the gradient);

@@ -3,10 +3,12 @@
 Every public function of klviz turns bad input into a ``ValueError`` that names the argument
 and says what is wrong with it, instead of letting a NaN travel silently into a plot or a log.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from numbers import Real
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ class ArgumentTypeError(TypeError, ValueError):
     input), so ``except ValueError`` and ``except TypeError`` both catch it.
     """
 
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -32,9 +35,13 @@ def _from_sequence(x: Sequence[Any], name: str) -> Tensor:
     """A float tensor from nested Python numbers; booleans and strings are refused, not converted."""
     for item in _flatten(x):
         if isinstance(item, (bool, np.bool_)):
-            raise ArgumentTypeError(f"{name} holds booleans ({item!r}); pass numbers (a mask of 0/1 goes in a mask argument)")
+            raise ArgumentTypeError(
+                f"{name} holds booleans ({item!r}); pass numbers (a mask of 0/1 goes in a mask argument)"
+            )
         if not isinstance(item, (Real, np.number)):
-            raise ArgumentTypeError(f"{name} must hold numbers, got an element of type {_describe(item)} ({item!r:.40})")
+            raise ArgumentTypeError(
+                f"{name} must hold numbers, got an element of type {_describe(item)} ({item!r:.40})"
+            )
     try:
         return torch.as_tensor(x, dtype=torch.get_default_dtype())
     except (TypeError, ValueError, RuntimeError) as err:
@@ -46,9 +53,9 @@ def _from_numpy(x: np.ndarray, name: str) -> Tensor:
     if x.dtype == np.bool_ or not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
         raise ArgumentTypeError(f"{name} must hold floating-point numbers, got a NumPy array of dtype {x.dtype}")
     if np.issubdtype(x.dtype, np.floating) and x.dtype.itemsize > 8:
-        x = x.astype(np.float64)        # long double: klviz computes in at most float64
+        x = x.astype(np.float64)  # long double: klviz computes in at most float64
     if not x.dtype.isnative:
-        x = x.astype(x.dtype.newbyteorder("="))       # big-endian data read by value, not by bytes
+        x = x.astype(x.dtype.newbyteorder("="))  # big-endian data read by value, not by bytes
     return torch.from_numpy(np.ascontiguousarray(x))
 
 
@@ -108,7 +115,9 @@ def as_mask(mask: Any, like: Tensor, name: str = "mask") -> Tensor:
     other objects raise ``TypeError`` naming ``name``; NaN, inf or negative weights ``ValueError``.
     """
     if mask is None or isinstance(mask, (str, bytes, dict)):
-        raise ArgumentTypeError(f"{name} must be a tensor of 0/1 (or weights) with the values' shape, got {_describe(mask)}")
+        raise ArgumentTypeError(
+            f"{name} must be a tensor of 0/1 (or weights) with the values' shape, got {_describe(mask)}"
+        )
     if isinstance(mask, Tensor):
         m = mask
     elif isinstance(mask, np.ndarray) and mask.dtype == np.bool_:
@@ -167,15 +176,18 @@ def check_finite_values(t: Tensor, name: str, *, allow_neg_inf: bool = False, wh
     if n_bad:
         n_nan = int((torch.isnan(t) & bad).sum())
         what = "NaN" if n_nan == n_bad else ("inf" if n_nan == 0 else "NaN or inf")
-        raise ValueError(f"{name} contains {n_bad} {what} value(s) out of {t.numel()}; "
-                         "clean or mask them before estimating a KL")
+        raise ValueError(
+            f"{name} contains {n_bad} {what} value(s) out of {t.numel()}; clean or mask them before estimating a KL"
+        )
 
 
 def check_same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
     """Raise ``ValueError`` unless ``a`` and ``b`` have exactly the same shape."""
     if a.shape != b.shape:
-        raise ValueError(f"{name_a} has shape {tuple(a.shape)} but {name_b} has shape {tuple(b.shape)}; "
-                         "they must match position by position")
+        raise ValueError(
+            f"{name_a} has shape {tuple(a.shape)} but {name_b} has shape {tuple(b.shape)}; "
+            "they must match position by position"
+        )
 
 
 def common_dtype(*ts: Tensor) -> torch.dtype:
@@ -195,6 +207,8 @@ def check_positive_int(value: Any, name: str, *, maximum: int | None = None) -> 
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name}={value:,} is more than {maximum:,}, the most klviz will draw in one call "
-                         "(it would run for hours); use fewer samples or several calls")
+        raise ValueError(
+            f"{name}={value:,} is more than {maximum:,}, the most klviz will draw in one call "
+            "(it would run for hours); use fewer samples or several calls"
+        )
     return int(value)

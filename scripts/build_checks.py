@@ -35,6 +35,9 @@ class BuildPy(build_py):
         if not getattr(self, "editable_mode", False):
             bad = unclean_lessons()
             if bad:
-                raise SystemExit("klviz: refusing to package lessons that carry outputs: " + "; ".join(bad)
-                                 + ". Run `make sync-notebooks` first.")
+                raise SystemExit(
+                    "klviz: refusing to package lessons that carry outputs: "
+                    + "; ".join(bad)
+                    + ". Run `make sync-notebooks` first."
+                )
         super().run()

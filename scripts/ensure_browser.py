@@ -71,9 +71,12 @@ def install() -> str | None:
 def main() -> int:
     path = configured() or on_path() or playwright_browser() or install()
     if not path:
-        print("ensure_browser: no Chromium found and none could be installed. Install one "
-              "(`sudo apt-get install -y chromium` on Debian/Ubuntu, or `python -m playwright install chromium`), "
-              "or set KLVIZ_CHROMIUM=/path/to/chrome.", file=sys.stderr)
+        print(
+            "ensure_browser: no Chromium found and none could be installed. Install one "
+            "(`sudo apt-get install -y chromium` on Debian/Ubuntu, or `python -m playwright install chromium`), "
+            "or set KLVIZ_CHROMIUM=/path/to/chrome.",
+            file=sys.stderr,
+        )
         return 1
     print(path)
     return 0

@@ -8,6 +8,7 @@ stored numbers exactly. ``tests/test_rlhf.py`` checks the file against the confi
 
 Usage: python scripts/lab_seeds.py [--out PATH]     (about two minutes on a 2-core CPU)
 """
+
 from __future__ import annotations
 
 import argparse

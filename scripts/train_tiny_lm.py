@@ -19,6 +19,7 @@ Everything is reproducible from ``--seed`` (default 0) on a CPU, in about two mi
 
 All files are plain tensors, loadable with ``torch.load(..., weights_only=True)``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,7 +65,7 @@ def batch_of(lines: list[str]) -> torch.Tensor:
     width = max(map(len, seqs))
     out = torch.full((len(seqs), width), lm.PAD_ID, dtype=torch.long)
     for i, s in enumerate(seqs):
-        out[i, :len(s)] = torch.tensor(s)
+        out[i, : len(s)] = torch.tensor(s)
     return out
 
 
@@ -75,8 +76,9 @@ def train_reference(corpus: list[str], steps: int, rng: random.Random) -> lm.Tin
     for step in range(steps):
         ids = batch_of(rng.sample(corpus, 128))
         logits = model(ids[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                 ignore_index=lm.PAD_ID)
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), ignore_index=lm.PAD_ID
+        )
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -98,13 +100,13 @@ def reinforce(ref: lm.TinyLM, steps: int, seed: int, kl_coef: float = 0.1) -> lm
     policy = _trainable_copy(ref)
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     gen = make_generator(seed)
-    prompts = [p for p in lm.PROMPTS for _ in range(8)]          # 8 responses per prompt (a group)
+    prompts = [p for p in lm.PROMPTS for _ in range(8)]  # 8 responses per prompt (a group)
     for step in range(steps):
         sampler = _frozen(policy)
         ro = lm.sample_rollouts(sampler, prompts, gen, max_new_tokens=48)
         ref_lp = lm.logprobs_of(ref, ro)
         mask = ro.response_mask
-        seq_k1 = ((ro.logprobs - ref_lp) * mask).sum(1)            # k1 of KL(pi || ref), per sequence
+        seq_k1 = ((ro.logprobs - ref_lp) * mask).sum(1)  # k1 of KL(pi || ref), per sequence
         r = lm.reward(ro.responses, ro.finished) - kl_coef * seq_k1
         grouped = r.view(len(lm.PROMPTS), 8)
         adv = (grouped - grouped.mean(1, keepdim=True)).view(-1)
@@ -115,8 +117,10 @@ def reinforce(ref: lm.TinyLM, steps: int, seed: int, kl_coef: float = 0.1) -> lm
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
         if step % 10 == 0 or step == steps - 1:
-            print(f"  old step {step:3d}  mean reward {lm.reward(ro.responses, ro.finished).mean():+.3f}  "
-                  f"seq k1 to ref {seq_k1.mean():.3f}")
+            print(
+                f"  old step {step:3d}  mean reward {lm.reward(ro.responses, ro.finished).mean():+.3f}  "
+                f"seq k1 to ref {seq_k1.mean():.3f}"
+            )
     return _frozen(policy)
 
 
@@ -145,8 +149,10 @@ def inner_updates(old: lm.TinyLM, steps: int, lr: float) -> list[lm.TinyLM]:
         states.append(_frozen(policy))
         with torch.no_grad():
             d = (lm.logprobs_of(policy, ro) - ro.logprobs) * mask
-            print(f"  update {step + 1:2d}  approx_kl (½Δ², token mean) {(0.5 * d**2).sum() / mask.sum():.4f}  "
-                  f"ppo_kl (k1) {(-d).sum() / mask.sum():+.4f}")
+            print(
+                f"  update {step + 1:2d}  approx_kl (½Δ², token mean) {(0.5 * d**2).sum() / mask.sum():.4f}  "
+                f"ppo_kl (k1) {(-d).sum() / mask.sum():+.4f}"
+            )
     return states
 
 
@@ -160,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DATA)
     ap.add_argument("--check", action="store_true", help="compare with the shipped files instead of writing")
     args = ap.parse_args(argv)
-    torch.manual_seed(args.seed)          # parameter initialisation
-    torch.set_num_threads(1)           # tiny matrices: one thread is fastest and reproducible
+    torch.manual_seed(args.seed)  # parameter initialisation
+    torch.set_num_threads(1)  # tiny matrices: one thread is fastest and reproducible
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
     corpus = make_corpus(4000, rng)
@@ -181,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, sd in files.items():
             shipped = torch.load(args.out / name, weights_only=True)
             flat_new = sd if name != "tiny_lm_path.pt" else {f"{s}.{k}": v for s, d in sd.items() for k, v in d.items()}
-            flat_old = shipped if name != "tiny_lm_path.pt" else {f"{s}.{k}": v for s, d in shipped.items() for k, v in d.items()}
+            flat_old = (
+                shipped
+                if name != "tiny_lm_path.pt"
+                else {f"{s}.{k}": v for s, d in shipped.items() for k, v in d.items()}
+            )
             worst = max(worst, max(float((flat_new[k] - flat_old[k]).abs().max()) for k in flat_new))
         print(f"largest difference from the shipped weights: {worst:.3g}")
         return 0 if worst < 1e-3 else 1

@@ -19,6 +19,7 @@ k1 in reward (to go)        reverse      reverse      reverse      neither
 k3 in reward                neither      neither      neither      neither
 ==========================  ===========  ===========  ===========  ===========
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,9 @@ LOSSES = {
     "k2": lambda lp, old, ref, mask: _mean(0.5 * (lp - ref) ** 2, mask),
     "k3": lambda lp, old, ref, mask: _mean(_k3(lp, ref), mask),
     "k3·ρ": lambda lp, old, ref, mask: _mean(torch.exp(lp - old.detach()) * _k3(lp, ref), mask),
-    "k3+": lambda lp, old, ref, mask: _mean(_k3(lp, ref).detach() + 0.5 * (lp - ref) ** 2
-                                            - (0.5 * (lp - ref) ** 2).detach(), mask),
+    "k3+": lambda lp, old, ref, mask: _mean(
+        _k3(lp, ref).detach() + 0.5 * (lp - ref) ** 2 - (0.5 * (lp - ref) ** 2).detach(), mask
+    ),
 }
 REWARDS = {
     "k1": lambda lp, old, ref, mask: lp - ref,
@@ -88,19 +90,43 @@ def test_token_level_losses_follow_the_partial_gradient():
 FRAMEWORKS = {
     "verl low_var_kl": (lambda lp, old, ref, m: fw.verl_kl_loss(lp, ref, m)["kl_loss"], "loss", "forward_kl"),
     "verl mse (k2)": (lambda lp, old, ref, m: fw.verl_kl_loss(lp, ref, m, "mse")["kl_loss"], "loss", "reverse_kl"),
-    "verl low_var_kl+": (lambda lp, old, ref, m: fw.verl_kl_loss(lp, ref, m, "low_var_kl+")["kl_loss"], "loss",
-                         "reverse_kl"),
-    "verl k1 in reward": (lambda lp, old, ref, m: fw.verl_kl_in_reward(lp, ref, m)["per_token"], "reward", "reverse_kl"),
-    "OpenRLHF k1 in reward": (lambda lp, old, ref, m: fw.openrlhf_kl(lp, ref, m, "k1")["per_token"], "reward",
-                              "reverse_kl"),
-    "OpenRLHF k3 in loss": (lambda lp, old, ref, m: fw.openrlhf_kl(lp, ref, m, "k3", use_kl_loss=True)["kl_loss"],
-                            "loss", "forward_kl"),
-    "TRL GRPO (bias-corrected)": (lambda lp, old, ref, m: fw.trl_grpo_kl(lp, ref, m, old_per_token_logps=old,
-                                                                         beta=0.04)["loss_term"], "loss", "reverse_kl"),
-    "TRL GRPO (uncorrected)": (lambda lp, old, ref, m: fw.trl_grpo_kl(lp, ref, m, use_bias_correction_kl=False,
-                                                                      beta=0.04)["loss_term"], "loss", "forward_kl"),
-    "NeMo-RL (generation weights)": (lambda lp, old, ref, m: fw.nemo_rl_kl_loss(
-        lp, ref, m, generation_logprobs=old, use_on_policy_kl_approximation=True)["loss_term"], "loss", "reverse_kl"),
+    "verl low_var_kl+": (
+        lambda lp, old, ref, m: fw.verl_kl_loss(lp, ref, m, "low_var_kl+")["kl_loss"],
+        "loss",
+        "reverse_kl",
+    ),
+    "verl k1 in reward": (
+        lambda lp, old, ref, m: fw.verl_kl_in_reward(lp, ref, m)["per_token"],
+        "reward",
+        "reverse_kl",
+    ),
+    "OpenRLHF k1 in reward": (
+        lambda lp, old, ref, m: fw.openrlhf_kl(lp, ref, m, "k1")["per_token"],
+        "reward",
+        "reverse_kl",
+    ),
+    "OpenRLHF k3 in loss": (
+        lambda lp, old, ref, m: fw.openrlhf_kl(lp, ref, m, "k3", use_kl_loss=True)["kl_loss"],
+        "loss",
+        "forward_kl",
+    ),
+    "TRL GRPO (bias-corrected)": (
+        lambda lp, old, ref, m: fw.trl_grpo_kl(lp, ref, m, old_per_token_logps=old, beta=0.04)["loss_term"],
+        "loss",
+        "reverse_kl",
+    ),
+    "TRL GRPO (uncorrected)": (
+        lambda lp, old, ref, m: fw.trl_grpo_kl(lp, ref, m, use_bias_correction_kl=False, beta=0.04)["loss_term"],
+        "loss",
+        "forward_kl",
+    ),
+    "NeMo-RL (generation weights)": (
+        lambda lp, old, ref, m: fw.nemo_rl_kl_loss(
+            lp, ref, m, generation_logprobs=old, use_on_policy_kl_approximation=True
+        )["loss_term"],
+        "loss",
+        "reverse_kl",
+    ),
 }
 
 
@@ -133,13 +159,17 @@ def test_scale_free_and_bad_input():
 
 def test_cli_audit(tmp_path):
     user = tmp_path / "my_kl.py"
-    user.write_text("import torch\n\ndef kl(logprob, old_logprob, ref_logprob, response_mask):\n"
-                    "    d = ref_logprob - logprob\n    return ((torch.exp(d) - d - 1) * response_mask).mean()\n")
-    done = subprocess.run([sys.executable, "-m", "klviz.cli", "audit", f"{user}:kl"], capture_output=True, text=True,
-                          timeout=120)
+    user.write_text(
+        "import torch\n\ndef kl(logprob, old_logprob, ref_logprob, response_mask):\n"
+        "    d = ref_logprob - logprob\n    return ((torch.exp(d) - d - 1) * response_mask).mean()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "klviz.cli", "audit", f"{user}:kl"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "forward KL" in done.stdout and "lesson 05" in done.stdout
     assert "as Python code" in done.stderr
-    bad = subprocess.run([sys.executable, "-m", "klviz.cli", "audit", f"{user}:nope"], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "klviz.cli", "audit", f"{user}:nope"], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 2

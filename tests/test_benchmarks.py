@@ -5,6 +5,7 @@ shared); the scripts' own correctness checks are: the exact KL agrees with ``F.k
 estimator statistics agree with the closed forms and ``klviz --help`` loads no torch, otherwise the
 script exits with status 1.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ BENCH = ROOT / "benchmarks"
 
 def run_script(name: str, *args: str) -> str:
     env = dict(os.environ, MPLBACKEND="agg", PYTHONUNBUFFERED="1")
-    done = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / name), *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=240
+    )
     assert done.returncode == 0, f"{name} {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -32,7 +34,7 @@ def test_estimator_stats_script_tiny():
     for method in ("randn", "schulman", "klviz"):
         assert f"\n   {method}" in out
     assert "klviz / randn" in out and "klviz / schulman" in out
-    for mu in ("1", "0.1"):                       # both pairs, timed in the same rounds
+    for mu in ("1", "0.1"):  # both pairs, timed in the same rounds
         assert f"mu={mu}: klviz / randn" in out and f"\n   klviz mu={mu}" in out
     assert "of the closed forms (ok)" in out
 
@@ -59,6 +61,7 @@ def test_panels_script_tiny():
 
 
 # -- the harness's own pieces, in process -------------------------------------------------------
+
 
 def _benchmark_module(name: str):
     """Import ``benchmarks/<name>.py`` for the duration of a module's tests."""
@@ -98,6 +101,7 @@ def test_peak_memory_probe(common, capsys, tmp_path):
     probe.write_text("print('noise'); print('PEAK_EXTRA_BYTES=1234')\n")
     assert common.peak_memory_in_child(str(probe), []) == 1234
 
+
 @pytest.fixture(scope="module")
 def panels_module():
     yield from _benchmark_module("panels")
@@ -118,7 +122,7 @@ def test_neighbour_values_stay_in_range(panels_module):
     assert nb(widgets.Dropdown(options=[("a", 1), ("b", 2)], value=2)) == 1
     assert nb(widgets.SelectionSlider(options=[10, 100, 1000], value=100)) == 1000
     assert nb(widgets.Dropdown(options=["only"], value="only")) is None
-    assert nb(widgets.FloatLogSlider(value=10.0, base=10, min=-1, max=1, step=0.5)) == pytest.approx(10 ** 0.5)
+    assert nb(widgets.FloatLogSlider(value=10.0, base=10, min=-1, max=1, step=0.5)) == pytest.approx(10**0.5)
 
 
 def test_percentile_and_ratio_helpers(common):
@@ -150,8 +154,9 @@ def test_estimator_stats_variance_sound_when_mean_dwarfs_spread():
     # about 4.5 of float32's 7 digits here, the shifted sums lose none
     import math
 
-    import klviz
     from torch.distributions import Normal
+
+    import klviz
 
     mu, n = 300.0, 200_000
     s = klviz.estimator_stats(Normal(0.0, 1.0), Normal(mu, 1.0), n, generator=klviz.make_generator(2))

@@ -3,17 +3,17 @@ cannot be built in CI): ``environment.yml`` + ``postBuild`` at the repository ro
 folder hiding them, every runtime dependency of pyproject.toml present on conda-forge names with the
 same lower bounds, postBuild an executable bash script that installs klviz without dependencies,
 and a README launch link that opens an existing notebook."""
+
 from __future__ import annotations
 
 import os
 import re
 import stat
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
-
+import tomllib
 import yaml  # noqa: E402  (PyYAML comes with JupyterLab)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,9 @@ def _version(text: str) -> tuple[int, ...]:
 
 def test_binder_reads_the_root_files():
     for folder in ("binder", ".binder"):
-        assert not (ROOT / folder).exists(), f"a {folder}/ folder makes Binder ignore the root environment.yml/postBuild"
+        assert not (ROOT / folder).exists(), (
+            f"a {folder}/ folder makes Binder ignore the root environment.yml/postBuild"
+        )
     assert (ROOT / "environment.yml").is_file() and (ROOT / "postBuild").is_file()
 
 
@@ -83,7 +85,8 @@ def test_every_runtime_dependency_is_in_the_environment(env):
         if found and bound:
             pinned = names[found[0]]
             assert pinned and _version(pinned) >= _version(bound), (
-                f"{found[0]}: environment.yml pins {pinned}, below pyproject.toml's >={bound}")
+                f"{found[0]}: environment.yml pins {pinned}, below pyproject.toml's >={bound}"
+            )
 
 
 def test_postbuild_is_an_executable_bash_script_installing_klviz_without_deps():
@@ -95,7 +98,9 @@ def test_postbuild_is_an_executable_bash_script_installing_klviz_without_deps():
     tracked = subprocess.run(["git", "ls-files", "-s", "postBuild"], cwd=ROOT, capture_output=True, text=True)
     if tracked.returncode == 0 and tracked.stdout.strip():
         assert tracked.stdout.startswith("100755"), "git must record postBuild as executable (git add --chmod=+x)"
-    installs = [line for line in text.splitlines() if re.search(r"\bpip install\b", line) and not line.lstrip().startswith("#")]
+    installs = [
+        line for line in text.splitlines() if re.search(r"\bpip install\b", line) and not line.lstrip().startswith("#")
+    ]
     assert installs, "postBuild does not pip install klviz"
     for line in installs:
         assert "--no-deps" in line, f"pip must not pull dependencies over conda's (use --no-deps): {line}"

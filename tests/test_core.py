@@ -1,4 +1,5 @@
 """The public API contract of DESIGN.md, each function against an independent computation."""
+
 from __future__ import annotations
 
 import math
@@ -64,14 +65,17 @@ def test_low_precision_inputs_are_computed_in_float32(dtype):
 
 
 @pytest.mark.parametrize("fn", [klviz.k1, klviz.k2, klviz.k3])
-@pytest.mark.parametrize("bad,msg", [
-    (torch.tensor([0.0, float("nan")]), "NaN"),
-    (torch.tensor([0.0, float("inf")]), "inf"),
-    (torch.tensor([1, 2]), "floating-point"),
-    (torch.tensor([True]), "floating-point"),
-    (torch.empty(0), "empty"),
-    ("0.5", "torch tensor"),
-])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        (torch.tensor([0.0, float("nan")]), "NaN"),
+        (torch.tensor([0.0, float("inf")]), "inf"),
+        (torch.tensor([1, 2]), "floating-point"),
+        (torch.tensor([True]), "floating-point"),
+        (torch.empty(0), "empty"),
+        ("0.5", "torch tensor"),
+    ],
+)
 def test_estimators_reject_bad_input_naming_the_argument(fn, bad, msg):
     with pytest.raises(ValueError, match=msg) as err:
         fn(bad)
@@ -107,11 +111,11 @@ def test_kl_penalty_values_match_verl(kind):
 
 def test_low_var_kl_output_clamp_binds_only_above():
     lp = torch.tensor([-1.0, -1.0, -1.0, -1.0], dtype=torch.float64)
-    ref = lp + torch.tensor([15.0, -15.0, 2.0, -2.0], dtype=torch.float64)   # log r = ref - logprob
+    ref = lp + torch.tensor([15.0, -15.0, 2.0, -2.0], dtype=torch.float64)  # log r = ref - logprob
     out = klviz.kl_penalty(lp, ref, "low_var_kl")
-    assert out[0] == 10.0                                     # e^15 - 16 is clamped to 10
-    assert out[1] == 10.0                                     # e^-15 + 14 is clamped to 10 too
-    assert out[2].item() == pytest.approx(math.exp(2) - 3)    # untouched
+    assert out[0] == 10.0  # e^15 - 16 is clamped to 10
+    assert out[1] == 10.0  # e^-15 + 14 is clamped to 10 too
+    assert out[2].item() == pytest.approx(math.exp(2) - 3)  # untouched
     assert out[3].item() == pytest.approx(math.exp(-2) + 1)
     # k3 >= 0 everywhere, so the lower clamp at -10 can never act
     d = torch.linspace(-40, 40, 10001, dtype=torch.float64)
@@ -139,7 +143,7 @@ def test_straight_through_variants_have_k2_gradient(kind):
     lp = torch.tensor([-2.0, -1.0, -0.3, -5.0], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([-1.0, -1.5, -0.3, -0.1], dtype=torch.float64)
     klviz.kl_penalty(lp, ref, kind + "+").sum().backward()
-    assert torch.allclose(lp.grad, (lp - ref).detach())          # d/dlp ½(lp - ref)²
+    assert torch.allclose(lp.grad, (lp - ref).detach())  # d/dlp ½(lp - ref)²
 
 
 def test_low_var_kl_gradient_finite_for_any_finite_input():
@@ -210,7 +214,7 @@ def _agg_reference(v, m, mode, legacy_norm=False):
         return sum(sum(r) for r in nonempty) / len(nonempty)
     if mode == "seq-mean-token-mean":
         return sum(sum(r) / len(r) for r in nonempty) / len(nonempty)
-    if legacy_norm:            # seq-mean-token-sum-norm before verl PR #5366: no mean over sequences
+    if legacy_norm:  # seq-mean-token-sum-norm before verl PR #5366: no mean over sequences
         return sum(sum(r) for r in rows) / v.shape[1]
     return sum(sum(r) for r in nonempty) / len(nonempty) / v.shape[1]
 
@@ -232,7 +236,7 @@ def test_agg_loss_seq_mean_token_sum_norm_legacy_option_and_scale():
     new = klviz.agg_loss(v, m, mode).item()
     old = klviz.agg_loss(v, m, mode, legacy_norm=True).item()
     assert old == pytest.approx(_agg_reference(v, m, mode, legacy_norm=True), rel=1e-12)
-    assert old == pytest.approx(4 * new, rel=1e-12)             # four non-empty sequences
+    assert old == pytest.approx(4 * new, rel=1e-12)  # four non-empty sequences
     # the new value is seq-mean-token-sum over the scale; an explicit loss_scale_factor replaces the width
     assert new == pytest.approx(klviz.agg_loss(v, m, "seq-mean-token-sum").item() / 7, rel=1e-12)
     assert klviz.agg_loss(v, m, mode, 3.0).item() == pytest.approx(new * 7 / 3, rel=1e-12)
@@ -274,7 +278,7 @@ def test_exact_kl_zero_probabilities():
     pq = torch.tensor([0.5, 0.5, 0.0])
     pp = torch.softmax(torch.tensor([0.0, 1.0, 0.0]), 0)
     assert out[0].item() == pytest.approx(float((pq[:2] * (pq[:2] / pp[:2]).log()).sum()), rel=1e-5)
-    assert out[1].item() == math.inf          # q can emit a token p never does
+    assert out[1].item() == math.inf  # q can emit a token p never does
 
 
 def test_exact_kl_bad_input_and_half_precision():
@@ -322,8 +326,15 @@ def test_gaussian_kl_closed_form_against_numerical_integral():
 def _closed_forms(mu):
     """q = N(0,1), p = N(mu,1): REFERENCE section 2."""
     kl = mu**2 / 2
-    return {"true": kl, "k1_mean": kl, "k2_mean": kl + mu**4 / 8, "k3_mean": kl,
-            "k1_var": mu**2, "k2_var": mu**4 / 2 + mu**6 / 4, "k3_var": math.exp(mu**2) - 1 - mu**2}
+    return {
+        "true": kl,
+        "k1_mean": kl,
+        "k2_mean": kl + mu**4 / 8,
+        "k3_mean": kl,
+        "k1_var": mu**2,
+        "k2_var": mu**4 / 2 + mu**6 / 4,
+        "k3_var": math.exp(mu**2) - 1 - mu**2,
+    }
 
 
 @pytest.mark.parametrize("mu", [0.1, 1.0])
@@ -331,7 +342,7 @@ def test_estimator_stats_gaussian_against_closed_forms(mu):
     n = 2_000_000
     s = klviz.estimator_stats(Normal(0.0, 1.0), Normal(mu, 1.0), n, generator=klviz.make_generator(7))
     cf = _closed_forms(mu)
-    assert s["true_kl"] == pytest.approx(cf["true"], rel=1e-6)   # parameters are float32
+    assert s["true_kl"] == pytest.approx(cf["true"], rel=1e-6)  # parameters are float32
     for k in ("k1", "k2", "k3"):
         se_mean = math.sqrt(cf[f"{k}_var"] / n)
         assert abs(s[k]["mean"] - cf[f"{k}_mean"]) < 5 * se_mean, k
@@ -390,9 +401,14 @@ def _same_draws_in_float64(q, p, n, seed, chunk):
     return klviz.kernel.estimates(p64.log_prob(x) - q64.log_prob(x))
 
 
-@pytest.mark.parametrize("q, p", [(Normal(0.0, 1.0), Normal(1.0, 1.0)),        # log r = a + b z (b > 0)
-                                  (Normal(0.0, 1.0), Normal(1e-7, 1.0)),       # r within 1e-6 of 1
-                                  (Normal(0.2, 0.9), Normal(0.5, 1.3))])       # log r quadratic in z
+@pytest.mark.parametrize(
+    "q, p",
+    [
+        (Normal(0.0, 1.0), Normal(1.0, 1.0)),  # log r = a + b z (b > 0)
+        (Normal(0.0, 1.0), Normal(1e-7, 1.0)),  # r within 1e-6 of 1
+        (Normal(0.2, 0.9), Normal(0.5, 1.3)),
+    ],
+)  # log r quadratic in z
 def test_estimator_stats_streams_the_kernels_estimators(q, p):
     # the streamed k1, k2, k3 are klviz.kernel's on the very draws (chunk by chunk from the same
     # generator), up to float32 rounding; the plain expm1(t) - t would put the k3 mean 3% off at mu = 1e-7
@@ -412,7 +428,7 @@ def test_estimator_stats_k3_precise_near_r_equal_1():
     mu, n = 1e-7, 1_000_000
     s = klviz.estimator_stats(Normal(0.0, 1.0), Normal(mu, 1.0), n, generator=klviz.make_generator(0))
     mu32 = float(torch.tensor(mu))
-    std = mu32**2 * math.sqrt(0.5 + mu32**2 / 6)         # sqrt(e^{mu²} - 1 - mu²), without cancellation
+    std = mu32**2 * math.sqrt(0.5 + mu32**2 / 6)  # sqrt(e^{mu²} - 1 - mu²), without cancellation
     assert abs(s["k3"]["mean"] - mu32**2 / 2) < 4 * std / math.sqrt(n)
     assert s["k3"]["std"] == pytest.approx(std, rel=0.01)
 
@@ -421,12 +437,16 @@ def test_estimator_stats_k3_into_is_kernel_k3():
     # the buffered k3 of the streaming loop is kernel.k3: same series bit for bit, same threshold
     from klviz import kernel
 
-    t64 = torch.cat([torch.randn(20_000, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * s
-                     for s in (1e-5, 1e-2, 0.1, 1.0, 30.0)])
+    t64 = torch.cat(
+        [
+            torch.randn(20_000, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * s
+            for s in (1e-5, 1e-2, 0.1, 1.0, 30.0)
+        ]
+    )
     for dtype in (torch.float32, torch.float64):
         thr = kernel.k3_series_threshold(dtype)
         t = torch.cat([t64.to(dtype), torch.tensor([thr, -thr, 0.0, math.inf, -math.inf, 1e30], dtype=dtype)])
-        t = torch.cat([t, torch.nextafter(t[-6:-4], torch.zeros(2, dtype=dtype))])   # just below thr
+        t = torch.cat([t, torch.nextafter(t[-6:-4], torch.zeros(2, dtype=dtype))])  # just below thr
         arr = t.numpy().copy()
         out = kernel.k3_into(arr, *(np.empty_like(arr) for _ in range(3)))
         assert np.array_equal(arr, t.numpy()), "k3_into changed its input"
@@ -438,9 +458,10 @@ def test_estimator_stats_k3_into_is_kernel_k3():
         assert np.allclose(out[big], ref[big], rtol=3e-6 if dtype == torch.float32 else 1e-12, atol=0)
         torch_out = kernel.k3_into(t, *(torch.empty_like(t) for _ in range(3)))
         assert torch.equal(torch_out.nan_to_num(-1.0), kernel.k3(t).nan_to_num(-1.0))
-        with np.errstate(over="ignore"):                      # the series overflows at |t| = 1e30
-            assert np.array_equal(kernel.k3_series(arr, np.empty_like(arr), np.empty_like(arr))[small],
-                                  kernel.k3_series(arr)[small])
+        with np.errstate(over="ignore"):  # the series overflows at |t| = 1e30
+            assert np.array_equal(
+                kernel.k3_series(arr, np.empty_like(arr), np.empty_like(arr))[small], kernel.k3_series(arr)[small]
+            )
     assert kernel.k3_series_threshold(np.float64) == kernel.k3_series_threshold(torch.float64) == 1e-3
     assert kernel.k3_series_threshold(np.float32) == kernel.k3_series_threshold(torch.float32) == 0.1
 
@@ -462,8 +483,9 @@ def test_estimator_stats_equal_policies_and_bad_input():
     with pytest.raises(ValueError, match="categories"):
         klviz.estimator_stats(Categorical(probs=torch.ones(3) / 3), Categorical(probs=torch.ones(4) / 4), 10)
     with pytest.raises(ValueError, match="infinite"):
-        klviz.estimator_stats(Categorical(probs=torch.tensor([0.5, 0.5])),
-                              Categorical(probs=torch.tensor([1.0, 0.0])), 10)
+        klviz.estimator_stats(
+            Categorical(probs=torch.tensor([0.5, 0.5])), Categorical(probs=torch.tensor([1.0, 0.0])), 10
+        )
     with pytest.raises(ValueError, match="device"):
         klviz.estimator_stats(q, q, 10, device="nonsense")
 
@@ -509,10 +531,19 @@ def _autograd_expected(theta, ref, estimator, placement):
 _AS_USE = {"k3_ratio": ("k3", "rho"), "k3+": ("k3", "straight-through")}
 
 
-@pytest.mark.parametrize("estimator,placement", [
-    ("k1", "loss"), ("k2", "loss"), ("k3", "loss"), ("k3_ratio", "loss"), ("k3+", "loss"),
-    ("k1", "reward"), ("k2", "reward"), ("k3", "reward"),
-])
+@pytest.mark.parametrize(
+    "estimator,placement",
+    [
+        ("k1", "loss"),
+        ("k2", "loss"),
+        ("k3", "loss"),
+        ("k3_ratio", "loss"),
+        ("k3+", "loss"),
+        ("k1", "reward"),
+        ("k2", "reward"),
+        ("k3", "reward"),
+    ],
+)
 def test_expected_gradient_matches_autograd_brute_force(estimator, placement):
     g = torch.Generator().manual_seed(2)
     theta, ref = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g, dtype=torch.float64)
@@ -528,11 +559,11 @@ def test_gradient_identities():
     fwd = klviz.forward_kl_gradient(theta, ref)
     assert torch.allclose(fwd, theta.softmax(-1) - ref.softmax(-1), atol=1e-12)
     e = lambda est, pl: klviz.expected_kl_gradient(theta, ref, est, pl)  # noqa: E731
-    assert torch.allclose(e("k1", "loss"), torch.zeros(8, dtype=torch.float64), atol=1e-12)   # does nothing
-    assert torch.allclose(e("k2", "loss"), rev, atol=1e-12)                                   # = k1 in reward
+    assert torch.allclose(e("k1", "loss"), torch.zeros(8, dtype=torch.float64), atol=1e-12)  # does nothing
+    assert torch.allclose(e("k2", "loss"), rev, atol=1e-12)  # = k1 in reward
     assert torch.allclose(e("k1", "reward"), rev, atol=1e-12)
-    assert torch.allclose(e("k3", "loss"), fwd, atol=1e-12)                                   # forward KL
-    assert torch.allclose(e("k3", "reward"), rev - fwd, atol=1e-12)                           # biased
+    assert torch.allclose(e("k3", "loss"), fwd, atol=1e-12)  # forward KL
+    assert torch.allclose(e("k3", "reward"), rev - fwd, atol=1e-12)  # biased
     assert torch.allclose(klviz.expected_kl_gradient(theta, ref, "k3", "loss", "rho"), rev, atol=1e-12)
     assert torch.allclose(klviz.expected_kl_gradient(theta, ref, "k3", "loss", "straight-through"), rev, atol=1e-12)
     assert not torch.allclose(e("k2", "reward"), rev, atol=1e-3)

@@ -6,6 +6,7 @@ Each reference below is written from the upstream source named in the functions'
 in the order the frameworks write them: none of them calls a klviz function. Values and autograd
 gradients are compared, for the default behaviour and for every legacy option.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -132,7 +133,7 @@ def _verl_agg_loss_before_5366(loss_mat, loss_mask, loss_scale_factor=None):
 def _batch_with_empty_row(seed):
     new, old, ref, mask = _batch(seed, spread=3.0)
     mask = mask.clone()
-    mask[2] = 0.0                     # an empty response: left out of every sequence mean
+    mask[2] = 0.0  # an empty response: left out of every sequence mean
     return new, old, ref, mask
 
 
@@ -143,10 +144,14 @@ VERL_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-m
 @pytest.mark.parametrize("seed", SEEDS[:2])
 @pytest.mark.parametrize("kind", VERL_KINDS + [k + "+" for k in VERL_KINDS])
 def test_verl_kl_penalty_values_and_gradients(seed, kind):
-    new, _old, ref, _mask = _batch(seed, spread=8.0)            # spread 8: both k3 clamps act
+    new, _old, ref, _mask = _batch(seed, spread=8.0)  # spread 8: both k3 clamps act
     w = _weights()
-    _agree(lambda x, r: (fw.verl_kl_penalty(x, r, kind) * w).sum(),
-           lambda x, r: (_verl_kl_penalty(x, r, kind) * w).sum(), [new, ref], n_grad=2)
+    _agree(
+        lambda x, r: (fw.verl_kl_penalty(x, r, kind) * w).sum(),
+        lambda x, r: (_verl_kl_penalty(x, r, kind) * w).sum(),
+        [new, ref],
+        n_grad=2,
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -160,8 +165,13 @@ def test_verl_kl_loss(seed, kind, agg):
 
     # verl divides each sequence's sum by its length + 1e-8 in seq-mean-token-mean; klviz exactly
     rtol = 1e-7 if agg == "seq-mean-token-mean" else 1e-9
-    got = _agree(lambda x, r: fw.verl_kl_loss(x, r, mask, kl_loss_type=kind, loss_agg_mode=agg)["kl_loss"],
-                 reference, [new, ref], n_grad=2, rtol=rtol)
+    got = _agree(
+        lambda x, r: fw.verl_kl_loss(x, r, mask, kl_loss_type=kind, loss_agg_mode=agg)["kl_loss"],
+        reference,
+        [new, ref],
+        n_grad=2,
+        rtol=rtol,
+    )
     out = fw.verl_kl_loss(new, ref, mask, kl_loss_type=kind, loss_agg_mode=agg, kl_loss_coef=0.001)
     assert float(out["loss_term"]) == pytest.approx(0.001 * float(got), rel=1e-12)
     assert out["logged_name"] == "actor/kl_loss"
@@ -174,16 +184,22 @@ def test_verl_seq_mean_token_sum_norm_new_and_legacy(seed, scale):
     new, _old, ref, mask = _batch_with_empty_row(seed)
     per = _verl_kl_penalty(new, ref, "low_var_kl")
     now = fw.verl_kl_loss(new, ref, mask, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=scale)
-    old = fw.verl_kl_loss(new, ref, mask, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=scale,
-                          legacy_norm=True)
-    assert float(now["kl_loss"]) == pytest.approx(float(_verl_agg_loss(per, mask, "seq-mean-token-sum-norm", scale)),
-                                                  rel=1e-12)
+    old = fw.verl_kl_loss(
+        new, ref, mask, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=scale, legacy_norm=True
+    )
+    assert float(now["kl_loss"]) == pytest.approx(
+        float(_verl_agg_loss(per, mask, "seq-mean-token-sum-norm", scale)), rel=1e-12
+    )
     assert float(old["kl_loss"]) == pytest.approx(float(_verl_agg_loss_before_5366(per, mask, scale)), rel=1e-12)
     # the old value is the new one times the number of non-empty sequences
     assert float(old["kl_loss"]) == pytest.approx(float(now["kl_loss"]) * (B - 1), rel=1e-12)
-    _agree(lambda x: fw.verl_kl_loss(x, ref, mask, loss_agg_mode="seq-mean-token-sum-norm",
-                                     loss_scale_factor=scale, legacy_norm=True)["kl_loss"],
-           lambda x: _verl_agg_loss_before_5366(_verl_kl_penalty(x, ref, "low_var_kl"), mask, scale), [new])
+    _agree(
+        lambda x: fw.verl_kl_loss(
+            x, ref, mask, loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=scale, legacy_norm=True
+        )["kl_loss"],
+        lambda x: _verl_agg_loss_before_5366(_verl_kl_penalty(x, ref, "low_var_kl"), mask, scale),
+        [new],
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -195,8 +211,9 @@ def test_verl_kl_in_reward(seed, kind):
         kld = _verl_kl_penalty(o, r, kind) * mask
         return torch.mean(_verl_masked_mean(kld, mask, axis=-1), dim=0)
 
-    _agree(lambda o, r: fw.verl_kl_in_reward(o, r, mask, kind, kl_coef=0.05)["logged"], reference, [old, ref], 2,
-           rtol=1e-7)                                 # verl's per-sequence means divide by length + 1e-8
+    _agree(
+        lambda o, r: fw.verl_kl_in_reward(o, r, mask, kind, kl_coef=0.05)["logged"], reference, [old, ref], 2, rtol=1e-7
+    )  # verl's per-sequence means divide by length + 1e-8
     got = fw.verl_kl_in_reward(old, ref, mask, kind, kl_coef=0.05)
     assert torch.allclose(got["reward_delta"], -0.05 * _verl_kl_penalty(old, ref, kind) * mask)
     assert got["logged_name"] == "actor/reward_kl_penalty"
@@ -213,19 +230,25 @@ def _verl_ppo_kl(log_prob, old_log_prob, response_mask, clamp=True):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("clamp", [True, False])
 def test_verl_ppo_kl_clamped_and_legacy(seed, clamp):
-    new, old, _ref, mask = _batch(seed, spread=12.0)           # spread 12: some |log-ratio| > 20
+    new, old, _ref, mask = _batch(seed, spread=12.0)  # spread 12: some |log-ratio| > 20
     assert bool(((new - old).abs() > 20).any())
-    _agree(lambda x, o: fw.verl_ppo_kl(x, o, mask, clamp_log_ratio=clamp)["ppo_kl"],
-           lambda x, o: _verl_ppo_kl(x, o, mask, clamp), [new, old], n_grad=2)
+    _agree(
+        lambda x, o: fw.verl_ppo_kl(x, o, mask, clamp_log_ratio=clamp)["ppo_kl"],
+        lambda x, o: _verl_ppo_kl(x, o, mask, clamp),
+        [new, old],
+        n_grad=2,
+    )
     if not clamp:
         assert float(fw.verl_ppo_kl(new, old, mask, clamp_log_ratio=False)["ppo_kl"]) == pytest.approx(
-            _loop_token_mean(old - new, mask), rel=1e-9)
+            _loop_token_mean(old - new, mask), rel=1e-9
+        )
 
 
 def test_verl_ppo_kl_default_clamp_changes_the_value_only_beyond_20():
     new, old, _ref, mask = _batch(0)
     assert float(fw.verl_ppo_kl(new, old, mask)["ppo_kl"]) == float(
-        fw.verl_ppo_kl(new, old, mask, clamp_log_ratio=False)["ppo_kl"])
+        fw.verl_ppo_kl(new, old, mask, clamp_log_ratio=False)["ppo_kl"]
+    )
     far = new.clone()
     far[0, 0] = old[0, 0] + 60.0
     assert float(fw.verl_ppo_kl(far, old, mask)["per_token"][0, 0]) == -20.0
@@ -238,7 +261,7 @@ def test_verl_ppo_kl_default_clamp_changes_the_value_only_beyond_20():
 def _openrlhf_compute_approx_kl(log_probs, log_probs_base, kl_estimator="k1", clamp=True, as_float=True):
     log_ratio = log_probs.float() - log_probs_base.float() if as_float else log_probs - log_probs_base
     if kl_estimator == "k2":
-        log_ratio = log_ratio ** 2 / 2.0
+        log_ratio = log_ratio**2 / 2.0
     elif kl_estimator == "k3":
         log_ratio = (-log_ratio).exp() - 1 + log_ratio
     return log_ratio.clamp(min=-10, max=10) if clamp else log_ratio
@@ -256,14 +279,18 @@ def test_openrlhf_compute_approx_kl(seed, est, clamp, as_float):
     new, _old, ref, _mask = _batch(seed, spread=4.0)
     w = _weights()
     w = w.float() if as_float else w
-    got = _agree(lambda x, b: (fw.openrlhf_compute_approx_kl(x, b, est, clamp=clamp, float32=as_float) * w).sum(),
-                 lambda x, b: (_openrlhf_compute_approx_kl(x, b, est, clamp, as_float) * w).sum(), [new, ref], 2)
+    got = _agree(
+        lambda x, b: (fw.openrlhf_compute_approx_kl(x, b, est, clamp=clamp, float32=as_float) * w).sum(),
+        lambda x, b: (_openrlhf_compute_approx_kl(x, b, est, clamp, as_float) * w).sum(),
+        [new, ref],
+        2,
+    )
     assert got.dtype == (torch.float32 if as_float else torch.float64)
     out = fw.openrlhf_compute_approx_kl(new, ref, est, clamp=clamp, float32=as_float)
     assert out.dtype == (torch.float32 if as_float else torch.float64)
     raw = _openrlhf_compute_approx_kl(new, ref, est, False, as_float)
     if est != "k2" and clamp:
-        assert bool((raw.abs() > 10).any())            # the clamp is exercised by this batch
+        assert bool((raw.abs() > 10).any())  # the clamp is exercised by this batch
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -275,12 +302,16 @@ def test_openrlhf_kl_reward_and_loss(seed, est):
     assert r["per_token"].dtype == torch.float32
     assert torch.allclose(r["reward_delta"], -0.01 * kl * mask.float())
     assert float(r["logged"]) == pytest.approx(float(_openrlhf_masked_mean(kl, mask.float(), dim=-1).mean()), rel=1e-6)
-    _agree(lambda x, b: fw.openrlhf_kl(x, b, mask, est, use_kl_loss=True)["kl_loss"],
-           lambda x, b: _openrlhf_masked_mean(_openrlhf_compute_approx_kl(x, b, est), mask.float()), [new, ref], 2,
-           rtol=1e-6)
+    _agree(
+        lambda x, b: fw.openrlhf_kl(x, b, mask, est, use_kl_loss=True)["kl_loss"],
+        lambda x, b: _openrlhf_masked_mean(_openrlhf_compute_approx_kl(x, b, est), mask.float()),
+        [new, ref],
+        2,
+        rtol=1e-6,
+    )
     lossy = fw.openrlhf_kl(new, ref, mask, est, init_kl_coef=0.01, use_kl_loss=True)
     assert float(lossy["loss_term"]) == pytest.approx(0.01 * float(lossy["kl_loss"]), rel=1e-6)
-    assert float(lossy["logged"]) == float(lossy["kl_loss"])          # the actor logs kl = kl_loss
+    assert float(lossy["logged"]) == float(lossy["kl_loss"])  # the actor logs kl = kl_loss
 
 
 def test_openrlhf_float32_and_legacy_dtype():
@@ -294,8 +325,16 @@ def test_openrlhf_float32_and_legacy_dtype():
 # =============================================================================================
 # TRL GRPO (release 1.16.0: grpo_trainer._compute_loss, grpo_config defaults)
 # =============================================================================================
-def _trl_grpo(per_token_logps, ref_per_token_logps, mask, old_per_token_logps=None, use_bias_correction_kl=True,
-              loss_type="dapo", max_completion_length=512, importance_sampling_level="token"):
+def _trl_grpo(
+    per_token_logps,
+    ref_per_token_logps,
+    mask,
+    old_per_token_logps=None,
+    use_bias_correction_kl=True,
+    loss_type="dapo",
+    max_completion_length=512,
+    importance_sampling_level="token",
+):
     old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
     log_ratio = per_token_logps - old_per_token_logps
     if importance_sampling_level == "token":
@@ -316,7 +355,7 @@ def _trl_grpo(per_token_logps, ref_per_token_logps, mask, old_per_token_logps=No
         in_loss = (per_token_kl * mask).sum() / (per_token_kl.size(0) * max_completion_length)
     elif loss_type == "luspo":
         in_loss = (per_token_kl * mask).sum(-1).mean()
-    else:                                            # dapo, cispo, vespo; one process, one step
+    else:  # dapo, cispo, vespo; one process, one step
         in_loss = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
     return logged, in_loss
 
@@ -328,8 +367,12 @@ def test_trl_grpo_kl(seed, loss_type, corrected):
     new, old, ref, mask = _batch(seed)
     kw = dict(use_bias_correction_kl=corrected, loss_type=loss_type, max_completion_length=20)
     for key, index in (("logged", 0), ("kl_in_loss", 1)):
-        _agree(lambda x, o, key=key: fw.trl_grpo_kl(x, ref, mask, old_per_token_logps=o, beta=0.04, **kw)[key],
-               lambda x, o, index=index: _trl_grpo(x, ref, mask, o, **kw)[index], [new, old], n_grad=2)
+        _agree(
+            lambda x, o, key=key: fw.trl_grpo_kl(x, ref, mask, old_per_token_logps=o, beta=0.04, **kw)[key],
+            lambda x, o, index=index: _trl_grpo(x, ref, mask, o, **kw)[index],
+            [new, old],
+            n_grad=2,
+        )
     got = fw.trl_grpo_kl(new, ref, mask, old_per_token_logps=old, beta=0.04, **kw)
     assert float(got["loss_term"]) == pytest.approx(0.04 * float(got["kl_in_loss"]), rel=1e-12)
 
@@ -338,8 +381,12 @@ def test_trl_grpo_kl(seed, loss_type, corrected):
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_trl_grpo_importance_sampling_level(seed, level):
     new, old, ref, mask = _batch(seed)
-    _agree(lambda x, o: fw.trl_grpo_kl(x, ref, mask, o, importance_sampling_level=level)["logged"],
-           lambda x, o: _trl_grpo(x, ref, mask, o, importance_sampling_level=level)[0], [new, old], n_grad=2)
+    _agree(
+        lambda x, o: fw.trl_grpo_kl(x, ref, mask, o, importance_sampling_level=level)["logged"],
+        lambda x, o: _trl_grpo(x, ref, mask, o, importance_sampling_level=level)[0],
+        [new, old],
+        n_grad=2,
+    )
 
 
 def test_trl_grpo_defaults_are_on_policy_when_no_old_logps():
@@ -354,7 +401,7 @@ def test_trl_grpo_defaults_are_on_policy_when_no_old_logps():
     k3 = torch.exp(ref - new) - (ref - new) - 1
     manual = (k3 + 1 - torch.exp(ref - new)) * mask / mask.sum()
     assert torch.allclose(g, manual)
-    assert fw.trl_grpo_kl(new, ref, mask)["loss_term"] == 0.0          # beta = 0.0: no KL in TRL's loss
+    assert fw.trl_grpo_kl(new, ref, mask)["loss_term"] == 0.0  # beta = 0.0: no KL in TRL's loss
 
 
 # =============================================================================================
@@ -364,7 +411,7 @@ def test_trl_grpo_defaults_are_on_policy_when_no_old_logps():
 @pytest.mark.parametrize("est", ["k1", "k3"])
 def test_trl_ppo_kl(seed, est):
     new, old, ref, mask = _batch(seed)
-    invalid = 1.0                                                     # INVALID_LOGPROB
+    invalid = 1.0  # INVALID_LOGPROB
     pad = mask == 0
 
     def reference(lp, rp):
@@ -382,7 +429,7 @@ def test_trl_ppo_kl(seed, est):
 
     def approxkl(nl):
         logprobs_diff = torch.masked_fill(nl, pad, invalid) - torch.masked_fill(old, pad, invalid)
-        return 0.5 * (logprobs_diff ** 2).mean()
+        return 0.5 * (logprobs_diff**2).mean()
 
     _agree(lambda nl: fw.trl_ppo_kl(old, ref, mask, new_logprobs=nl)["approxkl"], approxkl, [new])
 
@@ -391,14 +438,21 @@ def test_trl_ppo_kl(seed, est):
 # NeMo-RL (NVIDIA-NeMo/RL @ 7ea279a): algorithms/utils.calculate_kl / masked_mean,
 # algorithms/loss/loss_functions.ClippedPGLossFn (KL part)
 # =============================================================================================
-def _nemo_calculate_kl(logprobs, logprobs_reference, kl_type="k3", input_clamp_value=20.0, output_clamp_value=10.0,
-                       importance_sampling_weights=None):
+def _nemo_calculate_kl(
+    logprobs,
+    logprobs_reference,
+    kl_type="k3",
+    input_clamp_value=20.0,
+    output_clamp_value=10.0,
+    importance_sampling_weights=None,
+):
     logr = logprobs_reference - logprobs
     if input_clamp_value is not None:
         logr_clamped = logr.clamp(min=-input_clamp_value, max=input_clamp_value)
         if importance_sampling_weights is not None:
-            importance_sampling_weights = torch.where(logr == logr_clamped, importance_sampling_weights,
-                                                      importance_sampling_weights.detach())
+            importance_sampling_weights = torch.where(
+                logr == logr_clamped, importance_sampling_weights, importance_sampling_weights.detach()
+            )
         logr = logr_clamped
     if kl_type == "k1":
         kl = -logr
@@ -419,8 +473,9 @@ def _nemo_masked_mean(values, mask, dim=None):
     return (values * mask).sum(dim) / (mask.sum(dim) + 1e-8)
 
 
-def _nemo_kl(curr, ref, mask, gen=None, kl_type="k3", coef=0.01, on_policy_approx=False, version="current",
-             token_level=True):
+def _nemo_kl(
+    curr, ref, mask, gen=None, kl_type="k3", coef=0.01, on_policy_approx=False, version="current", token_level=True
+):
     """version: "current" (PR #2958), "2506" (weights not detached, times the clamped KL), "pre2506"."""
     if version == "pre2506":
         w = torch.exp(curr - gen).detach() if on_policy_approx else torch.ones_like(curr)
@@ -444,13 +499,20 @@ def test_nemo_rl_calculate_kl(seed, kl_type):
     w = _weights()
     iw = torch.exp(new - old)
     for clamps in ((20.0, 10.0), (None, None), (20.0, None), (None, 10.0)):
-        _agree(lambda x, r, c=clamps: (fw.nemo_rl_calculate_kl(x, r, kl_type, *c) * w).sum(),
-               lambda x, r, c=clamps: (_nemo_calculate_kl(x, r, kl_type, *c) * w).sum(), [new, ref], 2)
-        _agree(lambda x, r, i, c=clamps: (fw.nemo_rl_calculate_kl(x, r, kl_type, *c, importance_sampling_weights=i)
-                                          * w).sum(),
-               lambda x, r, i, c=clamps: (_nemo_calculate_kl(x, r, kl_type, *c, importance_sampling_weights=i)
-                                          * w).sum(),
-               [new, ref, iw], 3)
+        _agree(
+            lambda x, r, c=clamps: (fw.nemo_rl_calculate_kl(x, r, kl_type, *c) * w).sum(),
+            lambda x, r, c=clamps: (_nemo_calculate_kl(x, r, kl_type, *c) * w).sum(),
+            [new, ref],
+            2,
+        )
+        _agree(
+            lambda x, r, i, c=clamps: (
+                fw.nemo_rl_calculate_kl(x, r, kl_type, *c, importance_sampling_weights=i) * w
+            ).sum(),
+            lambda x, r, i, c=clamps: (_nemo_calculate_kl(x, r, kl_type, *c, importance_sampling_weights=i) * w).sum(),
+            [new, ref, iw],
+            3,
+        )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -459,12 +521,16 @@ def test_nemo_rl_calculate_kl(seed, kl_type):
 @pytest.mark.parametrize("version", ["current", "2506", "pre2506"])
 def test_nemo_rl_kl_loss_current_and_legacy(seed, kl_type, approx, version):
     new, old, ref, mask = _batch(seed, spread=6.0)
-    opts = {"current": {}, "2506": {"weight_inside_clamp": False},
-            "pre2506": {"weight_inside_clamp": False, "detach_weights": True}}[version]
+    opts = {
+        "current": {},
+        "2506": {"weight_inside_clamp": False},
+        "pre2506": {"weight_inside_clamp": False, "detach_weights": True},
+    }[version]
 
     def model(x, g):
-        out = fw.nemo_rl_kl_loss(x, ref, mask, generation_logprobs=g, kl_type=kl_type,
-                                 use_on_policy_kl_approximation=approx, **opts)
+        out = fw.nemo_rl_kl_loss(
+            x, ref, mask, generation_logprobs=g, kl_type=kl_type, use_on_policy_kl_approximation=approx, **opts
+        )
         return out["loss_term"]
 
     got = _agree(model, lambda x, g: _nemo_kl(x, ref, mask, g, kl_type, 0.01, approx, version), [new, old], 2)
@@ -475,17 +541,22 @@ def test_nemo_rl_kl_loss_current_and_legacy(seed, kl_type, approx, version):
 @pytest.mark.parametrize("seed", SEEDS[:2])
 def test_nemo_rl_sequence_level_loss(seed):
     new, old, ref, mask = _batch(seed, spread=3.0)
-    _agree(lambda x: fw.nemo_rl_kl_loss(x, ref, mask, old, use_on_policy_kl_approximation=True,
-                                        token_level_loss=False)["loss_term"],
-           lambda x: _nemo_kl(x, ref, mask, old, on_policy_approx=True, token_level=False), [new],
-           rtol=1e-7)                                 # NeMo-RL divides by count + 1e-8
+    _agree(
+        lambda x: fw.nemo_rl_kl_loss(x, ref, mask, old, use_on_policy_kl_approximation=True, token_level_loss=False)[
+            "loss_term"
+        ],
+        lambda x: _nemo_kl(x, ref, mask, old, on_policy_approx=True, token_level=False),
+        [new],
+        rtol=1e-7,
+    )  # NeMo-RL divides by count + 1e-8
 
 
 def test_nemo_rl_weight_order_matters_only_where_the_output_clamp_binds():
     new, old, ref, mask = _batch(4, spread=2.0)
     now = fw.nemo_rl_kl_loss(new, ref, mask, old, use_on_policy_kl_approximation=True)["per_token"]
-    before = fw.nemo_rl_kl_loss(new, ref, mask, old, use_on_policy_kl_approximation=True,
-                                weight_inside_clamp=False)["per_token"]
+    before = fw.nemo_rl_kl_loss(new, ref, mask, old, use_on_policy_kl_approximation=True, weight_inside_clamp=False)[
+        "per_token"
+    ]
     raw = fw.nemo_rl_calculate_kl(new, ref, "k3", 20.0, None)
     w = torch.exp(new - old)
     binds = (raw > 10.0) | (w * raw > 10.0)
@@ -498,8 +569,9 @@ def test_nemo_rl_detached_weights_change_the_gradient_not_the_value():
     new, old, ref, mask = _batch(7)
     x1, x2 = new.clone().requires_grad_(True), new.clone().requires_grad_(True)
     a = fw.nemo_rl_kl_loss(x1, ref, mask, generation_logprobs=old, use_on_policy_kl_approximation=True)["logged"]
-    b = fw.nemo_rl_kl_loss(x2, ref, mask, generation_logprobs=old, use_on_policy_kl_approximation=True,
-                           detach_weights=True)["logged"]
+    b = fw.nemo_rl_kl_loss(
+        x2, ref, mask, generation_logprobs=old, use_on_policy_kl_approximation=True, detach_weights=True
+    )["logged"]
     assert math.isclose(float(a.detach()), float(b.detach()), rel_tol=1e-12)
     (ga,), (gb,) = torch.autograd.grad(a, x1), torch.autograd.grad(b, x2)
     assert not torch.allclose(ga, gb)
@@ -517,12 +589,19 @@ def test_minimind_approx_kl_and_kl_ref(seed):
     assert math.isclose(float(got["approx_kl"]), want, rel_tol=1e-9)
     assert bool(got["stop"]) == (want > 0.25)
     pen = fw.minimind_kl_ref_penalty(new, ref, mask, kl_coef=0.02)
-    want_ref = sum(math.exp(float(ref[b, t] - new[b, t])) - float(ref[b, t] - new[b, t]) - 1
-                   for b in range(B) for t in range(R) if mask[b, t]) / float(mask.sum())
+    want_ref = sum(
+        math.exp(float(ref[b, t] - new[b, t])) - float(ref[b, t] - new[b, t]) - 1
+        for b in range(B)
+        for t in range(R)
+        if mask[b, t]
+    ) / float(mask.sum())
     assert math.isclose(float(pen["kl_ref_penalty"]), want_ref, rel_tol=1e-9)
     assert math.isclose(float(pen["loss_term"]), 0.02 * want_ref, rel_tol=1e-9)
-    _agree(lambda x: fw.minimind_kl_ref_penalty(x, ref, mask)["loss_term"],
-           lambda x: 0.02 * (((torch.exp(ref - x) - (ref - x) - 1.0) * mask).sum() / mask.sum().clamp(min=1)), [new])
+    _agree(
+        lambda x: fw.minimind_kl_ref_penalty(x, ref, mask)["loss_term"],
+        lambda x: 0.02 * (((torch.exp(ref - x) - (ref - x) - 1.0) * mask).sum() / mask.sum().clamp(min=1)),
+        [new],
+    )
 
 
 # =============================================================================================
@@ -530,23 +609,45 @@ def test_minimind_approx_kl_and_kl_ref(seed):
 # =============================================================================================
 UPSTREAM_DEFAULTS = {
     # verl actor.yaml / algorithm.py @ 1dda039
-    fw.verl_kl_loss: {"kl_loss_type": "low_var_kl", "loss_agg_mode": "token-mean", "kl_loss_coef": 0.001,
-                      "loss_scale_factor": None, "legacy_norm": False},
+    fw.verl_kl_loss: {
+        "kl_loss_type": "low_var_kl",
+        "loss_agg_mode": "token-mean",
+        "kl_loss_coef": 0.001,
+        "loss_scale_factor": None,
+        "legacy_norm": False,
+    },
     fw.verl_kl_in_reward: {"kl_penalty_kind": "kl", "kl_coef": 0.001},
     fw.verl_ppo_kl: {"clamp_log_ratio": True},
     # OpenRLHF cli/train_ppo_ray.py @ 3c3be62
     fw.openrlhf_kl: {"kl_estimator": "k1", "init_kl_coef": 0.01, "use_kl_loss": False, "clamp": True, "float32": True},
     fw.openrlhf_compute_approx_kl: {"kl_estimator": "k1", "clamp": True, "float32": True},
     # TRL 1.16.0 GRPOConfig; TRL @ f2cd577 PPOConfig
-    fw.trl_grpo_kl: {"old_per_token_logps": None, "use_bias_correction_kl": True, "beta": 0.0, "loss_type": "dapo",
-                     "max_completion_length": 512, "importance_sampling_level": "token"},
+    fw.trl_grpo_kl: {
+        "old_per_token_logps": None,
+        "use_bias_correction_kl": True,
+        "beta": 0.0,
+        "loss_type": "dapo",
+        "max_completion_length": 512,
+        "importance_sampling_level": "token",
+    },
     fw.trl_ppo_kl: {"kl_estimator": "k1", "kl_coef": 0.05},
     # NeMo-RL ClippedPGLossConfig @ 7ea279a
-    fw.nemo_rl_kl_loss: {"kl_type": "k3", "reference_policy_kl_penalty": 0.01, "use_on_policy_kl_approximation": False,
-                         "detach_weights": False, "weight_inside_clamp": True, "kl_input_clamp_value": 20.0,
-                         "kl_output_clamp_value": 10.0, "token_level_loss": True},
-    fw.nemo_rl_calculate_kl: {"kl_type": "k3", "input_clamp_value": 20.0, "output_clamp_value": 10.0,
-                              "importance_sampling_weights": None},
+    fw.nemo_rl_kl_loss: {
+        "kl_type": "k3",
+        "reference_policy_kl_penalty": 0.01,
+        "use_on_policy_kl_approximation": False,
+        "detach_weights": False,
+        "weight_inside_clamp": True,
+        "kl_input_clamp_value": 20.0,
+        "kl_output_clamp_value": 10.0,
+        "token_level_loss": True,
+    },
+    fw.nemo_rl_calculate_kl: {
+        "kl_type": "k3",
+        "input_clamp_value": 20.0,
+        "output_clamp_value": 10.0,
+        "importance_sampling_weights": None,
+    },
     # MiniMind train_ppo.py @ d65ef2c
     fw.minimind_approx_kl: {"early_stop_kl": 0.25},
     fw.minimind_kl_ref_penalty: {"kl_coef": 0.02},
@@ -565,8 +666,11 @@ def test_agg_loss_default_is_todays_verl():
 
     params = inspect.signature(klviz.agg_loss).parameters
     assert params["legacy_norm"].default is False and params["legacy_norm"].kind is inspect.Parameter.KEYWORD_ONLY
-    assert "token-sum" in klviz.AGG_MODES and klviz.AGG_MODES[:3] == ("token-mean", "seq-mean-token-sum",
-                                                                      "seq-mean-token-mean")
+    assert "token-sum" in klviz.AGG_MODES and klviz.AGG_MODES[:3] == (
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+    )
 
 
 # =============================================================================================
@@ -578,47 +682,72 @@ def _extreme(dtype=torch.float32):
     ref = ref.clone()
     old = old.clone()
     ref[0, :4] = new[0, :4] + torch.tensor([100.0, -100.0, 30.0, -30.0], dtype=dtype)
-    old[1, :4] = new[1, :4] - torch.tensor([100.0, -100.0, 88.0, -88.0], dtype=dtype)   # log pi - log old
-    ref[1, 2] = new[1, 2] + 30.0             # a weight of e^88 times a k3 clamped at log r = 20: overflows
+    old[1, :4] = new[1, :4] - torch.tensor([100.0, -100.0, 88.0, -88.0], dtype=dtype)  # log pi - log old
+    ref[1, 2] = new[1, 2] + 30.0  # a weight of e^88 times a k3 clamped at log r = 20: overflows
     return new, old, ref, mask
 
 
 def test_extreme_verl():
     new, old, ref, mask = _extreme()
     for kind in ("low_var_kl", "k3+", "k1", "k2"):
-        v = _agree(lambda x, r, k=kind: fw.verl_kl_loss(x, r, mask, kl_loss_type=k)["kl_loss"],
-                   lambda x, r, k=kind: _verl_agg_loss(_verl_kl_penalty(x, r, k), mask, "token-mean"), [new, ref], 2,
-                   rtol=1e-5, atol=1e-6)
+        v = _agree(
+            lambda x, r, k=kind: fw.verl_kl_loss(x, r, mask, kl_loss_type=k)["kl_loss"],
+            lambda x, r, k=kind: _verl_agg_loss(_verl_kl_penalty(x, r, k), mask, "token-mean"),
+            [new, ref],
+            2,
+            rtol=1e-5,
+            atol=1e-6,
+        )
         assert torch.isfinite(v)
     for clamp in (True, False):
-        v = _agree(lambda x, o, c=clamp: fw.verl_ppo_kl(x, o, mask, clamp_log_ratio=c)["ppo_kl"],
-                   lambda x, o, c=clamp: _verl_ppo_kl(x, o, mask, c), [new, old], 2, rtol=1e-5, atol=1e-6)
+        v = _agree(
+            lambda x, o, c=clamp: fw.verl_ppo_kl(x, o, mask, clamp_log_ratio=c)["ppo_kl"],
+            lambda x, o, c=clamp: _verl_ppo_kl(x, o, mask, c),
+            [new, old],
+            2,
+            rtol=1e-5,
+            atol=1e-6,
+        )
         assert torch.isfinite(v)
 
 
 def test_extreme_openrlhf():
     new, _old, ref, mask = _extreme()
     for est in ("k1", "k2", "k3"):
-        v = _agree(lambda x, b, e=est: fw.openrlhf_kl(x, b, mask, e, use_kl_loss=True)["kl_loss"],
-                   lambda x, b, e=est: _openrlhf_masked_mean(_openrlhf_compute_approx_kl(x, b, e), mask), [new, ref], 2,
-                   rtol=1e-5, atol=1e-6)
-        assert torch.isfinite(v)                     # exp(100) = inf, and the ±10 clamp catches it
+        v = _agree(
+            lambda x, b, e=est: fw.openrlhf_kl(x, b, mask, e, use_kl_loss=True)["kl_loss"],
+            lambda x, b, e=est: _openrlhf_masked_mean(_openrlhf_compute_approx_kl(x, b, e), mask),
+            [new, ref],
+            2,
+            rtol=1e-5,
+            atol=1e-6,
+        )
+        assert torch.isfinite(v)  # exp(100) = inf, and the ±10 clamp catches it
     unclamped = fw.openrlhf_kl(new, ref, mask, "k3", use_kl_loss=True, clamp=False)["kl_loss"]
-    assert torch.isinf(unclamped)                    # what OpenRLHF returned before its clamp: inf, no error
+    assert torch.isinf(unclamped)  # what OpenRLHF returned before its clamp: inf, no error
 
 
 def test_extreme_trl():
     new, old, ref, mask = _extreme()
     for corrected in (False, True):
-        got = _agree(lambda x, o, c=corrected: fw.trl_grpo_kl(x, ref, mask, o, use_bias_correction_kl=c,
-                                                              beta=0.04)["logged"],
-                     lambda x, o, c=corrected: _trl_grpo(x, ref, mask, o, use_bias_correction_kl=c)[0], [new, old], 2,
-                     rtol=1e-5, atol=1e-6)
-        assert not torch.isfinite(got)               # TRL has no clamp: exp(100) overflows, as in TRL
+        got = _agree(
+            lambda x, o, c=corrected: fw.trl_grpo_kl(x, ref, mask, o, use_bias_correction_kl=c, beta=0.04)["logged"],
+            lambda x, o, c=corrected: _trl_grpo(x, ref, mask, o, use_bias_correction_kl=c)[0],
+            [new, old],
+            2,
+            rtol=1e-5,
+            atol=1e-6,
+        )
+        assert not torch.isfinite(got)  # TRL has no clamp: exp(100) overflows, as in TRL
     fine = ref.clone()
-    fine[0, 0] = new[0, 0] - 100.0                   # log r = -100 is finite: k3 = 99
-    v = _agree(lambda x: fw.trl_grpo_kl(x, fine, mask, use_bias_correction_kl=False)["logged"],
-               lambda x: _trl_grpo(x, fine, mask, use_bias_correction_kl=False)[0], [new], rtol=1e-5, atol=1e-6)
+    fine[0, 0] = new[0, 0] - 100.0  # log r = -100 is finite: k3 = 99
+    v = _agree(
+        lambda x: fw.trl_grpo_kl(x, fine, mask, use_bias_correction_kl=False)["logged"],
+        lambda x: _trl_grpo(x, fine, mask, use_bias_correction_kl=False)[0],
+        [new],
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert torch.isfinite(v)
     out = fw.trl_ppo_kl(new, ref, mask, "k1")["logged"]
     assert torch.isfinite(out)
@@ -627,20 +756,32 @@ def test_extreme_trl():
 def test_extreme_nemo_rl():
     new, old, ref, mask = _extreme()
     for approx in (False, True):
-        v = _agree(lambda x, g, a=approx: fw.nemo_rl_kl_loss(x, ref, mask, g,
-                                                             use_on_policy_kl_approximation=a)["loss_term"],
-                   lambda x, g, a=approx: _nemo_kl(x, ref, mask, g, on_policy_approx=a), [new, old], 2,
-                   rtol=1e-5, atol=1e-6)
-        assert torch.isfinite(v)                     # overflowing weight -> 0 (nan_to_num); w * k3 = inf -> 10
+        v = _agree(
+            lambda x, g, a=approx: fw.nemo_rl_kl_loss(x, ref, mask, g, use_on_policy_kl_approximation=a)["loss_term"],
+            lambda x, g, a=approx: _nemo_kl(x, ref, mask, g, on_policy_approx=a),
+            [new, old],
+            2,
+            rtol=1e-5,
+            atol=1e-6,
+        )
+        assert torch.isfinite(v)  # overflowing weight -> 0 (nan_to_num); w * k3 = inf -> 10
     pt = fw.nemo_rl_kl_loss(new, ref, mask, old, use_on_policy_kl_approximation=True)["per_token"]
     assert float(pt[1, 0]) == 0.0 and float(pt[1, 2]) == 10.0
     # the order before PR #2958, (weight * coef) * clamped k: e^88 * 0.01 * 10 stays finite there too
-    for opts, version in (({"weight_inside_clamp": False}, "2506"),
-                          ({"weight_inside_clamp": False, "detach_weights": True}, "pre2506")):
-        v = _agree(lambda x, g, o=opts: fw.nemo_rl_kl_loss(x, ref, mask, g, use_on_policy_kl_approximation=True,
-                                                           **o)["loss_term"],
-                   lambda x, g, v=version: _nemo_kl(x, ref, mask, g, on_policy_approx=True, version=v), [new, old], 2,
-                   rtol=1e-5, atol=1e-6)
+    for opts, version in (
+        ({"weight_inside_clamp": False}, "2506"),
+        ({"weight_inside_clamp": False, "detach_weights": True}, "pre2506"),
+    ):
+        v = _agree(
+            lambda x, g, o=opts: fw.nemo_rl_kl_loss(x, ref, mask, g, use_on_policy_kl_approximation=True, **o)[
+                "loss_term"
+            ],
+            lambda x, g, v=version: _nemo_kl(x, ref, mask, g, on_policy_approx=True, version=v),
+            [new, old],
+            2,
+            rtol=1e-5,
+            atol=1e-6,
+        )
         assert torch.isfinite(v)
         logged = fw.nemo_rl_kl_loss(new, ref, mask, old, use_on_policy_kl_approximation=True, **opts)["logged"]
         assert torch.isfinite(logged) and float(logged) == pytest.approx(float(v) / 0.01, rel=1e-6)
@@ -652,11 +793,14 @@ def test_extreme_nemo_rl():
 def test_empty_masks_give_zero_not_nan():
     new, old, ref, mask = _batch(0)
     empty = torch.zeros_like(mask)
-    for out in (fw.minimind_approx_kl(new, old, empty)["approx_kl"],
-                fw.minimind_kl_ref_penalty(new, ref, empty)["logged"],
-                fw.trl_grpo_kl(new, ref, empty)["logged"], fw.verl_ppo_kl(new, old, empty)["logged"],
-                fw.nemo_rl_kl_loss(new, ref, empty)["logged"],
-                fw.openrlhf_kl(new, ref, empty, use_kl_loss=True)["logged"]):
+    for out in (
+        fw.minimind_approx_kl(new, old, empty)["approx_kl"],
+        fw.minimind_kl_ref_penalty(new, ref, empty)["logged"],
+        fw.trl_grpo_kl(new, ref, empty)["logged"],
+        fw.verl_ppo_kl(new, old, empty)["logged"],
+        fw.nemo_rl_kl_loss(new, ref, empty)["logged"],
+        fw.openrlhf_kl(new, ref, empty, use_kl_loss=True)["logged"],
+    ):
         assert float(out) == 0.0
 
 
@@ -675,14 +819,19 @@ def test_side_by_side_rows_name_direction_and_agree_with_the_functions():
 
 
 def test_every_function_names_its_source_file_and_commit():
-    for fn in list(fw.FRAMEWORK_FUNCTIONS.values()) + [fw.openrlhf_compute_approx_kl, fw.nemo_rl_calculate_kl,
-                                                       fw.verl_kl_penalty]:
+    for fn in list(fw.FRAMEWORK_FUNCTIONS.values()) + [
+        fw.openrlhf_compute_approx_kl,
+        fw.nemo_rl_calculate_kl,
+        fw.verl_kl_penalty,
+    ]:
         doc = " ".join(fn.__doc__.split())
         assert "Follows " in doc and ".py" in doc, fn.__name__
         assert " @ " in doc or "release 1.16.0" in doc, fn.__name__
-    for fn, path in ((fw.verl_kl_loss, "verl/workers/utils/losses.py"),
-                     (fw.nemo_rl_kl_loss, "nemo_rl/algorithms/loss/loss_functions.py"),
-                     (fw.trl_ppo_kl, "trl/experimental/ppo/ppo_trainer.py")):
+    for fn, path in (
+        (fw.verl_kl_loss, "verl/workers/utils/losses.py"),
+        (fw.nemo_rl_kl_loss, "nemo_rl/algorithms/loss/loss_functions.py"),
+        (fw.trl_ppo_kl, "trl/experimental/ppo/ppo_trainer.py"),
+    ):
         assert path in fn.__doc__, fn.__name__
 
 

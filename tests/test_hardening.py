@@ -1,5 +1,6 @@
 """Hostile but fair input to every public function: a clear error naming the argument, or a documented
 correct result. Never a silent NaN, a hang, or an error from deep inside torch that names nothing."""
+
 from __future__ import annotations
 
 import math
@@ -47,16 +48,23 @@ ESTIMATOR_CALLS = {
     "exact_kl q_logits": lambda x: klviz.exact_kl(x, GOOD),
     "gradient policy_logits": lambda x: klviz.expected_kl_gradient(x, GOOD, "k3", "loss"),
 }
-ARG_NAME = {"k1": "log_r", "k2": "log_r", "k3": "log_r", "kl_penalty logprob": "logprob",
-            "kl_penalty ref_logprob": "ref_logprob", "masked_mean values": "values", "exact_kl q_logits": "q_logits",
-            "gradient policy_logits": "policy_logits"}
+ARG_NAME = {
+    "k1": "log_r",
+    "k2": "log_r",
+    "k3": "log_r",
+    "kl_penalty logprob": "logprob",
+    "kl_penalty ref_logprob": "ref_logprob",
+    "masked_mean values": "values",
+    "exact_kl q_logits": "q_logits",
+    "gradient policy_logits": "policy_logits",
+}
 
 
 @pytest.mark.parametrize("label,value,words", BAD_TENSORS, ids=[b[0] for b in BAD_TENSORS])
 @pytest.mark.parametrize("call", list(ESTIMATOR_CALLS), ids=list(ESTIMATOR_CALLS))
 def test_bad_tensors_are_refused_by_name(call, label, value, words):
     if call == "masked_mean values" and label in ("nan", "inf"):
-        value = value if label == "nan" else value   # a NaN at a counted position (index 1) must still be refused
+        value = value if label == "nan" else value  # a NaN at a counted position (index 1) must still be refused
     if call == "exact_kl q_logits" and label == "inf":
         value = torch.tensor([0.1, float("inf"), 0.2])
     with pytest.raises((ValueError, TypeError)) as err:
@@ -67,11 +75,17 @@ def test_bad_tensors_are_refused_by_name(call, label, value, words):
         assert words.lower() in message.lower(), message
 
 
-@pytest.mark.parametrize("mask", [None, "1 1 0", [True, "x", False], {"m": 1}, torch.empty(3, device="meta")],
-                         ids=["none", "string", "mixed list", "dict", "meta"])
+@pytest.mark.parametrize(
+    "mask",
+    [None, "1 1 0", [True, "x", False], {"m": 1}, torch.empty(3, device="meta")],
+    ids=["none", "string", "mixed list", "dict", "meta"],
+)
 def test_bad_masks_are_refused_by_name(mask):
-    for call in (lambda: klviz.masked_mean(GOOD, mask), lambda: klviz.agg_loss(GOOD[None], mask, "token-mean"),
-                 lambda: fw.verl_kl_loss(GOOD[None], GOOD[None], mask)):
+    for call in (
+        lambda: klviz.masked_mean(GOOD, mask),
+        lambda: klviz.agg_loss(GOOD[None], mask, "token-mean"),
+        lambda: fw.verl_kl_loss(GOOD[None], GOOD[None], mask),
+    ):
         with pytest.raises((ValueError, TypeError), match="mask"):
             call()
 
@@ -89,14 +103,28 @@ def test_unusual_but_valid_arrays_give_correct_results():
 
 
 # ----------------------------------------------------------------------------- dims
-@pytest.mark.parametrize("dim,ok", [(-1, True), (0, True), (np.int64(0), True), (torch.tensor(0), False), (2, False),
-                                    (-3, False), (1.0, False), ("0", False), (True, False)])
+@pytest.mark.parametrize(
+    "dim,ok",
+    [
+        (-1, True),
+        (0, True),
+        (np.int64(0), True),
+        (torch.tensor(0), False),
+        (2, False),
+        (-3, False),
+        (1.0, False),
+        ("0", False),
+        (True, False),
+    ],
+)
 def test_dim_is_an_integer_in_range(dim, ok):
     q, p = torch.randn(4, 5), torch.randn(4, 5)
     axis = int(dim) if ok else -1
-    for call in (lambda: klviz.exact_kl(q, p, dim=dim),
-                 lambda: klviz.categorical_kl(q.softmax(axis), p.softmax(axis), dim=dim),
-                 lambda: klviz.masked_mean(q, torch.ones(4, 5), dim=dim)):
+    for call in (
+        lambda: klviz.exact_kl(q, p, dim=dim),
+        lambda: klviz.categorical_kl(q.softmax(axis), p.softmax(axis), dim=dim),
+        lambda: klviz.masked_mean(q, torch.ones(4, 5), dim=dim),
+    ):
         if ok:
             call()
         else:
@@ -115,13 +143,13 @@ def test_exact_kl_works_with_autograd_and_agrees_with_a_brute_force_gradient():
     lq, lp = q2.log_softmax(-1), p2.log_softmax(-1)
     (lq.exp() * (lq - lp)).sum().backward()
     assert torch.allclose(q.grad, q2.grad) and torch.allclose(p.grad, p2.grad)
-    with torch.no_grad():                                   # ordinary model outputs in an eval loop
+    with torch.no_grad():  # ordinary model outputs in an eval loop
         assert not klviz.exact_kl(q, p).requires_grad
 
 
 # ----------------------------------------------------------------------------- silent NaN and inf
 def test_k3_expected_gradients_stay_finite_where_pi_times_r_would_overflow():
-    theta = torch.tensor([0.0, -120.0, 0.0], dtype=torch.float32)   # one token the policy nearly never takes
+    theta = torch.tensor([0.0, -120.0, 0.0], dtype=torch.float32)  # one token the policy nearly never takes
     ref = torch.tensor([0.0, 0.0, 0.0], dtype=torch.float32)
     for placement, weighting in (("loss", "none"), ("reward", "none"), ("loss", "rho")):
         g = klviz.expected_kl_gradient(theta, ref, "k3", placement, weighting)
@@ -142,8 +170,12 @@ def test_framework_outputs_ignore_inf_at_padded_positions():
     lp = torch.tensor([[-1.0, -2.0, -float("inf")]])
     ref = torch.tensor([[-1.5, -1.0, -3.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    for out in (fw.trl_grpo_kl(lp, ref, mask, beta=0.04), fw.minimind_kl_ref_penalty(lp, ref, mask),
-                fw.openrlhf_kl(lp, ref, mask, "k3"), fw.verl_kl_loss(lp, ref, mask)):
+    for out in (
+        fw.trl_grpo_kl(lp, ref, mask, beta=0.04),
+        fw.minimind_kl_ref_penalty(lp, ref, mask),
+        fw.openrlhf_kl(lp, ref, mask, "k3"),
+        fw.verl_kl_loss(lp, ref, mask),
+    ):
         assert bool(torch.isfinite(out["logged"])), out
         assert float(out["per_token"][0, 2]) == 0.0
 
@@ -165,15 +197,18 @@ def test_estimator_stats_refuses_a_sample_count_that_would_run_for_days():
 
 
 # ----------------------------------------------------------------------------- distributions and generators
-@pytest.mark.parametrize("q,p,word", [
-    (Normal(torch.tensor(0.0), torch.tensor(-1.0), validate_args=False), Normal(0.0, 1.0), "q"),
-    (Normal(0.0, 1.0), Normal(torch.tensor(0.0), torch.tensor(0.0), validate_args=False), "p"),
-    (Normal(torch.tensor(float("nan")), torch.tensor(1.0), validate_args=False), Normal(0.0, 1.0), "q"),
-    (Categorical(probs=torch.tensor([0.5, 0.5])), Categorical(probs=torch.tensor([0.2, 0.3, 0.5])), "categories"),
-    (Normal(torch.zeros(2), torch.ones(2)), Normal(torch.zeros(2), torch.ones(2)), "batch_shape"),
-    (Normal(0.0, 1.0), Categorical(probs=torch.tensor([0.5, 0.5])), "kind"),
-    ("N(0, 1)", Normal(0.0, 1.0), "q"),
-])
+@pytest.mark.parametrize(
+    "q,p,word",
+    [
+        (Normal(torch.tensor(0.0), torch.tensor(-1.0), validate_args=False), Normal(0.0, 1.0), "q"),
+        (Normal(0.0, 1.0), Normal(torch.tensor(0.0), torch.tensor(0.0), validate_args=False), "p"),
+        (Normal(torch.tensor(float("nan")), torch.tensor(1.0), validate_args=False), Normal(0.0, 1.0), "q"),
+        (Categorical(probs=torch.tensor([0.5, 0.5])), Categorical(probs=torch.tensor([0.2, 0.3, 0.5])), "categories"),
+        (Normal(torch.zeros(2), torch.ones(2)), Normal(torch.zeros(2), torch.ones(2)), "batch_shape"),
+        (Normal(0.0, 1.0), Categorical(probs=torch.tensor([0.5, 0.5])), "kind"),
+        ("N(0, 1)", Normal(0.0, 1.0), "q"),
+    ],
+)
 def test_estimator_stats_refuses_bad_distributions_by_name(q, p, word):
     with pytest.raises((ValueError, TypeError), match=word):
         klviz.estimator_stats(q, p, 100)
@@ -190,11 +225,19 @@ def test_make_generator_accepts_numpy_integers():
     assert torch.equal(a, torch.rand(3, generator=klviz.make_generator(7)))
 
 
-@pytest.mark.parametrize("probs,word", [
-    (torch.tensor([0.5, float("nan"), 0.5]), "NaN"), (torch.tensor([0.5, -0.1, 0.6]), "negative"),
-    (torch.zeros(3), "zero"), (torch.empty(0), "empty"), (torch.full((2, 3), 1 / 3), "1-D"),
-    ([True, False], "bool"), ("0.5 0.5", "str"), (torch.tensor([0.5, float("inf")]), "inf"),
-])
+@pytest.mark.parametrize(
+    "probs,word",
+    [
+        (torch.tensor([0.5, float("nan"), 0.5]), "NaN"),
+        (torch.tensor([0.5, -0.1, 0.6]), "negative"),
+        (torch.zeros(3), "zero"),
+        (torch.empty(0), "empty"),
+        (torch.full((2, 3), 1 / 3), "1-D"),
+        ([True, False], "bool"),
+        ("0.5 0.5", "str"),
+        (torch.tensor([0.5, float("inf")]), "inf"),
+    ],
+)
 def test_categorical_counts_refuses_bad_probabilities(probs, word):
     with pytest.raises((ValueError, TypeError), match="probs") as err:
         klviz.categorical_counts(probs, 10)

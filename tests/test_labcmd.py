@@ -1,5 +1,6 @@
 """``klviz lab``: the lessons ship inside the package, are copied without destroying a learner's
 edits, and JupyterLab starts on 127.0.0.1 behind a token."""
+
 from __future__ import annotations
 
 import io
@@ -23,8 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _notebook(source: str, outputs: list | None = None) -> str:
     """A one-cell notebook whose code is ``source`` (with ``outputs`` as if it had been run)."""
-    cell = {"cell_type": "code", "execution_count": 1 if outputs else None, "metadata": {},
-            "outputs": outputs or [], "source": [source]}
+    cell = {
+        "cell_type": "code",
+        "execution_count": 1 if outputs else None,
+        "metadata": {},
+        "outputs": outputs or [],
+        "source": [source],
+    }
     return json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
@@ -55,8 +61,9 @@ def test_package_data_declares_the_notebooks():
     data = project["tool"]["setuptools"]["package-data"]["klviz"]
     assert "notebooks/*.ipynb" in data
     link = ROOT / "klviz" / "notebooks"
-    assert link.is_dir() and link.resolve() == (ROOT / "notebooks").resolve(), \
+    assert link.is_dir() and link.resolve() == (ROOT / "notebooks").resolve(), (
         "klviz/notebooks must lead to notebooks/ (a symlink that setuptools dereferences into the wheel)"
+    )
 
 
 def test_fresh_copy_then_nothing_to_do(tmp_path, shipped):
@@ -94,10 +101,10 @@ def test_a_lesson_that_was_only_run_is_not_edited(tmp_path, shipped):
     dest = tmp_path / "work"
     labcmd.sync_lessons(dest, source=shipped)
     ran = _notebook("y = 1", outputs=[{"output_type": "stream", "name": "stdout", "text": ["1\n"]}])
-    (dest / "01_next.ipynb").write_text(ran)                      # run and saved in JupyterLab
+    (dest / "01_next.ipynb").write_text(ran)  # run and saved in JupyterLab
     again = labcmd.sync_lessons(dest, source=shipped)
-    assert "01_next.ipynb" in again.unchanged and (dest / "01_next.ipynb").read_text() == ran   # outputs kept
-    (shipped / "01_next.ipynb").write_text(_notebook("y = 2"))    # a newer klviz still reaches it
+    assert "01_next.ipynb" in again.unchanged and (dest / "01_next.ipynb").read_text() == ran  # outputs kept
+    (shipped / "01_next.ipynb").write_text(_notebook("y = 2"))  # a newer klviz still reaches it
     assert labcmd.sync_lessons(dest, source=shipped).updated == ["01_next.ipynb"]
     assert labcmd.lesson_fingerprint(dest / "01_next.ipynb") == labcmd.lesson_fingerprint(shipped / "01_next.ipynb")
     assert labcmd.lesson_fingerprint(tmp_path / "missing.ipynb") is None
@@ -159,15 +166,21 @@ def test_lab_starts_on_localhost_with_a_token(tmp_path):
     env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), PYTHONUNBUFFERED="1")
     log_path = tmp_path / "lab.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "klviz.labcmd", str(tmp_path / "lessons"), "--no-browser"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "klviz.labcmd", str(tmp_path / "lessons"), "--no-browser"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             deadline = time.time() + 90
             url = None
             while url is None:
-                found = re.search(r"klviz lab: open (http://127\.0\.0\.1:(\d+)/lab/tree/\S+\?token=(\S+))",
-                                  log_path.read_text())
+                found = re.search(
+                    r"klviz lab: open (http://127\.0\.0\.1:(\d+)/lab/tree/\S+\?token=(\S+))", log_path.read_text()
+                )
                 if found:
                     url, port, token = found.group(1), found.group(2), found.group(3)
                 elif proc.poll() is not None or time.time() > deadline:

@@ -1,4 +1,5 @@
 """Lesson 01 (sampling as weighting): klviz.sampling, the SamplingPanel and the exercise checks."""
+
 from __future__ import annotations
 
 import math
@@ -15,12 +16,20 @@ import klviz
 from klviz.check import lesson01 as check
 from klviz.montecarlo import categorical_counts
 from klviz.policies import move_policy, toy_sampler_logits
-from klviz.sampling import (draw_tokens, effective_sample_size, ess_fraction, expected_ess_fraction,
-                            importance_weights, log_spaced_counts, running_mean, zipf_policy_pair)
+from klviz.sampling import (
+    draw_tokens,
+    effective_sample_size,
+    ess_fraction,
+    expected_ess_fraction,
+    importance_weights,
+    log_spaced_counts,
+    running_mean,
+    zipf_policy_pair,
+)
 from klviz.widgets.lesson01 import MODES, SamplingPanel
 
-
 # -- draw_tokens ------------------------------------------------------------------------------------
+
 
 def test_draw_tokens_matches_categorical_counts_under_the_same_seed():
     q = toy_sampler_logits().exp()
@@ -32,8 +41,12 @@ def test_draw_tokens_matches_categorical_counts_under_the_same_seed():
 def test_draw_tokens_frequencies_follow_probs_within_4_se():
     q = toy_sampler_logits().exp().double()
     n = 200_000
-    freq = torch.bincount(draw_tokens(q, n, generator=klviz.make_generator(1), chunk_size=7_777),
-                          minlength=q.numel()).double() / n
+    freq = (
+        torch.bincount(
+            draw_tokens(q, n, generator=klviz.make_generator(1), chunk_size=7_777), minlength=q.numel()
+        ).double()
+        / n
+    )
     se = torch.sqrt(q * (1 - q) / n)
     assert bool(((freq - q).abs() < 4 * se).all())
 
@@ -44,20 +57,24 @@ def test_draw_tokens_never_draws_zero_probability_tokens():
     assert set(tokens.tolist()) <= {1, 3}
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(probs=torch.tensor([0.5, 0.6]), num_samples=3), "probs"),
-    (dict(probs=torch.tensor([-0.1, 1.1]), num_samples=3), "probs"),
-    (dict(probs=torch.ones(2, 2) / 4, num_samples=3), "probs"),
-    (dict(probs=torch.tensor([0.5, float("nan")]), num_samples=3), "probs"),
-    (dict(probs=torch.tensor([0.5, 0.5]), num_samples=0), "num_samples"),
-    (dict(probs=torch.tensor([0.5, 0.5]), num_samples=2.5), "num_samples"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(probs=torch.tensor([0.5, 0.6]), num_samples=3), "probs"),
+        (dict(probs=torch.tensor([-0.1, 1.1]), num_samples=3), "probs"),
+        (dict(probs=torch.ones(2, 2) / 4, num_samples=3), "probs"),
+        (dict(probs=torch.tensor([0.5, float("nan")]), num_samples=3), "probs"),
+        (dict(probs=torch.tensor([0.5, 0.5]), num_samples=0), "num_samples"),
+        (dict(probs=torch.tensor([0.5, 0.5]), num_samples=2.5), "num_samples"),
+    ],
+)
 def test_draw_tokens_bad_input(kwargs, name):
     with pytest.raises(ValueError, match=name):
         draw_tokens(**kwargs)
 
 
 # -- importance weights and ESS ---------------------------------------------------------------------
+
 
 def test_importance_weights_are_target_over_sampler():
     lq = torch.log(torch.tensor([0.2, 0.3, 0.5]))
@@ -95,16 +112,20 @@ def test_effective_sample_size_kish():
     # counts form = repeating each weight count times
     weights, counts = torch.tensor([0.5, 2.0, 1.0]), torch.tensor([3.0, 1.0, 2.0])
     assert effective_sample_size(weights, counts) == pytest.approx(
-        effective_sample_size(torch.tensor([0.5, 0.5, 0.5, 2.0, 1.0, 1.0])))
+        effective_sample_size(torch.tensor([0.5, 0.5, 0.5, 2.0, 1.0, 1.0]))
+    )
 
 
-@pytest.mark.parametrize("weights, counts, name", [
-    (torch.tensor([1.0, -1.0]), None, "weights"),
-    (torch.zeros(3), None, "weights"),
-    (torch.tensor([1.0, float("inf")]), None, "weights"),
-    (torch.tensor([1.0, 1.0]), torch.tensor([1.0]), "weights|counts"),
-    (torch.tensor([1.0, 1.0]), torch.tensor([1.0, -2.0]), "counts"),
-])
+@pytest.mark.parametrize(
+    "weights, counts, name",
+    [
+        (torch.tensor([1.0, -1.0]), None, "weights"),
+        (torch.zeros(3), None, "weights"),
+        (torch.tensor([1.0, float("inf")]), None, "weights"),
+        (torch.tensor([1.0, 1.0]), torch.tensor([1.0]), "weights|counts"),
+        (torch.tensor([1.0, 1.0]), torch.tensor([1.0, -2.0]), "counts"),
+    ],
+)
 def test_effective_sample_size_bad_input(weights, counts, name):
     with pytest.raises(ValueError, match=name):
         effective_sample_size(weights, counts)
@@ -121,7 +142,7 @@ def test_ess_fraction_converges_to_its_limit_within_4_se():
     # the limit equals 1 / (1 + chi^2(q || mu)) by its definition
     q, mu = lq.exp().double(), lm.exp().double()
     chi2 = float(((q - mu) ** 2 / mu).sum())
-    assert lim == pytest.approx(1 / (1 + chi2), rel=1e-6)   # float32 probabilities
+    assert lim == pytest.approx(1 / (1 + chi2), rel=1e-6)  # float32 probabilities
     assert expected_ess_fraction(q, q) == pytest.approx(1.0)
 
 
@@ -135,6 +156,7 @@ def test_ess_fraction_and_limit_bad_input():
 
 
 # -- running mean -----------------------------------------------------------------------------------
+
 
 def test_running_mean_matches_brute_force():
     v = torch.randn(3_000, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 3 + 100.0
@@ -161,6 +183,7 @@ def test_running_mean_bad_input():
 
 # -- Zipf pair --------------------------------------------------------------------------------------
 
+
 def test_zipf_policy_pair_is_normalised_seeded_and_zipf_like():
     lq, lp = zipf_policy_pair(5_000, nudge=0.4, generator=klviz.make_generator(4))
     lq2, lp2 = zipf_policy_pair(5_000, nudge=0.4, generator=klviz.make_generator(4))
@@ -168,16 +191,21 @@ def test_zipf_policy_pair_is_normalised_seeded_and_zipf_like():
     assert float(lq.exp().sum()) == pytest.approx(1.0, abs=1e-5)
     assert float(lp.exp().sum()) == pytest.approx(1.0, abs=1e-5)
     top = torch.sort(lq.exp(), descending=True).values
-    assert float(top[0] / top[9]) == pytest.approx(10 ** 1.1, rel=1e-4)     # p(rank k) ∝ k^-1.1
+    assert float(top[0] / top[9]) == pytest.approx(10**1.1, rel=1e-4)  # p(rank k) ∝ k^-1.1
     same, _ = zipf_policy_pair(100, nudge=0.0)
     assert float(klviz.exact_kl(*zipf_policy_pair(100, nudge=0.0))) == pytest.approx(0.0, abs=1e-6)
     assert same.shape == (100,)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(vocab_size=0), "vocab_size"), (dict(vocab_size=10, nudge=-1.0), "nudge"),
-    (dict(vocab_size=10, nudge=float("nan")), "nudge"), (dict(vocab_size=10, exponent=0.0), "exponent"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(vocab_size=10, nudge=-1.0), "nudge"),
+        (dict(vocab_size=10, nudge=float("nan")), "nudge"),
+        (dict(vocab_size=10, exponent=0.0), "exponent"),
+    ],
+)
 def test_zipf_policy_pair_bad_input(kwargs, name):
     with pytest.raises(ValueError, match=name):
         zipf_policy_pair(**kwargs)
@@ -193,6 +221,7 @@ def test_sample_mean_of_k1_on_a_large_vocabulary_is_unbiased():
 
 # -- the panel --------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def panel():
     return SamplingPanel("cpu")
@@ -202,8 +231,9 @@ def test_panel_defaults_are_right(panel):
     d = panel.set(mode="q", num_samples=100_000, seed=0)
     assert panel.last_error is None
     q = d["q"].astype(np.float64)
-    assert d["exact"] == pytest.approx(float(klviz.categorical_kl(torch.from_numpy(q), torch.exp(panel.ref_logp).double())),
-                                       rel=1e-5)
+    assert d["exact"] == pytest.approx(
+        float(klviz.categorical_kl(torch.from_numpy(q), torch.exp(panel.ref_logp).double())), rel=1e-5
+    )
     assert abs(d["estimate"] - d["exact"]) < 4 * d["se"]
     assert d["ess"] == pytest.approx(100_000)
     assert "klviz-exact" in panel.readout.value and "consistent" in panel.readout.value
@@ -242,8 +272,9 @@ def test_panel_extremes_stay_finite(panel):
 
 
 def test_panel_largest_n_at_the_harshest_setting(panel):
-    d = panel.set(mode="weighted", num_samples=1_000_000, q_push=4.0, q_temperature=0.25, mu_temperature=0.25,
-                  mu_push=-4.0)
+    d = panel.set(
+        mode="weighted", num_samples=1_000_000, q_push=4.0, q_temperature=0.25, mu_temperature=0.25, mu_push=-4.0
+    )
     assert panel.last_error is None and math.isfinite(d["estimate"]) and d["ess"] >= 1
     assert len(d["run"]["n"]) <= 200 and d["run"]["n"][-1] == 1_000_000
     panel.set(**_DEFAULTS)
@@ -268,6 +299,7 @@ def test_panel_png(panel):
 
 # -- exercise checks --------------------------------------------------------------------------------
 
+
 def test_check_estimate_from_draws():
     assert check.estimate_from_draws(lambda t, g, q: g[t].mean())
     assert check.estimate_from_draws(lambda t, g, q: float(g[t].double().mean()))
@@ -287,17 +319,19 @@ def test_check_weighted_estimate():
     msg = check.weighted_estimate(lambda t, g, lq, lm: (torch.exp(lm - lq)[t] * g[t]).mean()).message
     assert "upside down" in msg.lower()
     assert "biased" in check.weighted_estimate(lambda t, g, lq, lm: g[t].mean()).message
-    sn = check.weighted_estimate(lambda t, g, lq, lm: (torch.exp(lq - lm)[t] * g[t]).sum() / torch.exp(lq - lm)[t].sum())
+    sn = check.weighted_estimate(
+        lambda t, g, lq, lm: (torch.exp(lq - lm)[t] * g[t]).sum() / torch.exp(lq - lm)[t].sum()
+    )
     assert "self-normalised" in sn.message
     assert "ratio itself" in check.weighted_estimate(lambda t, g, lq, lm: ((lq - lm)[t] * g[t]).mean()).message
 
 
 def test_check_effective_sample_size():
-    assert check.effective_sample_size(lambda w: w.sum() ** 2 / (w ** 2).sum())
+    assert check.effective_sample_size(lambda w: w.sum() ** 2 / (w**2).sum())
     assert check.effective_sample_size(lambda w: float(effective_sample_size(w)))
     assert not check.effective_sample_size(lambda w: ...).attempted
-    assert "upside down" in check.effective_sample_size(lambda w: (w ** 2).sum() / w.sum() ** 2).message.lower()
-    assert "fraction" in check.effective_sample_size(lambda w: w.mean() ** 2 / (w ** 2).mean()).message
-    assert "constant" in check.effective_sample_size(lambda w: len(w) / (w ** 2).mean()).message
+    assert "upside down" in check.effective_sample_size(lambda w: (w**2).sum() / w.sum() ** 2).message.lower()
+    assert "fraction" in check.effective_sample_size(lambda w: w.mean() ** 2 / (w**2).mean()).message
+    assert "constant" in check.effective_sample_size(lambda w: len(w) / (w**2).mean()).message
     r = check.effective_sample_size(lambda w: len(w))
     assert not r and "Kish" in r.message

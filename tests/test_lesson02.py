@@ -1,5 +1,6 @@
 """Lesson 02: exact moments of k1, k2, k3 against independent computations, the reproduced table,
 the three panels (defaults and extreme controls), and the exercise checks."""
+
 from __future__ import annotations
 
 import math
@@ -34,13 +35,14 @@ def normal(mu, sigma=1.0):
 
 # ------------------------------------------------------------------ exact moments, independently
 
+
 def _quadrature_moments(mq, sq, mp, sp, order=200):
     """Moments of k1, k2, k3 and r by Gauss-Hermite quadrature in x = mq + sq z (an independent route)."""
     z, w = np.polynomial.hermite_e.hermegauss(order)
     w = w / w.sum()
     x = mq + sq * z
     log_r = (-0.5 * ((x - mp) / sp) ** 2 - math.log(sp)) - (-0.5 * ((x - mq) / sq) ** 2 - math.log(sq))
-    vals = {"k1": -log_r, "k2": 0.5 * log_r ** 2, "k3": np.expm1(log_r) - log_r}
+    vals = {"k1": -log_r, "k2": 0.5 * log_r**2, "k3": np.expm1(log_r) - log_r}
     out = {}
     for name, v in vals.items():
         m = float(w @ v)
@@ -51,8 +53,17 @@ def _quadrature_moments(mq, sq, mp, sp, order=200):
     return out
 
 
-@pytest.mark.parametrize("pair", [(0.0, 1.0, 0.1, 1.0), (0.0, 1.0, 1.0, 1.0), (0.3, 1.2, -0.5, 0.9),
-                                  (0.0, 1.0, 0.5, 0.5), (-1.0, 2.0, 0.5, 2.5), (0.0, 1.0, 0.7, 1.3)])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        (0.0, 1.0, 0.1, 1.0),
+        (0.0, 1.0, 1.0, 1.0),
+        (0.3, 1.2, -0.5, 0.9),
+        (0.0, 1.0, 0.5, 0.5),
+        (-1.0, 2.0, 0.5, 2.5),
+        (0.0, 1.0, 0.7, 1.3),
+    ],
+)
 def test_gaussian_moments_match_quadrature(pair):
     exact = gaussian_moments(*pair)
     quad = _quadrature_moments(*pair)
@@ -67,7 +78,7 @@ def test_gaussian_moments_match_quadrature(pair):
 @pytest.mark.parametrize("mu", [0.05, 0.1, 0.5, 1.0, 1.7, 2.5])
 def test_reference_closed_forms_equal_the_general_moments(mu):
     closed, general = gaussian_closed_forms(mu), gaussian_moments(0.0, 1.0, mu, 1.0)
-    assert closed["true_kl"] == pytest.approx(mu ** 2 / 2)
+    assert closed["true_kl"] == pytest.approx(mu**2 / 2)
     for name in ("k1", "k2", "k3"):
         assert closed[f"var_{name}"] == pytest.approx(general.var[name], rel=1e-9)
         assert closed[f"mean_{name}"] == pytest.approx(general.mean[name], rel=1e-12)
@@ -87,7 +98,7 @@ def test_reference_numbers():
 
 
 def test_var_k3_is_infinite_when_p_is_too_wide():
-    edge = gaussian_moments(0.0, 1.0, 0.3, math.sqrt(2.0))       # sigma_p² = 2 sigma_q²: diverges
+    edge = gaussian_moments(0.0, 1.0, 0.3, math.sqrt(2.0))  # sigma_p² = 2 sigma_q²: diverges
     assert math.isinf(edge.var["k3"]) and math.isinf(edge.var_r) and "diverges" in edge.notes["k3"]
     assert math.isfinite(edge.var["k1"]) and math.isfinite(edge.var["k2"])
     inside = gaussian_moments(0.0, 1.0, 0.3, 1.4)
@@ -112,7 +123,7 @@ def test_categorical_moments_match_brute_force():
     kl_qp = sum(qi * math.log(qi / pi) for qi, pi in zip(qs, ps))
     kl_pq = sum(pi * math.log(pi / qi) for qi, pi in zip(qs, ps))
     assert exact.true_kl == pytest.approx(kl_qp, rel=1e-12)
-    assert exact.cov_k1_r == pytest.approx(-(kl_qp + kl_pq), rel=1e-10)      # Cov(log r, r) = Jeffreys
+    assert exact.cov_k1_r == pytest.approx(-(kl_qp + kl_pq), rel=1e-10)  # Cov(log r, r) = Jeffreys
     assert exact.var_r == pytest.approx(sum(pi * pi / qi for qi, pi in zip(qs, ps)) - 1, rel=1e-10)
 
 
@@ -121,12 +132,14 @@ def test_k3_is_biased_when_p_has_mass_outside_q():
     p = torch.tensor([0.4, 0.4, 0.2], dtype=torch.float64)
     exact = categorical_moments(q, p)
     assert exact.bias("k1") == pytest.approx(0.0, abs=1e-15)
-    assert exact.bias("k3") == pytest.approx(-0.2, rel=1e-12)   # E_q[r] = 0.8, not 1
+    assert exact.bias("k3") == pytest.approx(-0.2, rel=1e-12)  # E_q[r] = 0.8, not 1
 
 
 def test_lambda_star_minimises_the_variance():
-    for m in (gaussian_moments(0.0, 1.0, 0.8, 1.1), categorical_moments(torch.tensor([0.6, 0.3, 0.1]),
-                                                                        torch.tensor([0.2, 0.3, 0.5]))):
+    for m in (
+        gaussian_moments(0.0, 1.0, 0.8, 1.1),
+        categorical_moments(torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.2, 0.3, 0.5])),
+    ):
         grid = np.linspace(-1, 2, 3001)
         v = m.cv_variance(grid)
         assert grid[np.argmin(v)] == pytest.approx(m.lambda_star, abs=1e-3)
@@ -142,11 +155,17 @@ def test_exact_moments_dispatch():
 
 # ------------------------------------------------------------------ Monte Carlo against exact
 
+
 def test_monte_carlo_row_within_four_standard_errors():
     gen = klviz.make_generator(11)
-    for q, p in ((normal(0.0), normal(0.6)), (normal(0.2, 1.1), normal(-0.3, 0.9)),
-                 (Categorical(probs=torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)),
-                  Categorical(probs=torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)))):
+    for q, p in (
+        (normal(0.0), normal(0.6)),
+        (normal(0.2, 1.1), normal(-0.3, 0.9)),
+        (
+            Categorical(probs=torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)),
+            Categorical(probs=torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)),
+        ),
+    ):
         row = monte_carlo_row(q, p, 200_000, num_batches=20, generator=gen)
         exact = exact_moments(q, p)
         for name in ("k1", "k2", "k3"):
@@ -192,20 +211,30 @@ def test_gaussian_panel_keeps_its_draws_and_matches_a_fresh_sample():
     panel = GaussianEstimatorsPanel(device="cpu")
     first = panel.set(mu=0.5, num_samples=1_000)
     z = panel._z
-    again = panel.set(mu=0.7)                              # p moved: the kept draws are reused
+    again = panel.set(mu=0.7)  # p moved: the kept draws are reused
     assert panel._z is z
     fresh = GaussianEstimatorsPanel(device="cpu").set(mu=0.7, num_samples=1_000)
     assert again["mc"]["k3"] == fresh["mc"]["k3"] and first["mc"]["k1"] != again["mc"]["k1"]
-    panel.set(seed=1)                                      # a new seed draws again
+    panel.set(seed=1)  # a new seed draws again
     assert panel._z is not z
 
 
-@pytest.mark.parametrize("pair", [(0.0, 1.0, 0.1, 1.0), (0.0, 1.0, -2.0, 1.0), (0.0, 1.0, 0.3, 0.7),
-                                  (0.0, 1.0, 0.5, 2.0), (0.0, 1.0, 0.0, 1.0), (0.0, 1.0, 0.0, 3.0)])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        (0.0, 1.0, 0.1, 1.0),
+        (0.0, 1.0, -2.0, 1.0),
+        (0.0, 1.0, 0.3, 0.7),
+        (0.0, 1.0, 0.5, 2.0),
+        (0.0, 1.0, 0.0, 1.0),
+        (0.0, 1.0, 0.0, 3.0),
+    ],
+)
 def test_k1_negative_probability_against_samples(pair):
     exact = k1_negative_probability(*pair)
-    lr = sample_log_ratio(normal(pair[0], pair[1]), normal(pair[2], pair[3]), 200_000,
-                          generator=klviz.make_generator(1))
+    lr = sample_log_ratio(
+        normal(pair[0], pair[1]), normal(pair[2], pair[3]), 200_000, generator=klviz.make_generator(1)
+    )
     frac = float((lr > 0).double().mean())
     se = math.sqrt(max(exact * (1 - exact), 1e-12) / 200_000)
     assert abs(frac - exact) < 4 * se + 1e-12
@@ -219,7 +248,7 @@ def test_k1_negative_probability_equal_scales_formula():
 
 def test_variance_crossing():
     mu = variance_crossing_mu()
-    assert math.expm1(mu ** 2) - mu ** 2 == pytest.approx(mu ** 2, rel=1e-13)
+    assert math.expm1(mu**2) - mu**2 == pytest.approx(mu**2, rel=1e-13)
     assert round(mu, 4) == 1.1209
     below, above = gaussian_closed_forms(mu - 1e-3), gaussian_closed_forms(mu + 1e-3)
     assert below["var_k3"] < below["var_k1"] and above["var_k3"] > above["var_k1"]
@@ -229,40 +258,45 @@ def test_mean_std_with_se_for_normal_samples():
     x = torch.randn(400_000, generator=klviz.make_generator(2), dtype=torch.float64) * 3.0 + 1.0
     s = mean_std_with_se(x)
     assert s["se"] == pytest.approx(3.0 / math.sqrt(400_000), rel=0.01)
-    assert s["se_std"] == pytest.approx(3.0 / math.sqrt(2 * 400_000), rel=0.05)   # sigma / sqrt(2n) for a normal
+    assert s["se_std"] == pytest.approx(3.0 / math.sqrt(2 * 400_000), rel=0.05)  # sigma / sqrt(2n) for a normal
     assert abs(s["std"] - 3.0) < 4 * s["se_std"]
 
 
 # ------------------------------------------------------------------ bad input
 
-@pytest.mark.parametrize("call, name", [
-    (lambda: gaussian_moments(0.0, 0.0, 1.0, 1.0), "sigma_q"),
-    (lambda: gaussian_moments(0.0, 1.0, 1.0, -1.0), "sigma_p"),
-    (lambda: gaussian_moments(float("nan"), 1.0, 1.0, 1.0), "mu_q"),
-    (lambda: gaussian_moments(0.0, 1.0, float("inf"), 1.0), "mu_p"),
-    (lambda: gaussian_closed_forms(float("nan")), "mu"),
-    (lambda: gaussian_closed_forms(30.0), "mu"),
-    (lambda: categorical_moments(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0])), "p_probs"),
-    (lambda: categorical_moments(torch.tensor([0.5, 0.6]), torch.tensor([0.5, 0.5])), "q_probs"),
-    (lambda: categorical_moments(torch.tensor([1, 0]), torch.tensor([0.5, 0.5])), "q_probs"),
-    (lambda: monte_carlo_row(normal(0), normal(1), 1000, num_batches=1), "num_batches"),
-    (lambda: monte_carlo_row(normal(0), normal(1), 10, num_batches=20), "num_samples"),
-    (lambda: monte_carlo_row(normal(0), normal(1), 0), "num_samples"),
-    (lambda: monte_carlo_row("q", normal(1), 100), "q"),
-    (lambda: schulman_table(mus=(0.0,), num_samples=100), "mus"),
-    (lambda: gaussian_moments(0.0, 1.0, 1.0, 1.0).cv_variance(float("nan")), "lam"),
-    (lambda: mean_std_with_se(torch.tensor([1.0])), "values"),
-    (lambda: sample_log_ratio(Categorical(probs=torch.tensor([0.5, 0.5])), normal(0), 10), "q"),
-    (lambda: sample_log_ratio(normal(0), normal(1), -3), "num_samples"),
-    (lambda: control_variate_samples(normal(0), normal(1), 10, num_batches=20), "num_batches"),
-    (lambda: k1_negative_probability(0.0, -1.0, 0.0, 1.0), "sigma_q"),
-])
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: gaussian_moments(0.0, 0.0, 1.0, 1.0), "sigma_q"),
+        (lambda: gaussian_moments(0.0, 1.0, 1.0, -1.0), "sigma_p"),
+        (lambda: gaussian_moments(float("nan"), 1.0, 1.0, 1.0), "mu_q"),
+        (lambda: gaussian_moments(0.0, 1.0, float("inf"), 1.0), "mu_p"),
+        (lambda: gaussian_closed_forms(float("nan")), "mu"),
+        (lambda: gaussian_closed_forms(30.0), "mu"),
+        (lambda: categorical_moments(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0])), "p_probs"),
+        (lambda: categorical_moments(torch.tensor([0.5, 0.6]), torch.tensor([0.5, 0.5])), "q_probs"),
+        (lambda: categorical_moments(torch.tensor([1, 0]), torch.tensor([0.5, 0.5])), "q_probs"),
+        (lambda: monte_carlo_row(normal(0), normal(1), 1000, num_batches=1), "num_batches"),
+        (lambda: monte_carlo_row(normal(0), normal(1), 10, num_batches=20), "num_samples"),
+        (lambda: monte_carlo_row(normal(0), normal(1), 0), "num_samples"),
+        (lambda: monte_carlo_row("q", normal(1), 100), "q"),
+        (lambda: schulman_table(mus=(0.0,), num_samples=100), "mus"),
+        (lambda: gaussian_moments(0.0, 1.0, 1.0, 1.0).cv_variance(float("nan")), "lam"),
+        (lambda: mean_std_with_se(torch.tensor([1.0])), "values"),
+        (lambda: sample_log_ratio(Categorical(probs=torch.tensor([0.5, 0.5])), normal(0), 10), "q"),
+        (lambda: sample_log_ratio(normal(0), normal(1), -3), "num_samples"),
+        (lambda: control_variate_samples(normal(0), normal(1), 10, num_batches=20), "num_batches"),
+        (lambda: k1_negative_probability(0.0, -1.0, 0.0, 1.0), "sigma_q"),
+    ],
+)
 def test_bad_input_raises_value_error_naming_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()
 
 
 # ------------------------------------------------------------------ panels
+
 
 def _skip_rasterising(panel, monkeypatch):
     """Extreme settings go through panel.set (compute, draw, readout) without rendering a PNG each time:
@@ -287,8 +321,12 @@ def test_gaussian_panel_defaults_and_extremes(monkeypatch):
     before = panel.readout.value
     panel.set(mu=0.1)
     assert panel.readout.value != before
-    for values in (dict(mu=-3.0, sigma=0.3, num_samples=1_000), dict(mu=3.0, sigma=3.0, num_samples=1_000_000),
-                   dict(mu=3.0, sigma=0.3, num_samples=1_000, seed=2**31 - 1), dict(mu=0.05, sigma=1.45)):
+    for values in (
+        dict(mu=-3.0, sigma=0.3, num_samples=1_000),
+        dict(mu=3.0, sigma=3.0, num_samples=1_000_000),
+        dict(mu=3.0, sigma=0.3, num_samples=1_000, seed=2**31 - 1),
+        dict(mu=0.05, sigma=1.45),
+    ):
         data = panel.set(**values)
         assert panel.last_error is None, panel.error.value
         _finite_numbers(data)
@@ -298,7 +336,7 @@ def test_gaussian_panel_defaults_and_extremes(monkeypatch):
     # mu = 0.05, sigma = 1.45: Var k3 is infinite and the readout says why, instead of a NaN
     readout = panel.readout.value
     assert "inf" in readout and "diverges" in readout and "nan" not in readout.lower()
-    monkeypatch.undo()                              # the last update renders the figure for real
+    monkeypatch.undo()  # the last update renders the figure for real
     panel.set(mu=0.0, sigma=1.0)
     assert "undefined" in panel.readout.value and "nan" not in panel.readout.value.lower()
     assert panel.last_error is None and panel.png()[:4] == b"\x89PNG"
@@ -309,7 +347,7 @@ def test_gaussian_panel_defaults_and_extremes(monkeypatch):
 
 def test_gaussian_panel_table_matches_exact_values():
     panel = GaussianEstimatorsPanel()
-    data = panel.compute(mu=0.5, sigma=1.0, num_samples=300_000, seed=3)   # the pure function behind set()
+    data = panel.compute(mu=0.5, sigma=1.0, num_samples=300_000, seed=3)  # the pure function behind set()
     exact = gaussian_moments(0.0, 1.0, 0.5, 1.0)
     for name in ("k1", "k2", "k3"):
         m = data["mc"][name]
@@ -325,8 +363,11 @@ def test_token_panel_defaults_and_extremes(monkeypatch):
     before = panel.readout.value
     panel.set(push=-2.0)
     assert panel.readout.value != before
-    for values in (dict(temperature=0.25, push=6.0, push_token=11), dict(temperature=4.0, push=-6.0, push_token=0),
-                   dict(temperature=1.0, push=0.0, num_samples=1_000_000, seed=7)):
+    for values in (
+        dict(temperature=0.25, push=6.0, push_token=11),
+        dict(temperature=4.0, push=-6.0, push_token=0),
+        dict(temperature=1.0, push=0.0, num_samples=1_000_000, seed=7),
+    ):
         data = panel.set(**values)
         assert panel.last_error is None, panel.error.value
         _finite_numbers(data)
@@ -345,10 +386,13 @@ def test_control_variate_panel_defaults_and_extremes(monkeypatch):
     data = panel.compute(mu=1.0, sigma=1.0, num_samples=300_000, seed=0)
     assert data["exact"].lambda_star == pytest.approx(gaussian_closed_forms(1.0)["lambda_star"])
     assert abs(data["lambda_mc"] - data["exact"].lambda_star) < 0.05
-    assert data["frac_neg"][np.argmin(np.abs(np.linspace(-0.5, 1.5, 41) - 1.0))] == 0.0   # lambda = 1 never negative
+    assert data["frac_neg"][np.argmin(np.abs(np.linspace(-0.5, 1.5, 41) - 1.0))] == 0.0  # lambda = 1 never negative
     before = panel.readout.value
-    for values in (dict(mu=-3.0, sigma=0.3, num_samples=1_000), dict(mu=3.0, sigma=3.0, num_samples=1_000_000),
-                   dict(mu=0.0, sigma=1.0, num_samples=1_000)):
+    for values in (
+        dict(mu=-3.0, sigma=0.3, num_samples=1_000),
+        dict(mu=3.0, sigma=3.0, num_samples=1_000_000),
+        dict(mu=0.0, sigma=1.0, num_samples=1_000),
+    ):
         data = panel.set(**values)
         assert panel.last_error is None, panel.error.value
         assert np.all(np.isfinite(data["mc_var"])) and np.all((data["frac_neg"] >= 0) & (data["frac_neg"] <= 1))
@@ -360,6 +404,7 @@ def test_control_variate_panel_defaults_and_extremes(monkeypatch):
 
 # ------------------------------------------------------------------ exercise checks
 
+
 def test_k3_check():
     assert chk.k3_estimator(lambda lr: torch.expm1(lr) - lr)
     assert chk.k3_estimator(klviz.k3)
@@ -367,7 +412,7 @@ def test_k3_check():
     assert "inverted the ratio" in chk.k3_estimator(lambda lr: torch.expm1(-lr) + lr).message
     assert "loses its digits" in chk.k3_estimator(lambda lr: torch.exp(lr) - 1 - lr).message
     assert "That is k1" in chk.k3_estimator(lambda lr: -lr).message
-    assert "That is k2" in chk.k3_estimator(lambda lr: 0.5 * lr ** 2).message
+    assert "That is k2" in chk.k3_estimator(lambda lr: 0.5 * lr**2).message
     assert "Sign of the log term" in chk.k3_estimator(lambda lr: torch.expm1(lr) + lr).message
     assert "shape" in chk.k3_estimator(lambda lr: lr.sum()).message
     assert "raised ZeroDivisionError" in chk.k3_estimator(lambda lr: 1 / 0).message
@@ -383,14 +428,14 @@ def test_direction_check():
 
 
 def test_best_lambda_check():
-    assert chk.best_lambda(lambda mu: mu ** 2 / math.expm1(mu ** 2))
-    assert chk.best_lambda(lambda mu: torch.tensor(mu ** 2 / math.expm1(mu ** 2)))
+    assert chk.best_lambda(lambda mu: mu**2 / math.expm1(mu**2))
+    assert chk.best_lambda(lambda mu: torch.tensor(mu**2 / math.expm1(mu**2)))
     assert not chk.best_lambda(lambda mu: ...).attempted
     assert "lambda = 1 is k3" in chk.best_lambda(lambda mu: 1.0).message
-    assert "dropped the - 1" in chk.best_lambda(lambda mu: mu ** 2 / math.exp(mu ** 2)).message
-    assert "Upside down" in chk.best_lambda(lambda mu: math.expm1(mu ** 2) / mu ** 2).message
+    assert "dropped the - 1" in chk.best_lambda(lambda mu: mu**2 / math.exp(mu**2)).message
+    assert "Upside down" in chk.best_lambda(lambda mu: math.expm1(mu**2) / mu**2).message
     assert "Use mu²" in chk.best_lambda(lambda mu: mu / math.expm1(mu)).message
-    assert "Sign" in chk.best_lambda(lambda mu: -mu ** 2 / math.expm1(mu ** 2)).message
+    assert "Sign" in chk.best_lambda(lambda mu: -(mu**2) / math.expm1(mu**2)).message
     assert "finite" in chk.best_lambda(lambda mu: float("nan")).message
 
 

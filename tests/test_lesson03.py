@@ -1,4 +1,5 @@
 """Lesson 03 (f-divergences and Bregman): klviz.fdiv, the BregmanPanel and the exercise checks."""
+
 from __future__ import annotations
 
 import math
@@ -40,6 +41,7 @@ def _pair(seed: int, vocab: int = 20) -> tuple[torch.Tensor, torch.Tensor]:
 
 # -- generators: values and derivatives against autograd ---------------------------------------------
 
+
 @pytest.mark.parametrize("name", list(GENERATORS))
 def test_generator_derivatives_match_autograd(name):
     g = GENERATORS[name]
@@ -51,8 +53,8 @@ def test_generator_derivatives_match_autograd(name):
     assert torch.allclose(d1, f_prime(name, lt), rtol=1e-9, atol=1e-12)
     assert torch.allclose(d2, f_second(name, lt), rtol=1e-9, atol=1e-12)
     one = torch.zeros((), dtype=F64)
-    assert float(f_value(name, one)) == pytest.approx(0.0, abs=1e-15)          # f(1) = 0
-    assert float(f_prime(name, one)) == pytest.approx(g.df1, abs=1e-15)        # df1 is f'(1)
+    assert float(f_value(name, one)) == pytest.approx(0.0, abs=1e-15)  # f(1) = 0
+    assert float(f_prime(name, one)) == pytest.approx(g.df1, abs=1e-15)  # df1 is f'(1)
     assert g.convex == bool((f_second(name, torch.linspace(-8, 8, 801, dtype=F64)) >= 0).all())
 
 
@@ -64,7 +66,7 @@ def test_generator_closed_forms():
     assert torch.allclose(f_value("k2", lt), 0.5 * torch.log(t) ** 2)
     assert torch.allclose(f_value("chi2", lt), (t - 1) ** 2)
     assert torch.allclose(f_value("hellinger", lt), (t.sqrt() - 1) ** 2)
-    assert torch.allclose(f_second("k2", lt), (1 - torch.log(t)) / t ** 2)
+    assert torch.allclose(f_second("k2", lt), (1 - torch.log(t)) / t**2)
     # k2's curvature: negative exactly beyond e
     assert float(f_second("k2", torch.tensor(1.0, dtype=F64))) == pytest.approx(0.0, abs=1e-15)
     assert torch.allclose(tangent_at_one("-log t", lt), -(t - 1))
@@ -80,10 +82,11 @@ def test_generator_lookup_and_bad_names():
     with pytest.raises(ValueError, match="log_t"):
         f_value("k2", torch.tensor([float("nan")]))
     with pytest.raises(ValueError, match="log_r"):
-        bregman_gap("k2", torch.tensor([1, 2]))                 # integer tensor: token ids, not log-ratios
+        bregman_gap("k2", torch.tensor([1, 2]))  # integer tensor: token ids, not log-ratios
 
 
 # -- the Bregman construction -----------------------------------------------------------------------
+
 
 def test_bregman_gap_is_k3_and_the_other_direction():
     lr = torch.linspace(-20, 20, 401, dtype=F64)
@@ -94,8 +97,10 @@ def test_bregman_gap_is_k3_and_the_other_direction():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.floats(min_value=-30, max_value=30, allow_nan=False), st.sampled_from(["-log t", "t log t", "chi2",
-                                                                                   "hellinger", "k2"]))
+@given(
+    st.floats(min_value=-30, max_value=30, allow_nan=False),
+    st.sampled_from(["-log t", "t log t", "chi2", "hellinger", "k2"]),
+)
 def test_bregman_gap_never_negative(log_r, name):
     # non-negative for every convex generator (and for k2, whose tangent at 1 is flat)
     assert float(bregman_gap(name, torch.tensor(log_r, dtype=F64))) >= 0.0
@@ -127,15 +132,14 @@ def test_estimator_of_kl_pq_on_gaussian_samples_is_unbiased():
 
 # -- f_divergence and expected_ratio -----------------------------------------------------------------
 
+
 def test_f_divergence_gives_both_kls_chi2_and_hellinger():
     q, p = _pair(1)
     assert float(f_divergence("-log t", q, p)) == pytest.approx(float(klviz.categorical_kl(q, p)), abs=1e-12)
     assert float(f_divergence("t log t", q, p)) == pytest.approx(float(klviz.categorical_kl(p, q)), abs=1e-12)
     assert float(f_divergence("chi2", q, p)) == pytest.approx(float(((p - q) ** 2 / q).sum()), abs=1e-12)
-    assert float(f_divergence("hellinger", q, p)) == pytest.approx(
-        float(((p.sqrt() - q.sqrt()) ** 2).sum()), abs=1e-12)
-    assert float(f_divergence("k2", q, p)) == pytest.approx(float((q * 0.5 * torch.log(p / q) ** 2).sum()),
-                                                             abs=1e-12)
+    assert float(f_divergence("hellinger", q, p)) == pytest.approx(float(((p.sqrt() - q.sqrt()) ** 2).sum()), abs=1e-12)
+    assert float(f_divergence("k2", q, p)) == pytest.approx(float((q * 0.5 * torch.log(p / q) ** 2).sum()), abs=1e-12)
     # batched along dim
     qs, ps = torch.stack([q, p]), torch.stack([p, q])
     assert torch.allclose(f_divergence("-log t", qs, ps), klviz.categorical_kl(qs, ps))
@@ -145,21 +149,24 @@ def test_f_divergence_gives_both_kls_chi2_and_hellinger():
 def test_f_divergence_zero_probabilities():
     q = torch.tensor([0.2, 0.3, 0.5], dtype=F64)
     p = torch.tensor([0.5, 0.0, 0.5], dtype=F64)
-    assert math.isinf(float(f_divergence("-log t", q, p)))             # KL(q||p): q samples what p never does
+    assert math.isinf(float(f_divergence("-log t", q, p)))  # KL(q||p): q samples what p never does
     assert float(f_divergence("t log t", q, p)) == pytest.approx(float(klviz.categorical_kl(p, q)))
-    assert math.isinf(float(f_divergence("t log t", p, q)))            # KL(q||p) seen from the other side
+    assert math.isinf(float(f_divergence("t log t", p, q)))  # KL(q||p) seen from the other side
     assert float(f_divergence("-log t", p, q)) == pytest.approx(float(klviz.categorical_kl(p, q)))
     # Hellinger is symmetric even with zeros: the unseen mass counts via lim f(t)/t = 1
     assert float(f_divergence("hellinger", q, p)) == pytest.approx(float(f_divergence("hellinger", p, q)))
-    assert float(expected_ratio(p, q)) == pytest.approx(0.7)            # q's mass on p's support
+    assert float(expected_ratio(p, q)) == pytest.approx(0.7)  # q's mass on p's support
 
 
-@pytest.mark.parametrize("q, p, name", [
-    (torch.tensor([0.5, 0.6]), torch.tensor([0.5, 0.5]), "q_probs"),
-    (torch.tensor([0.5, 0.5]), torch.tensor([1.5, -0.5]), "p_probs"),
-    (torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0, 0.0]), "q_probs|p_probs"),
-    (torch.tensor([0.5, float("nan")]), torch.tensor([0.5, 0.5]), "q_probs"),
-])
+@pytest.mark.parametrize(
+    "q, p, name",
+    [
+        (torch.tensor([0.5, 0.6]), torch.tensor([0.5, 0.5]), "q_probs"),
+        (torch.tensor([0.5, 0.5]), torch.tensor([1.5, -0.5]), "p_probs"),
+        (torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0, 0.0]), "q_probs|p_probs"),
+        (torch.tensor([0.5, float("nan")]), torch.tensor([0.5, 0.5]), "q_probs"),
+    ],
+)
 def test_f_divergence_bad_input(q, p, name):
     with pytest.raises(ValueError, match=name):
         f_divergence("-log t", q, p)
@@ -177,14 +184,17 @@ def test_expected_ratio_is_one_and_adding_c_changes_nothing():
 def test_k2_breaks_the_data_processing_inequality_but_kl_does_not():
     q = torch.tensor([0.04, 0.04, 0.92], dtype=F64)
     p = torch.tensor([0.12, 0.40, 0.48], dtype=F64)
+
     def merge(v):
         return torch.stack([v[0] + v[1], v[2]])
+
     assert float(f_divergence("k2", merge(q), merge(p))) > float(f_divergence("k2", q, p))
     for name in ("-log t", "t log t", "chi2", "hellinger"):
         assert float(f_divergence(name, merge(q), merge(p))) <= float(f_divergence(name, q, p)) + 1e-15
 
 
 # -- the panel --------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def panel():
@@ -236,12 +246,13 @@ def test_panel_speed_and_png(panel):
     for r in (1.5, 2.0, 3.0):
         panel.set(r=r)
         times.append(panel.last_compute_ms)
-    assert float(np.median(times)) < 500          # generous for a shared machine; measured ~3 ms compute
+    assert float(np.median(times)) < 500  # generous for a shared machine; measured ~3 ms compute
     assert panel.png()[:8] == b"\x89PNG\r\n\x1a\n"
     panel.set(r=2.5)
 
 
 # -- exercise checks --------------------------------------------------------------------------------
+
 
 def test_check_kl_pq_estimator():
     assert check.kl_pq_estimator(lambda lr: torch.exp(lr) * lr - torch.expm1(lr))
@@ -250,21 +261,20 @@ def test_check_kl_pq_estimator():
     assert "other direction" in check.kl_pq_estimator(lambda lr: torch.expm1(lr) - lr).message
     assert "negative" in check.kl_pq_estimator(lambda lr: torch.exp(lr) * lr).message
     assert "sign" in check.kl_pq_estimator(lambda lr: -(torch.exp(lr) * lr - torch.expm1(lr))).message
-    assert "upside down" in check.kl_pq_estimator(
-        lambda lr: torch.exp(-lr) * (-lr) - torch.expm1(-lr)).message
+    assert "upside down" in check.kl_pq_estimator(lambda lr: torch.exp(-lr) * (-lr) - torch.expm1(-lr)).message
     assert "subtract" in check.kl_pq_estimator(lambda lr: torch.exp(lr) * lr + torch.expm1(lr)).message
     assert "shape" in check.kl_pq_estimator(lambda lr: lr.sum()).message
     assert "raised" in check.kl_pq_estimator(lambda lr: lr.nope).message
 
 
 def test_check_k2_curvature_and_concave_from():
-    assert check.k2_curvature(lambda t: (1 - torch.log(t)) / t ** 2)
+    assert check.k2_curvature(lambda t: (1 - torch.log(t)) / t**2)
     assert check.k2_curvature(lambda t: f_second("k2", torch.log(t)))
     assert not check.k2_curvature(lambda t: ...).attempted
-    assert "sign" in check.k2_curvature(lambda t: (torch.log(t) - 1) / t ** 2).message
+    assert "sign" in check.k2_curvature(lambda t: (torch.log(t) - 1) / t**2).message
     assert "1/t" in check.k2_curvature(lambda t: (1 - torch.log(t)) / t).message
     assert "first derivative" in check.k2_curvature(lambda t: torch.log(t) / t).message
-    assert "−log t" in check.k2_curvature(lambda t: 1 / t ** 2).message
+    assert "−log t" in check.k2_curvature(lambda t: 1 / t**2).message
     assert check.concave_from(math.e)
     assert check.concave_from(torch.tensor(math.e))
     assert not check.concave_from(...).attempted
@@ -283,11 +293,15 @@ def test_check_bregman_estimator():
 
     assert check.bregman_estimator(right)
     assert not check.bregman_estimator(lambda f, df, lr: ...).attempted
+
     def at_r(f, df, lr):
         return f(lr.exp()) - df(lr.exp()) * (lr.exp() - 1)
+
     assert "at the sample" in check.bregman_estimator(at_r).message
+
     def plus(f, df, lr):
         return f(lr.exp()) + df(torch.ones_like(lr)) * (lr.exp() - 1)
+
     assert "Sign" in check.bregman_estimator(plus).message
     assert "f(r) alone" in check.bregman_estimator(lambda f, df, lr: f(lr.exp())).message
     assert "depends on f" in check.bregman_estimator(lambda f, df, lr: f(lr.exp()) - (lr.exp() - 1)).message

@@ -1,4 +1,5 @@
 """Lesson 04 (worked tokens): klviz.tokens, the WorkedTokensPanel and the exercise checks."""
+
 from __future__ import annotations
 
 import math
@@ -20,6 +21,7 @@ from klviz.widgets.lesson04 import WorkedTokensPanel
 
 # -- the worked numbers ---------------------------------------------------------------------------
 
+
 def test_seed_numbers_exactly():
     small = tk.worked_token(-2.0, -1.8)
     large = tk.worked_token(-2.0, -0.5)
@@ -32,7 +34,7 @@ def test_seed_numbers_exactly():
 def test_push_expectations_against_hand_sums(old, new):
     p, q = math.exp(old), math.exp(new)
     kl = p * math.log(p / q) + (1 - p) * math.log((1 - p) / (1 - q))
-    lr = [math.log(q / p), math.log((1 - q) / (1 - p))]        # target (new) minus sampler (old)
+    lr = [math.log(q / p), math.log((1 - q) / (1 - p))]  # target (new) minus sampler (old)
     w = [p, 1 - p]
     e = tk.push_expectations(old, new)
     assert e["exact_kl"] == pytest.approx(kl, rel=1e-10)
@@ -52,6 +54,7 @@ def test_worked_token_bad_input():
 
 
 # -- masks and aggregation ------------------------------------------------------------------------
+
 
 def _brute_mask(ids, cmask, eos):
     out = torch.zeros(ids.shape)
@@ -96,8 +99,9 @@ def test_mask_bad_input():
 def test_aggregations_against_loops():
     g = torch.Generator().manual_seed(1)
     v = torch.randn(4, 6, generator=g, dtype=torch.float64)
-    m = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]],
-                     dtype=torch.float64)
+    m = torch.tensor(
+        [[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.float64
+    )
     a = tk.aggregations(v, m)
     rows = [[float(v[b, t]) for t in range(6) if m[b, t]] for b in range(4)]
     assert a["token-mean"] == pytest.approx(sum(map(sum, rows)) / sum(map(len, rows)))
@@ -107,15 +111,16 @@ def test_aggregations_against_loops():
 
 # -- low_var_kl clamps ------------------------------------------------------------------------------
 
+
 def test_k3_crossing_point_is_where_k3_hits_the_bound():
     d = tk.k3_crossing_point(10.0)
     assert math.expm1(d) - d == pytest.approx(10.0, rel=1e-12) and 2.6 < d < 2.62
     with pytest.raises(ValueError, match="bound"):
         tk.k3_crossing_point(0.0)
-    low = tk.k3_crossing_point(10.0, negative=True)          # the second crossing: the policy 6e4 x the reference
+    low = tk.k3_crossing_point(10.0, negative=True)  # the second crossing: the policy 6e4 x the reference
     assert -11.01 < low < -10.99 and abs(float(klviz.k3(torch.tensor(low, dtype=torch.float64))) - 10) < 1e-9
     assert float(klviz.kl_penalty(torch.tensor([0.0]), torch.tensor([low - 0.5]), "low_var_kl")) == 10.0
-    lp = torch.tensor([0.0], requires_grad=True)                 # clamped there: no gradient to pull it back
+    lp = torch.tensor([0.0], requires_grad=True)  # clamped there: no gradient to pull it back
     klviz.kl_penalty(lp, torch.tensor([low - 0.5]), "low_var_kl").sum().backward()
     assert lp.grad.item() == 0.0
 
@@ -150,6 +155,7 @@ def test_clamp_effect_against_manual_computation():
 
 # -- the panel -----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def panel():
     return WorkedTokensPanel(device="cpu")
@@ -170,11 +176,21 @@ def test_panel_defaults_and_numbers_match_a_recomputation(panel):
     assert "klviz-token" in panel.readout.value and str(d["n"]) in panel.readout.value
 
 
-@pytest.mark.parametrize("values", [
-    {"step": 0}, {"step": 10}, {"row": 0}, {"row": 59}, {"threshold": 0.01}, {"threshold": 1.0},
-    {"color_by": "k1"}, {"color_by": "k3"}, {"color_by": "exact"},
-    {"step": 10, "row": 59, "threshold": 0.01, "color_by": "k1"},
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"step": 0},
+        {"step": 10},
+        {"row": 0},
+        {"row": 59},
+        {"threshold": 0.01},
+        {"threshold": 1.0},
+        {"color_by": "k1"},
+        {"color_by": "k3"},
+        {"color_by": "exact"},
+        {"step": 10, "row": 59, "threshold": 0.01, "color_by": "k1"},
+    ],
+)
 def test_panel_extreme_controls(panel, values):
     d = panel.set(**values)
     assert panel.last_error is None, panel.last_error
@@ -207,6 +223,7 @@ def test_panel_update_is_fast(panel):
 
 
 # -- exercise checks -------------------------------------------------------------------------------
+
 
 def test_check_approx_kl():
     assert check.approx_kl(lambda n, o, m: (0.5 * (n - o) ** 2 * m).sum() / m.sum().clamp(min=1))

@@ -1,5 +1,6 @@
 """Lesson 05: gradient identities against brute-force autograd, simplex flows, the bandit's fixed points
 against the closed forms, the sequence toy, off-policy weights, the panels and the exercise checks."""
+
 from __future__ import annotations
 
 import math
@@ -83,7 +84,7 @@ def _kl_grad(theta: torch.Tensor, ref_logits: torch.Tensor, forward: bool) -> to
 def test_field_gradient_matches_brute_force_autograd(seed):
     th, ref = _pair(seed)
     batch = torch.stack([th, ref, th + 0.3 * ref])
-    brute_name = {"none": None, "rho": "k3_ratio", "straight-through": "k3+"}   # the brute force's names
+    brute_name = {"none": None, "rho": "k3_ratio", "straight-through": "k3+"}  # the brute force's names
     for flow, use in CHOICES.items():
         est = brute_name[use.weighting] or use.estimator
         field = field_gradient(batch, ref, flow)
@@ -123,7 +124,7 @@ def test_gradient_error_terms_against_enumeration():
     for f, use in CHOICES.items():
         log_r = torch.log_softmax(ref, 0) - torch.log_softmax(th, 0)
         c = klviz.gradient_coefficient(log_r, use.estimator, use.placement, use.weighting)
-        per = c[:, None] * (torch.eye(5, dtype=F64) - pi)          # per-token gradient rows
+        per = c[:, None] * (torch.eye(5, dtype=F64) - pi)  # per-token gradient rows
         mean = pi @ per
         var = float((pi * (per - mean).square().sum(-1)).sum())
         terms = gradient_error_terms(th, ref, f)
@@ -156,7 +157,9 @@ def test_simplex_geometry_and_validation():
 def test_descent_paths_follow_their_fields():
     ref = torch.tensor([0.5, 0.3, 0.2], dtype=F64)
     start = torch.tensor([0.1, 0.1, 0.8], dtype=F64)
-    p = descent_paths(start, ref, ["k2 in loss", "reverse KL", "k3 in loss", "forward KL", "k1 in loss"], steps=40, lr=0.3)
+    p = descent_paths(
+        start, ref, ["k2 in loss", "reverse KL", "k3 in loss", "forward KL", "k1 in loss"], steps=40, lr=0.3
+    )
     assert torch.allclose(p["k2 in loss"], p["reverse KL"], atol=1e-12)
     assert torch.allclose(p["k3 in loss"], p["forward KL"], atol=1e-12)
     assert torch.allclose(p["k1 in loss"][-1], start, atol=1e-12)
@@ -181,9 +184,11 @@ def test_closed_form_optima_satisfy_stationarity():
         # brute force: no policy among 20,000 random ones (and none near the solution) does better
         cand = torch.distributions.Dirichlet(torch.ones(4, dtype=F64)).sample((20_000,))
         for forward, sol in ((False, star), (True, fwd)):
-            def objective(p):
+
+            def objective(p, forward=forward, beta=beta):
                 kl = (ref * (ref / p).log()).sum(-1) if forward else (p * (p / ref).log()).sum(-1)
                 return p @ rw - beta * kl
+
             best = float(objective(sol))
             assert float(objective(cand).max()) <= best + 1e-12
             near_sol = torch.softmax(sol.log() + 0.05 * torch.randn(2_000, 4, dtype=F64), -1)
@@ -222,7 +227,8 @@ def test_sequence_toy_gradients():
     eps, fd = 1e-6, torch.zeros_like(th)
     for i in range(th.shape[0]):
         for j in range(th.shape[1]):
-            d = torch.zeros_like(th); d[i, j] = eps
+            d = torch.zeros_like(th)
+            d[i, j] = eps
             fd[i, j] = (toy.sequence_kl(th + d, ref) - toy.sequence_kl(th - d, ref)) / (2 * eps)
     assert torch.allclose(true, fd, atol=1e-7)
     assert torch.allclose(toy.expected_gradient(th, ref, "k1 in reward, reward-to-go"), true, atol=1e-12)
@@ -232,7 +238,8 @@ def test_sequence_toy_gradients():
     assert torch.allclose(part, toy.expected_gradient(th, ref, "k1 in reward, same token"), atol=1e-12)
     assert float((part - true).norm()) > 0.05 * float(true.norm())
     assert toy.gradient_variance(th, ref, "k1 in reward, reward-to-go") < toy.gradient_variance(
-        th, ref, "k1 in reward, whole sequence")
+        th, ref, "k1 in reward, whole sequence"
+    )
     with pytest.raises(ValueError, match="logits"):
         toy.true_gradient(torch.zeros(3, 2), ref)
     with pytest.raises(ValueError, match="method"):
@@ -264,16 +271,28 @@ def test_offpolicy_weights():
     log_r = torch.log_softmax(ref, 0) - torch.log_softmax(th, 0)
     per = (-log_r)[:, None] * (torch.eye(7, dtype=F64) - pi)
     assert torch.allclose(pi_old @ ((pi / pi_old)[:, None] * per), rev, atol=1e-12)
-    for use, imp in (("k3·ρ in loss", "none"), ("k1·ρ in loss", "none"), ("k2 in loss", "detached"),
-                     ("k3+ in loss", "detached"), ("k1 in reward", "detached"), ("k1·ρ in reward", "none")):
+    for use, imp in (
+        ("k3·ρ in loss", "none"),
+        ("k1·ρ in loss", "none"),
+        ("k2 in loss", "detached"),
+        ("k3+ in loss", "detached"),
+        ("k1 in reward", "detached"),
+        ("k1·ρ in reward", "none"),
+    ):
         assert torch.allclose(offpolicy_expected_gradient(th, old, ref, use, imp), rev, atol=1e-12), (use, imp)
     # on-policy, every use and importance weight equals the library's expected gradient
     for est, place in (("k1", "loss"), ("k2", "loss"), ("k3", "loss"), ("k1", "reward"), ("k3", "reward")):
         for w in IMPORTANCE_WEIGHTS:
-            assert torch.allclose(offpolicy_expected_gradient(th, th, ref, f"{est} in {place}", w),
-                                  klviz.expected_kl_gradient(th, ref, est, place), atol=1e-12)
-        assert torch.allclose(offpolicy_expected_gradient(th, th, ref, EstimatorUse(est, place, "rho")),
-                              klviz.expected_kl_gradient(th, ref, est, place, "rho"), atol=1e-12)
+            assert torch.allclose(
+                offpolicy_expected_gradient(th, th, ref, f"{est} in {place}", w),
+                klviz.expected_kl_gradient(th, ref, est, place),
+                atol=1e-12,
+            )
+        assert torch.allclose(
+            offpolicy_expected_gradient(th, th, ref, EstimatorUse(est, place, "rho")),
+            klviz.expected_kl_gradient(th, ref, est, place, "rho"),
+            atol=1e-12,
+        )
     with pytest.raises(ValueError, match="importance"):
         offpolicy_expected_gradient(th, old, ref, "k1 in loss", "clipped")
     with pytest.raises(ValueError, match="old_logits"):
@@ -284,13 +303,16 @@ def test_offpolicy_weights():
     # the KL reward frozen at rollout (PPO, verl, OpenRLHF): grad KL(pi || ref) - grad KL(pi || pi_old), pi_old fixed
     frozen = offpolicy_expected_gradient(th, old, ref, "k1·ρ in reward", reward_values="rollout")
     assert torch.allclose(frozen, rev - _kl_grad(th, old, False), atol=1e-12)
-    k1_old = torch.log_softmax(old, 0) - torch.log_softmax(ref, 0)          # by hand: sum_x pi(x) k1_old(x) s(x)
+    k1_old = torch.log_softmax(old, 0) - torch.log_softmax(ref, 0)  # by hand: sum_x pi(x) k1_old(x) s(x)
     assert torch.allclose(frozen, pi @ (k1_old[:, None] * (torch.eye(7, dtype=F64) - pi)), atol=1e-12)
-    assert (frozen - rev).norm() > 0.05 * rev.norm()                         # biased once pi has moved ...
-    assert torch.allclose(offpolicy_expected_gradient(th, th, ref, "k1·ρ in reward", reward_values="rollout"),
-                          _kl_grad(th, ref, False), atol=1e-12)               # ... exact on-policy
+    assert (frozen - rev).norm() > 0.05 * rev.norm()  # biased once pi has moved ...
+    assert torch.allclose(
+        offpolicy_expected_gradient(th, th, ref, "k1·ρ in reward", reward_values="rollout"),
+        _kl_grad(th, ref, False),
+        atol=1e-12,
+    )  # ... exact on-policy
     detached = offpolicy_expected_gradient(th, old, ref, "k1 in reward", "detached", reward_values="rollout")
-    assert torch.allclose(detached, frozen, atol=1e-12)                        # a detached weight: the same sum
+    assert torch.allclose(detached, frozen, atol=1e-12)  # a detached weight: the same sum
     with pytest.raises(ValueError, match="reward_values"):
         offpolicy_expected_gradient(th, old, ref, "k3 in loss", reward_values="rollout")
     with pytest.raises(ValueError, match="reward_values"):
@@ -303,12 +325,14 @@ def test_offpolicy_weights():
 @pytest.fixture(scope="module")
 def flow_panel():
     from klviz.widgets.lesson05 import SimplexFlowPanel
+
     return SimplexFlowPanel()
 
 
 @pytest.fixture(scope="module")
 def bandit_panel():
     from klviz.widgets.lesson05 import BanditPanel
+
     return BanditPanel()
 
 
@@ -330,15 +354,15 @@ def test_flow_panel_defaults_and_extremes(flow_panel):
         flow_panel.set(start_mat=a, start_sofa=b)
         v = flow_panel.values()
         assert flow_panel.last_error is None and flow_panel.error.value == "", (a, b)
-        assert v["start_mat"] + v["start_sofa"] <= 0.99 + 1e-9, (a, b, v)        # clamped, in the order set
+        assert v["start_mat"] + v["start_sofa"] <= 0.99 + 1e-9, (a, b, v)  # clamped, in the order set
         assert abs(float(flow_panel.last["start"].sum()) - 1) < 1e-12 and flow_panel.last["start"].min() >= 0.01 - 1e-9
-    for name, other in (("start_mat", "start_sofa"), ("start_sofa", "start_mat")):   # a reader's drag, one slider
+    for name, other in (("start_mat", "start_sofa"), ("start_sofa", "start_mat")):  # a reader's drag, one slider
         flow_panel.set(start_mat=0.3, start_sofa=0.3)
-        flow_panel.controls[name].value = flow_panel.controls[name].max            # as far as it goes
+        flow_panel.controls[name].value = flow_panel.controls[name].max  # as far as it goes
         assert flow_panel.last_error is None
         assert abs(flow_panel.controls[name].value + flow_panel.controls[other].value - 0.99) < 1e-9
         assert flow_panel.controls[other].max == round(0.99 - flow_panel.controls[name].value, 2)
-    with pytest.raises(ValueError, match="keep the sum"):          # compute itself still refuses a point outside
+    with pytest.raises(ValueError, match="keep the sum"):  # compute itself still refuses a point outside
         flow_panel.compute(flow="k3 in loss", start_mat=0.9, start_sofa=0.5, steps=5)
     flow_panel.set(start_mat=0.08, start_sofa=0.12, steps=60)
     assert flow_panel.last_error is None and flow_panel.error.value == ""
@@ -346,6 +370,7 @@ def test_flow_panel_defaults_and_extremes(flow_panel):
 
 def test_bandit_panel(bandit_panel):
     from klviz.bandit import BETA_GRID
+
     assert bandit_panel.last_error is None
     seen = set()
     for beta in (BETA_GRID[0], BETA_GRID[-1], BETA_GRID[5]):

@@ -1,4 +1,5 @@
 """Lesson 06: the rollout panel, the exercise checks, and the FAQ's links."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,8 @@ import torch
 
 from klviz import diagnose as dg
 from klviz.check import lesson06 as chk
-from klviz.widgets.lesson06 import AGGREGATIONS, BATCH_SIZES, STORAGE_DTYPES, RolloutPanel
 from klviz.pitfalls import CLAMP_RULES
+from klviz.widgets.lesson06 import AGGREGATIONS, BATCH_SIZES, STORAGE_DTYPES, RolloutPanel
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "06_pitfalls_and_your_rollouts.ipynb"
@@ -27,6 +28,7 @@ def panel():
 
 # -- panel -----------------------------------------------------------------------------------
 
+
 def test_panel_defaults_match_diagnose(panel):
     assert panel.last_error is None
     d = dg.diagnose(dg.load_rollouts(dg.sample_rollouts_path()))
@@ -36,20 +38,34 @@ def test_panel_defaults_match_diagnose(panel):
 
 
 def test_panel_bootstrap_spread_shrinks_like_sqrt_b(panel):
-    small = panel.set(batch_sequences=4, estimator="k1", clamp="none", precision="float32",
-                      aggregation="seq-mean-token-mean", seed=1)["stats"]["k1"]["boot_std"]
+    small = panel.set(
+        batch_sequences=4, estimator="k1", clamp="none", precision="float32", aggregation="seq-mean-token-mean", seed=1
+    )["stats"]["k1"]["boot_std"]
     large = panel.set(batch_sequences=64)["stats"]["k1"]["boot_std"]
     ratio = small / large
-    assert 2.5 < ratio < 6.5          # sqrt(16) = 4, within the noise of 400 bootstrap batches
+    assert 2.5 < ratio < 6.5  # sqrt(16) = 4, within the noise of 400 bootstrap batches
 
 
-@pytest.mark.parametrize("values", [
-    dict(batch_sequences=BATCH_SIZES[0], estimator="k1", clamp="OpenRLHF ±10", precision="float16"),
-    dict(batch_sequences=BATCH_SIZES[-1], estimator="k3", clamp="verl low_var_kl", precision="bfloat16",
-         aggregation="seq-mean-token-sum"),
-    dict(batch_sequences=BATCH_SIZES[-1], estimator="k2", clamp="open-instruct ±40", aggregation=AGGREGATIONS[1],
-         seed=2**31 - 1),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        dict(batch_sequences=BATCH_SIZES[0], estimator="k1", clamp="OpenRLHF ±10", precision="float16"),
+        dict(
+            batch_sequences=BATCH_SIZES[-1],
+            estimator="k3",
+            clamp="verl low_var_kl",
+            precision="bfloat16",
+            aggregation="seq-mean-token-sum",
+        ),
+        dict(
+            batch_sequences=BATCH_SIZES[-1],
+            estimator="k2",
+            clamp="open-instruct ±40",
+            aggregation=AGGREGATIONS[1],
+            seed=2**31 - 1,
+        ),
+    ],
+)
 def test_panel_extremes(panel, values):
     last = panel.set(**values)
     assert panel.last_error is None, panel.last_error
@@ -60,7 +76,7 @@ def test_panel_extremes(panel, values):
 
 def test_panel_every_combination_is_finite(panel):
     values = panel.values()
-    for clamp in CLAMP_RULES:          # compute() is pure: no redraw needed to check every combination
+    for clamp in CLAMP_RULES:  # compute() is pure: no redraw needed to check every combination
         for precision in STORAGE_DTYPES:
             data = panel.compute(**{**values, "clamp": clamp, "precision": precision, "batch_sequences": 8})
             assert all(math.isfinite(s["full"]) and math.isfinite(s["boot_std"]) for s in data["stats"].values())
@@ -95,7 +111,7 @@ def test_panel_own_rollouts_with_nan_padding():
     p = RolloutPanel(rollouts=dg.rollouts_from_tensors(lp, ref, mask))
     assert p.last_error is None
     expected = float(((ref - lp)[:, :5]).neg().mean())
-    assert p.last["stats"]["k1"]["full"] == pytest.approx(expected, rel=1e-6)   # "float32" storage rounds
+    assert p.last["stats"]["k1"]["full"] == pytest.approx(expected, rel=1e-6)  # "float32" storage rounds
 
 
 def test_panel_timing(panel):
@@ -112,6 +128,7 @@ def test_panel_timing(panel):
 
 
 # -- checks ----------------------------------------------------------------------------------
+
 
 def test_check_fixed_compute_kl():
     assert not chk.fixed_compute_kl(lambda new, old: ...).attempted
@@ -139,14 +156,16 @@ def test_check_importance_weighted_kl():
 
     assert chk.importance_weighted_kl(good)
     k3w = chk.importance_weighted_kl(
-        lambda lp, ref, old, m: (torch.exp(lp - old) * (torch.expm1(ref - lp) - (ref - lp)) * m).sum() / m.sum())
+        lambda lp, ref, old, m: (torch.exp(lp - old) * (torch.expm1(ref - lp) - (ref - lp)) * m).sum() / m.sum()
+    )
     assert k3w and "k3" in k3w.message
     r = chk.importance_weighted_kl(lambda lp, ref, old, m: ((lp - ref) * m).sum() / m.sum())
     assert not r and "No importance weight" in r.message
     r = chk.importance_weighted_kl(lambda lp, ref, old, m: (torch.exp(old - lp) * (lp - ref) * m).sum() / m.sum())
     assert not r and "inverted" in r.message
     r = chk.importance_weighted_kl(
-        lambda lp, ref, old, m: ((torch.exp(lp - old) * (lp - ref) * m).sum(-1) / m.sum(-1)).mean())
+        lambda lp, ref, old, m: ((torch.exp(lp - old) * (lp - ref) * m).sum(-1) / m.sum(-1)).mean()
+    )
     assert not r and "aggregation" in r.message
     r = chk.importance_weighted_kl(lambda lp, ref, old, m: (torch.exp(lp - old) * (lp - ref)).mean())
     assert not r and "padding" in r.message
@@ -174,6 +193,7 @@ def test_check_kl_term_with_gradient():
 
 # -- the notebook's FAQ links ----------------------------------------------------------------
 
+
 def _anchors(nb: dict) -> set[str]:
     """Anchors JupyterLab creates for markdown headings, plus explicit <a id=...> / <a name=...>."""
     out = set()
@@ -189,7 +209,9 @@ def _anchors(nb: dict) -> set[str]:
 def test_faq_links_point_at_existing_targets():
     nb = json.loads(NOTEBOOK.read_text())
     anchors = _anchors(nb)
-    faq = [c for c in nb["cells"] if c["cell_type"] == "markdown" and "".join(c["source"]).lstrip().startswith("## FAQ")]
+    faq = [
+        c for c in nb["cells"] if c["cell_type"] == "markdown" and "".join(c["source"]).lstrip().startswith("## FAQ")
+    ]
     assert faq, "the lesson has an FAQ section"
     text = "".join(faq[0]["source"])
     links = re.findall(r"\]\(([^)\s]+)\)", text)
@@ -202,14 +224,35 @@ def test_faq_links_point_at_existing_targets():
             assert re.fullmatch(r"0[0-7]_[a-z_]+\.ipynb", target), link
             if target == NOTEBOOK.name and anchor:
                 assert anchor in anchors, link
-            known = {"00_start_here", "01_sampling_as_weighting", "02_three_estimators", "03_f_divergence_bregman",
-                     "04_worked_tokens", "05_gradients", "06_pitfalls_and_your_rollouts", "07_mini_rlhf_lab"}
+            known = {
+                "00_start_here",
+                "01_sampling_as_weighting",
+                "02_three_estimators",
+                "03_f_divergence_bregman",
+                "04_worked_tokens",
+                "05_gradients",
+                "06_pitfalls_and_your_rollouts",
+                "07_mini_rlhf_lab",
+            }
             assert target[:-6] in known, link
         else:
             assert anchor in anchors, f"anchor #{anchor} does not exist in the notebook"
     # every question of REFERENCE section 8 is answered
-    for thread in ("trl#2914", "verl#3061", "trl#2854", "trl#3104", "trl#3556", "verl#3276", "verl#509",
-                   "OpenRLHF#768", "verl#2928", "verl#891", "trl#925", "open-instruct#530", "AReaL"):
+    for thread in (
+        "trl#2914",
+        "verl#3061",
+        "trl#2854",
+        "trl#3104",
+        "trl#3556",
+        "verl#3276",
+        "verl#509",
+        "OpenRLHF#768",
+        "verl#2928",
+        "verl#891",
+        "trl#925",
+        "open-instruct#530",
+        "AReaL",
+    ):
         assert thread.lower() in text.lower(), thread
 
 
@@ -217,8 +260,9 @@ def test_faq_link_targets_exist_in_repository():
     """Links to other lessons must name files that exist (the suite ships all eight lessons)."""
     nb = json.loads(NOTEBOOK.read_text())
     text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    missing = sorted({t for t in re.findall(r"\]\((0[0-7]_[a-z_]+\.ipynb)", text)
-                      if not (NOTEBOOK.parent / t).exists()})
+    missing = sorted(
+        {t for t in re.findall(r"\]\((0[0-7]_[a-z_]+\.ipynb)", text) if not (NOTEBOOK.parent / t).exists()}
+    )
     assert not missing, f"FAQ links to lessons that do not exist: {missing}"
 
 

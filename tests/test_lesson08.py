@@ -1,4 +1,5 @@
 """Lesson 08 (sampler vs trainer): klviz.mismatch against independent computations, the checks, the panel."""
+
 from __future__ import annotations
 
 import itertools
@@ -27,10 +28,10 @@ def prompts():
 def test_sampling_mask_matches_a_hand_computation():
     p = torch.tensor([0.5, 0.25, 0.15, 0.1], dtype=torch.float64)
     logp = p.log()
-    assert mm.sampling_mask(logp, top_p=0.7).tolist() == [True, True, False, False]      # 0.5 < 0.7 ≤ 0.75
-    assert mm.sampling_mask(logp, top_p=0.75).tolist() == [True, True, False, False]     # reached exactly
+    assert mm.sampling_mask(logp, top_p=0.7).tolist() == [True, True, False, False]  # 0.5 < 0.7 ≤ 0.75
+    assert mm.sampling_mask(logp, top_p=0.75).tolist() == [True, True, False, False]  # reached exactly
     assert mm.sampling_mask(logp, top_p=0.76).tolist() == [True, True, True, False]
-    assert mm.sampling_mask(logp, top_p=0.1).tolist() == [True, False, False, False]     # top token always kept
+    assert mm.sampling_mask(logp, top_p=0.1).tolist() == [True, False, False, False]  # top token always kept
     assert mm.sampling_mask(logp, top_k=3).tolist() == [True, True, True, False]
     assert mm.sampling_mask(logp, top_k=3, top_p=0.6).tolist() == [True, True, False, False]  # renormalised over k
     assert abs(float(mm.kept_mass_of(logp, mm.sampling_mask(logp, top_p=0.7))) - 0.75) < 1e-12
@@ -80,7 +81,7 @@ def test_engine_spec_and_arguments_are_validated(trainer):
 def test_float32_engine_is_the_trainer(trainer, prompts):
     er = mm.sample_engine(trainer, prompts, klviz.make_generator(0), mm.EngineSpec(), 24)
     ro = lm.sample_rollouts(trainer, prompts, klviz.make_generator(0), max_new_tokens=24)
-    assert torch.equal(er.rollouts.input_ids, ro.input_ids)              # the same sampler as lm's
+    assert torch.equal(er.rollouts.input_ids, ro.input_ids)  # the same sampler as lm's
     tl = mm.trainer_logprobs(trainer, er)
     assert torch.allclose(tl, lm.logprobs_of(trainer, ro), atol=1e-6)
     assert float((tl - er.engine_logprob).abs().max()) < 1e-5
@@ -90,7 +91,7 @@ def test_top_p_ratio_is_the_kept_mass_and_replay_removes_it(trainer, prompts):
     er = mm.sample_engine(trainer, prompts, klviz.make_generator(1), mm.EngineSpec(top_p=0.8), 24)
     tl = mm.trainer_logprobs(trainer, er)
     ratio = torch.exp(tl - er.engine_logprob)[er.mask]
-    assert torch.allclose(ratio, er.kept_mass[er.mask], atol=1e-5)      # per token, exactly S
+    assert torch.allclose(ratio, er.kept_mass[er.mask], atol=1e-5)  # per token, exactly S
     assert float(er.kept_mass[er.mask].min()) < 0.9
     replay = mm.trainer_logprobs(trainer, er, replay_mask=True)
     assert float((replay - er.engine_logprob)[er.mask].abs().max()) < 1e-5
@@ -181,7 +182,7 @@ def test_exact_stats_against_brute_force():
     assert abs(seq_is["mean"] - truth) < 1e-12 and abs(seq_is["bias"]) < 1e-12
     assert abs(seq_is["std"] - math.sqrt(sq_seq - mean_seq**2)) < 1e-10
     tok = mm.exact_correction_stats(pair, T, "token_tis", cap=1e9)
-    assert abs(tok["bias"]) > 1e-4                          # token-level IS: prefix mismatch biases it
+    assert abs(tok["bias"]) > 1e-4  # token-level IS: prefix mismatch biases it
 
 
 def test_sequence_weight_moments_against_enumeration():
@@ -205,7 +206,7 @@ def test_sequence_weight_moments_against_enumeration():
 def test_log_weight_clamp_rate():
     rate = mm.log_weight_clamp_rate(-0.05, 1e-6, torch.tensor([100.0, 399.0, 401.0, 1000.0]))
     assert rate.tolist()[0] < 1e-6 and rate.tolist()[1] < 0.01 and rate.tolist()[2] > 0.99
-    sd = mm.log_weight_clamp_rate(0.0, 1.0, 400)      # log W ~ N(0, 400): P(|Z| > 1) two-sided
+    sd = mm.log_weight_clamp_rate(0.0, 1.0, 400)  # log W ~ N(0, 400): P(|Z| > 1) two-sided
     assert abs(float(sd) - math.erfc(1 / math.sqrt(2))) < 1e-9
 
 
@@ -248,10 +249,13 @@ def test_tis_weights_check():
     assert ch.tis_weights(lambda t, r, c: torch.exp(t - r).clamp(max=c))
     assert "inverted" in ch.tis_weights(lambda t, r, c: torch.exp(r - t).clamp(max=c)).message
     assert "below" in ch.tis_weights(lambda t, r, c: torch.exp(t - r).clamp(min=1 / c, max=c)).message
-    assert "sequence" in ch.tis_weights(
-        lambda t, r, c: torch.exp((t - r).sum(-1, keepdim=True)).clamp(max=c).expand_as(t)).message
+    assert (
+        "sequence"
+        in ch.tis_weights(lambda t, r, c: torch.exp((t - r).sum(-1, keepdim=True)).clamp(max=c).expand_as(t)).message
+    )
     assert "inf" in ch.tis_weights(lambda t, r, c: torch.exp(t - r)).message or not ch.tis_weights(
-        lambda t, r, c: torch.exp(t - r))
+        lambda t, r, c: torch.exp(t - r)
+    )
     assert not ch.tis_weights(lambda t, r, c: torch.zeros(2))
     assert not ch.tis_weights(lambda t, r, c: ...).attempted
 
@@ -272,7 +276,7 @@ def test_panel_driven_in_code():
     d = panel.set(precision="bfloat16", top_p=0.7, correction="geo_reject", cap=1.2)
     assert 0.0 <= d["seq_changed_fraction"] <= 1.0 and 0 < d["ess"] <= 1.0
     e = panel.set(correction="token_tis", cap=1.2)
-    assert e["token_changed_fraction"] == 0.0          # top-p ratios are ≤ 1: a cap above 1 never binds
+    assert e["token_changed_fraction"] == 0.0  # top-p ratios are ≤ 1: a cap above 1 never binds
     assert "mean ratio" in panel.readout.value
-    panel.controls["correction"].value = "sequence_tis"     # as a reader's control does
+    panel.controls["correction"].value = "sequence_tis"  # as a reader's control does
     assert panel.last["correction"] == "sequence_tis" and panel.last_error is None

@@ -1,4 +1,5 @@
 """klviz.lm: the shipped tiny language model, its three states, rollouts and log-probabilities."""
+
 from __future__ import annotations
 
 import importlib.resources
@@ -83,11 +84,11 @@ def test_rollout_layout_masks_and_lengths(batch):
         expected = torch.zeros(ids.shape[1])
         expected[sl] = 1
         assert torch.equal(mask[b], expected)
-        assert lm.decode(ids[b, 1:1 + int(batch.prompt_lengths[b])]) == batch.prompts[b]
+        assert lm.decode(ids[b, 1 : 1 + int(batch.prompt_lengths[b])]) == batch.prompts[b]
         resp = ids[b, sl]
         if bool(batch.finished[b]):
             assert int(resp[-1]) == lm.EOS_ID and int((resp == lm.EOS_ID).sum()) == 1
-        assert bool((ids[b, sl.stop:] == lm.PAD_ID).all())
+        assert bool((ids[b, sl.stop :] == lm.PAD_ID).all())
     assert bool(((batch.logprobs < 0) | (mask == 0)).all()) and bool((batch.logprobs[mask == 0] == 0).all())
     assert int(batch.response_lengths.min()) < int(batch.response_lengths.max())
     assert len(set(batch.prompt_lengths.tolist())) > 1
@@ -115,7 +116,7 @@ def test_model_is_causal_right_padding_changes_nothing(states):
     m = states["ref"]
     ids = torch.tensor([[lm.BOS_ID] + lm.encode("the cat sat")])
     padded = torch.cat([ids, torch.full((1, 5), lm.PAD_ID)], 1)
-    assert torch.allclose(m(ids), m(padded)[:, :ids.shape[1]], atol=1e-6)
+    assert torch.allclose(m(ids), m(padded)[:, : ids.shape[1]], atol=1e-6)
 
 
 def test_samples_follow_the_model_distribution(states):
@@ -197,4 +198,4 @@ def test_forward_of_a_64_by_48_batch_is_fast(states):
         t = time.perf_counter()
         for _ in range(5):
             m(ids)
-    assert (time.perf_counter() - t) / 5 < 0.25        # a few ms on an idle core; generous for a shared CI
+    assert (time.perf_counter() - t) / 5 < 0.25  # a few ms on an idle core; generous for a shared CI

@@ -1,4 +1,5 @@
 """The environment files agree with each other; lessons have their shape (clean storage: test_notebook_hygiene.py)."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,7 @@ def test_environment_files_name_the_same_packages_as_pyproject():
     proj = _pyproject()["project"]
     runtime = {_name(r) for r in proj["dependencies"]} | {_name(r) for r in proj["optional-dependencies"]["present"]}
     extras = set()
-    for name, reqs in proj["optional-dependencies"].items():
+    for reqs in proj["optional-dependencies"].values():
         extras |= {_name(r) for r in reqs}
     lean = set(_conda_pins()) - {"python", "pip", "ipykernel"}
     dev = set(_conda_pins("environment-dev.yml"))
@@ -66,7 +67,7 @@ def test_environment_files_pin_what_constraints_pin():
             pypi = {v: k for k, v in CONDA_NAME.items()}.get(name, name)
             if pypi in wanted:
                 assert version == wanted[pypi], f"{file}: {name}={version}, constraints.txt pins {wanted[pypi]}"
-    assert _conda_pins()["pytorch-cpu"] == "2.13.0"      # the Makefile's TORCH_VERSION
+    assert _conda_pins()["pytorch-cpu"] == "2.13.0"  # the Makefile's TORCH_VERSION
 
 
 def test_environment_yml_is_binder_ready():
@@ -77,8 +78,11 @@ def test_environment_yml_is_binder_ready():
 
 def test_constraints_pin_every_direct_dependency_but_torch():
     proj = _pyproject()["project"]
-    pinned = {_name(line) for line in (ROOT / "constraints.txt").read_text().splitlines()
-              if line.strip() and not line.startswith("#")}
+    pinned = {
+        _name(line)
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     direct = {_name(r) for r in proj["dependencies"] + proj["optional-dependencies"]["test"]} - {"torch"}
     assert direct <= pinned, f"not pinned: {direct - pinned}"
 
@@ -129,10 +133,22 @@ def test_a_wheel_build_refuses_lessons_with_outputs(tmp_path, monkeypatch):
     from scripts import build_checks
 
     assert _pyproject()["tool"]["setuptools"]["cmdclass"]["build_py"] == "scripts.build_checks.BuildPy"
-    assert build_checks.unclean_lessons() == []                  # the repository's lessons ship clean
-    nb = {"cells": [{"cell_type": "code", "execution_count": 1, "id": "c1", "metadata": {},
-                     "outputs": [{"output_type": "stream", "name": "stdout", "text": "x"}], "source": "1"}],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    assert build_checks.unclean_lessons() == []  # the repository's lessons ship clean
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": 1,
+                "id": "c1",
+                "metadata": {},
+                "outputs": [{"output_type": "stream", "name": "stdout", "text": "x"}],
+                "source": "1",
+            }
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (tmp_path / "00_x.ipynb").write_text(json.dumps(nb))
     assert build_checks.unclean_lessons(tmp_path) == ["00_x.ipynb (stored outputs, execution counts)"]
     monkeypatch.setattr(build_checks, "unclean_lessons", lambda: ["00_x.ipynb (stored outputs)"])

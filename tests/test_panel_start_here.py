@@ -1,4 +1,5 @@
 """Lesson 00's panel, driven in code: numbers follow the controls, extremes never crash."""
+
 from __future__ import annotations
 
 import math
@@ -37,7 +38,7 @@ def test_defaults_show_exact_kl_and_unbiased_means(panel):
 
 def test_moving_p_changes_the_numbers_and_the_figure(panel):
     a = panel.set(temperature=1.0, push=0.0, mix=0.0, num_samples=1000, seed=0)
-    assert a["exact"] == pytest.approx(0.0, abs=1e-7)          # p = q: no divergence
+    assert a["exact"] == pytest.approx(0.0, abs=1e-7)  # p = q: no divergence
     png_a = panel.png()
     b = panel.set(push=3.0)
     assert b["exact"] > 0.1
@@ -46,12 +47,15 @@ def test_moving_p_changes_the_numbers_and_the_figure(panel):
     assert np.array_equal(a["freq"], b["freq"])
 
 
-@pytest.mark.parametrize("values", [
-    dict(temperature=0.25, push=4.0, mix=0.0, num_samples=10),
-    dict(temperature=4.0, push=-4.0, mix=1.0, num_samples=1_000_000),
-    dict(temperature=0.25, push=-4.0, push_token=11, mix=0.0, num_samples=10),
-    dict(temperature=4.0, push=4.0, push_token=11, mix=0.02, num_samples=30, seed=2**31 - 1),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        dict(temperature=0.25, push=4.0, mix=0.0, num_samples=10),
+        dict(temperature=4.0, push=-4.0, mix=1.0, num_samples=1_000_000),
+        dict(temperature=0.25, push=-4.0, push_token=11, mix=0.0, num_samples=10),
+        dict(temperature=4.0, push=4.0, push_token=11, mix=0.02, num_samples=30, seed=2**31 - 1),
+    ],
+)
 def test_extreme_settings_stay_finite(panel, values):
     last = panel.set(**values)
     assert panel.last_error is None, panel.error.value
@@ -63,6 +67,7 @@ def test_extreme_settings_stay_finite(panel, values):
 def test_errors_are_shown_inside_the_panel(panel, monkeypatch):
     def boom(**_):
         raise ValueError("temperature must be positive")
+
     monkeypatch.setattr(panel, "compute", boom)
     panel.update()
     assert "temperature must be positive" in panel.error.value

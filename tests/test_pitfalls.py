@@ -1,4 +1,5 @@
 """Tests of klviz.pitfalls against closed forms, brute-force sums, autograd and Monte Carlo."""
+
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ def gen(seed=0):
 
 # -- inverted ratio --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mu", [0.1, 0.5, 1.0])
 def test_inverted_ratio_closed_form_matches_mc(mu):
     ex = pf.inverted_k3_exact(mu)
@@ -27,8 +29,8 @@ def test_inverted_ratio_closed_form_matches_mc(mu):
 
 
 def test_inverted_ratio_reference_numbers():
-    assert pf.inverted_k3_exact(1.0)["rel_error"] == pytest.approx(1.4366, abs=1e-4)   # "144% too high"
-    assert pf.inverted_k3_exact(0.1)["rel_error"] == pytest.approx(0.01, abs=1e-3)      # invisible
+    assert pf.inverted_k3_exact(1.0)["rel_error"] == pytest.approx(1.4366, abs=1e-4)  # "144% too high"
+    assert pf.inverted_k3_exact(0.1)["rel_error"] == pytest.approx(0.01, abs=1e-3)  # invisible
 
 
 def test_inverted_ratio_chi2_minus_kl_on_categoricals():
@@ -61,6 +63,7 @@ def test_cov_sign_is_positive():
 
 
 # -- clamps ----------------------------------------------------------------------------------
+
 
 def test_apply_clamp_matches_kl_penalty_for_verl():
     lp = torch.linspace(-30, 0, 61, dtype=torch.float64)
@@ -114,6 +117,7 @@ def test_clamp_bad_inputs():
 
 # -- precision -------------------------------------------------------------------------------
 
+
 def test_precision_errors_shapes_and_float32_is_exact():
     logits = torch.randn(64, 500, generator=gen(6)) * 3
     ref = logits + 0.1 * torch.randn(64, 500, generator=gen(7))
@@ -124,7 +128,7 @@ def test_precision_errors_shapes_and_float32_is_exact():
     assert low["k1"]["per_token_abs"] > 1e-4
     # bf16 rounding of log-probs: error bounded by a few ulps of |log p| (bf16 has 8 significant bits)
     lp32 = pf.logprobs_in_precision(logits, tok, "float32")
-    assert float((low["logprob_error"].abs() / (lp32.abs() + 1)).max()) < 2 ** -6
+    assert float((low["logprob_error"].abs() / (lp32.abs() + 1)).max()) < 2**-6
     assert low["k1"]["errors"].shape == (64,)
 
 
@@ -138,6 +142,7 @@ def test_precision_bad_inputs():
 
 
 # -- off-policy ------------------------------------------------------------------------------
+
 
 def test_off_policy_expectations_identities():
     old = torch.randn(5, 20, generator=gen(9), dtype=torch.float64)
@@ -166,6 +171,7 @@ def test_off_policy_mc_agrees():
 
 # -- aggregation -----------------------------------------------------------------------------
 
+
 def test_aggregation_weights_reproduce_agg_loss():
     lengths = [3, 10, 1, 6]
     T = 10
@@ -184,6 +190,7 @@ def test_aggregation_weights_reproduce_agg_loss():
 
 # -- negative k1 -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mu,n", [(0.1, 100), (0.3, 50), (1.0, 4)])
 def test_negative_k1_probability(mu, n):
     p = pf.prob_negative_k1_mean(mu, n)
@@ -196,6 +203,7 @@ def test_negative_k1_probability(mu, n):
 
 # -- no_grad ---------------------------------------------------------------------------------
 
+
 def test_no_grad_kl_has_no_gradient():
     g = gen(17)
     logits = torch.randn(8, 6, generator=g)
@@ -206,7 +214,7 @@ def test_no_grad_kl_has_no_gradient():
     assert not d["kl under no_grad"]["kl_requires_grad"] and d["kl with grad"]["kl_requires_grad"]
     assert torch.equal(d["kl under no_grad"]["grad"], d["pg only"]["grad"])
     assert not torch.allclose(d["kl with grad"]["grad"], d["pg only"]["grad"])
-    assert d["kl under no_grad"]["loss"] != d["pg only"]["loss"]           # the value changes, the gradient not
+    assert d["kl under no_grad"]["loss"] != d["pg only"]["loss"]  # the value changes, the gradient not
     # the KL part of the gradient equals beta * d(mean k3)/d logits, by an independent autograd pass
     lg = logits.double().clone().requires_grad_(True)
     lp = torch.log_softmax(lg, -1).gather(-1, tok[:, None])[:, 0]
@@ -216,6 +224,7 @@ def test_no_grad_kl_has_no_gradient():
 
 
 # -- mixing samples ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("alpha", [0.0, 0.2, 0.5])
 def test_mixture_needs_importance_weights(alpha):
@@ -228,6 +237,7 @@ def test_mixture_needs_importance_weights(alpha):
 
 
 # -- variance table ----------------------------------------------------------------------------
+
 
 def test_relative_variance_table_gaussian():
     mu = 1.0

@@ -1,5 +1,6 @@
 """Presenter mode without a browser: which lesson, which cells, which server settings.
 (The browser test, tests/browser/test_present.py, serves lesson 00 and moves a slider.)"""
+
 from __future__ import annotations
 
 import json
@@ -15,17 +16,26 @@ def test_presenter_copy_shows_exercises_as_code_and_drops_solutions_and_outputs(
     nb = nbformat.v4.new_notebook()
     solution = nbformat.v4.new_code_cell("# Solution\ndef my_k3(x):\n    return x\n\nassert check(my_k3)")
     solution.metadata["jupyter"] = {"source_hidden": True}
-    ran = nbformat.v4.new_code_cell("x = 1", execution_count=3,
-                                    outputs=[nbformat.v4.new_output("stream", text="old\n")])
+    ran = nbformat.v4.new_code_cell(
+        "x = 1", execution_count=3, outputs=[nbformat.v4.new_output("stream", text="old\n")]
+    )
     skeleton = nbformat.v4.new_code_cell("def my_k3(x):\n    ...\n\nklviz.check.lesson02.k3_estimator(my_k3)")
-    nb.cells = [nbformat.v4.new_markdown_cell("# Title"), ran, nbformat.v4.new_markdown_cell("### Exercise 1"),
-                skeleton, solution]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Title"),
+        ran,
+        nbformat.v4.new_markdown_cell("### Exercise 1"),
+        skeleton,
+        solution,
+    ]
     path = tmp_path / "03_x.ipynb"
     nbformat.write(nb, path)
     shown = present.presenter_notebook(path)
     assert [c.cell_type for c in shown.cells] == ["markdown", "code", "markdown", "markdown"]
     assert shown.cells[1].outputs == [] and shown.cells[1].execution_count is None
-    assert "```python\ndef my_k3(x):\n    ...\n```" in shown.cells[3].source and "check" not in shown.cells[3].source.split("```")[1]
+    assert (
+        "```python\ndef my_k3(x):\n    ...\n```" in shown.cells[3].source
+        and "check" not in shown.cells[3].source.split("```")[1]
+    )
     with_solutions = present.presenter_notebook(path, with_solutions=True)
     assert len(with_solutions.cells) == 5 and "return x" in with_solutions.cells[4].source
     assert "assert check" not in with_solutions.cells[4].source
@@ -62,12 +72,12 @@ def test_presenter_never_writes_through_an_instructors_files(tmp_path):
         (lessons / name).write_text(text)
     server = present.start_presenter(lessons / "00_x.ipynb")
     try:
-        assert server.proc.poll() is None                      # voila.py beside the lesson was not imported
+        assert server.proc.poll() is None  # voila.py beside the lesson was not imported
         assert "/voila/render/00_x.ipynb?token=" in server.url
     finally:
         server.stop()
     for name, text in mine.items():
-        assert (lessons / name).read_text() == text            # nothing written through a link
+        assert (lessons / name).read_text() == text  # nothing written through a link
     assert not server.folder.exists()
 
 

@@ -1,4 +1,5 @@
 """Property tests (hypothesis): signs, directions and dtypes hold for every input, not just examples."""
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,7 @@ def test_k1_and_k3_expectations_are_kl_from_the_sampler(pq, pp):
     q = torch.tensor(pq[:n], dtype=torch.float64)
     p = torch.tensor(pp[:n], dtype=torch.float64)
     q, p = q / q.sum(), p / p.sum()
-    log_r = (p / q).log()                                   # target over sampler, x ~ q
+    log_r = (p / q).log()  # target over sampler, x ~ q
     kl_qp = float((q * (q / p).log()).sum())
     kl_pq = float((p * (p / q).log()).sum())
     e1 = float((q * klviz.k1(log_r)).sum())
@@ -61,8 +62,10 @@ def test_k1_and_k3_expectations_are_kl_from_the_sampler(pq, pp):
 
 
 @settings(max_examples=60, deadline=None)
-@given(arrays("float32", st.tuples(st.integers(1, 4), st.integers(1, 9)), elements=st.floats(-30, 30, width=32)),
-       st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]))
+@given(
+    arrays("float32", st.tuples(st.integers(1, 4), st.integers(1, 9)), elements=st.floats(-30, 30, width=32)),
+    st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]),
+)
 def test_dtypes_are_handled(a, dtype):
     x = torch.from_numpy(a).to(dtype)
     expected = torch.float64 if dtype == torch.float64 else torch.float32
@@ -76,8 +79,7 @@ def test_dtypes_are_handled(a, dtype):
 
 
 @settings(max_examples=100, deadline=None)
-@given(arrays("float64", st.tuples(st.integers(1, 5), st.integers(1, 8)), elements=st.floats(-1e3, 1e3)),
-       st.data())
+@given(arrays("float64", st.tuples(st.integers(1, 5), st.integers(1, 8)), elements=st.floats(-1e3, 1e3)), st.data())
 def test_straight_through_keeps_forward_values_and_masked_mean_matches_loop(a, data):
     v = torch.from_numpy(a)
     for kind in klviz.KL_PENALTY_KINDS:

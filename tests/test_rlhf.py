@@ -1,4 +1,5 @@
 """Lesson 07: the mini RLHF lab's training loop, its panel and the exercise checks (short runs only)."""
+
 from __future__ import annotations
 
 import math
@@ -26,10 +27,18 @@ def _run(placement: str, **kw):
 
 
 def test_config_validation_names_the_argument():
-    for kw, name in (({"placement": "k4 in loss"}, "placement"), ({"steps": 0}, "steps"), ({"beta": -0.1}, "beta"),
-                     ({"beta": float("nan")}, "beta"), ({"lr": 0.0}, "lr"), ({"epochs": 0}, "epochs"),
-                     ({"early_stop_kl": -1.0}, "early_stop_kl"), ({"clip": 1.5}, "clip"), ({"group_size": 1.5}, "group_size"),
-                     ({"seed": 1.5}, "seed")):
+    for kw, name in (
+        ({"placement": "k4 in loss"}, "placement"),
+        ({"steps": 0}, "steps"),
+        ({"beta": -0.1}, "beta"),
+        ({"beta": float("nan")}, "beta"),
+        ({"lr": 0.0}, "lr"),
+        ({"epochs": 0}, "epochs"),
+        ({"early_stop_kl": -1.0}, "early_stop_kl"),
+        ({"clip": 1.5}, "clip"),
+        ({"group_size": 1.5}, "group_size"),
+        ({"seed": 1.5}, "seed"),
+    ):
         with pytest.raises(ValueError, match=name):
             LabConfig(**kw)
 
@@ -61,8 +70,10 @@ def test_identical_on_policy_gradients_give_identical_runs():
 
 def test_early_stopping_epochs_and_callback():
     seen = []
-    h = train_policy(LabConfig(placement="k3 in loss", epochs=3, early_stop_kl=1e-12, **SMALL),
-                     callback=lambda step, hist: seen.append((step, len(hist.metrics["reward"]))))
+    h = train_policy(
+        LabConfig(placement="k3 in loss", epochs=3, early_stop_kl=1e-12, **SMALL),
+        callback=lambda step, hist: seen.append((step, len(hist.metrics["reward"]))),
+    )
     assert h.metrics["epochs_run"] == [1.0] * SMALL["steps"]
     assert seen == [(i, i + 1) for i in range(SMALL["steps"])]
     h3 = train_policy(LabConfig(placement="k3 in loss", epochs=3, **SMALL))
@@ -80,8 +91,8 @@ def test_custom_reward_and_policy():
     policy = lm.load_tiny_lm("old")
     h = train_policy(LabConfig(placement="k1 in reward", **SMALL), policy=policy, reward_fn=count_a)
     assert calls == [SMALL["prompts"] * SMALL["group_size"]] * SMALL["steps"]
-    assert h.metrics["true_kl"][0] > 0          # "old" already differs from the reference
-    assert h.policy is not policy               # the caller's model is not modified
+    assert h.metrics["true_kl"][0] > 0  # "old" already differs from the reference
+    assert h.policy is not policy  # the caller's model is not modified
     assert all(p.requires_grad is False for p in policy.parameters())
 
 
@@ -133,7 +144,7 @@ def test_lab_history_trains_only_new_steps(monkeypatch):
     h2 = lab_history(cfg)
     h3 = lab_history(LabConfig(placement="k2 in loss", seed=11, **{**base, "steps": 3}))
     h1 = lab_history(LabConfig(placement="k2 in loss", seed=11, **{**base, "steps": 1}))
-    assert trained == [2, 1]                    # 2 steps, then 1 more; the 1-step run is a prefix
+    assert trained == [2, 1]  # 2 steps, then 1 more; the 1-step run is a prefix
     assert h3.metrics["reward"][:2] == h2.metrics["reward"] and h1.metrics["reward"] == h2.metrics["reward"][:1]
     assert h1.metrics == train_policy(LabConfig(placement="k2 in loss", seed=11, **{**base, "steps": 1})).metrics
 
@@ -166,24 +177,24 @@ def test_lab_panel_trains_in_the_background_when_a_control_moves():
 
     panel = RLHFLabPanel(steps=5, prompts=2, group_size=6, max_new_tokens=20)
     threads = threading.active_count()
-    panel.controls["beta"].value = 0.35            # what the reader's slider does
+    panel.controls["beta"].value = 0.35  # what the reader's slider does
     assert panel.training is not None and panel.training.beta == 0.35
     assert "klviz-training" in panel.readout.value and "β = 0.35" in panel.readout.value
     assert "training step" in panel.status.value
-    panel.controls["beta"].value = 0.4             # a newer setting replaces the run still training
+    panel.controls["beta"].value = 0.4  # a newer setting replaces the run still training
     panel.wait(timeout=60)
     assert panel.training is None and panel.last_error is None
     assert panel.last["config"].beta == 0.4 and "klviz-final-kl" in panel.readout.value
     deadline = time.time() + 10
     while threading.active_count() > threads and time.time() < deadline:
-        time.sleep(0.05)                           # the replaced run stops after its current step
+        time.sleep(0.05)  # the replaced run stops after its current step
     assert threading.active_count() == threads
     # code asks for a result: set() trains in the foreground and returns with it
     panel.controls["beta"].value = 0.45
     last = panel.set(beta=0.5)
     assert panel.training is None and last["config"].beta == 0.5 and "klviz-final-kl" in panel.readout.value
     panel.wait(timeout=60)
-    assert panel.last["config"].beta == 0.5        # the stopped background run did not overwrite it
+    assert panel.last["config"].beta == 0.5  # the stopped background run did not overwrite it
 
 
 # ---------------------------------------------------------------- exercise checks
@@ -193,10 +204,15 @@ def test_check_kl_returns():
 
     assert check07.kl_returns(right)
     assert not check07.kl_returns(lambda r, k1, m, b: ...).attempted
-    assert "Sign" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] + b * (k1 * m).flip(-1).cumsum(-1).flip(-1)) * m).message
+    assert (
+        "Sign"
+        in check07.kl_returns(lambda r, k1, m, b: (r[:, None] + b * (k1 * m).flip(-1).cumsum(-1).flip(-1)) * m).message
+    )
     assert "partial" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] - b * k1 * m) * m).message
     assert "past" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] - b * (k1 * m).cumsum(-1)) * m).message
-    assert "mask" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] - b * k1.flip(-1).cumsum(-1).flip(-1)) * m).message
+    assert (
+        "mask" in check07.kl_returns(lambda r, k1, m, b: (r[:, None] - b * k1.flip(-1).cumsum(-1).flip(-1)) * m).message
+    )
     assert "raised" in check07.kl_returns(lambda r, k1, m, b: r.no_such_method()).message
 
 
@@ -222,7 +238,8 @@ def test_check_approx_kl_stop():
 # ---------------------------------------------------------------- lesson 07's stored multi-seed runs
 def test_stored_lab_seeds_match_their_configs():
     from klviz.rlhf import LAB_SEED_CONFIGS, LAB_SEED_METRICS, LAB_SEEDS, LAB_SEEDS_PATH, load_lab_seeds
-    assert LAB_SEEDS_PATH.stat().st_size < 512 * 1024                      # small package data
+
+    assert LAB_SEEDS_PATH.stat().st_size < 512 * 1024  # small package data
     data = load_lab_seeds()
     assert data.configs == LAB_SEED_CONFIGS and data.seeds == LAB_SEEDS and len(LAB_SEEDS) >= 5
     for name, cfg in LAB_SEED_CONFIGS.items():
@@ -239,8 +256,11 @@ def test_stored_lab_seeds_match_their_configs():
 
 def test_lab_seeds_round_trip_and_reproduce(tmp_path):
     from klviz.rlhf import load_lab_seeds, run_lab_seeds, save_lab_seeds
-    cfgs = {"tiny · k3·ρ in loss": LabConfig(placement="k3·ρ in loss", **{**SMALL, "steps": 2}),
-            "tiny · none": LabConfig(placement="none", **{**SMALL, "steps": 2})}
+
+    cfgs = {
+        "tiny · k3·ρ in loss": LabConfig(placement="k3·ρ in loss", **{**SMALL, "steps": 2}),
+        "tiny · none": LabConfig(placement="none", **{**SMALL, "steps": 2}),
+    }
     data = run_lab_seeds(cfgs, seeds=(0, 1))
     path = save_lab_seeds(data, tmp_path / "seeds.npz")
     back = load_lab_seeds(path)
@@ -249,5 +269,5 @@ def test_lab_seeds_round_trip_and_reproduce(tmp_path):
         for m, v in data.metrics[n].items():
             assert np.array_equal(back.metrics[n][m], v)
         assert back.samples[n] == data.samples[n]
-    again = train_policy(replace(cfgs["tiny · none"], seed=1))                 # the same config and seed: same run
+    again = train_policy(replace(cfgs["tiny · none"], seed=1))  # the same config and seed: same run
     assert np.array_equal(np.asarray(again.metrics["true_kl"]), back.metrics["tiny · none"]["true_kl"][1])

@@ -1,4 +1,5 @@
 """The lesson servers against a hostile configuration, hostile sibling files and a closed terminal."""
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 #: A user's Jupyter configuration that switches the token off and opens cross-origin requests.
 HOSTILE_CONFIG = {
     "IdentityProvider": {"token": ""},
-    "ServerApp": {"token": "", "password": "", "allow_origin": "*", "disable_check_xsrf": True,
-                  "allow_remote_access": True, "ip": "0.0.0.0"},
+    "ServerApp": {
+        "token": "",
+        "password": "",
+        "allow_origin": "*",
+        "disable_check_xsrf": True,
+        "allow_remote_access": True,
+        "ip": "0.0.0.0",
+    },
 }
 #: A server that answers everybody (what a lab with its token switched off looks like from outside).
-OPEN_SERVER = '''
+OPEN_SERVER = """
 import http.server, json, sys
 
 config = json.load(open([a for a in sys.argv if a.startswith("--config=")][0].split("=", 1)[1]))
@@ -40,7 +47,7 @@ class Open(http.server.BaseHTTPRequestHandler):
 
 
 http.server.HTTPServer(("127.0.0.1", config["ServerApp"]["port"]), Open).serve_forever()
-'''
+"""
 
 
 def _env(home: Path, config: dict | None = None, pythonpath: Path | None = None) -> dict[str, str]:
@@ -71,8 +78,9 @@ def _status(url: str, headers: dict[str, str] | None = None) -> int:
 
 @pytest.mark.slow
 def test_hostile_config_cannot_open_the_lab(tmp_path):
-    server = servers.start_lab_server(_lessons(tmp_path / "lessons"), first="00_start.ipynb",
-                                      env=_env(tmp_path / "home", HOSTILE_CONFIG))
+    server = servers.start_lab_server(
+        _lessons(tmp_path / "lessons"), first="00_start.ipynb", env=_env(tmp_path / "home", HOSTILE_CONFIG)
+    )
     with servers.running(server):
         base = server.url.split("/lab")[0]
         token = server.url.rsplit("token=", 1)[1]
@@ -80,11 +88,11 @@ def test_hostile_config_cannot_open_the_lab(tmp_path):
         assert _status(f"{base}/api/contents") in (401, 403)
         assert _status(f"{base}/api/contents", {"Origin": "http://evil.example"}) in (401, 403, 404)
         assert _status(f"{base}/api/contents?token={token}") == 200
-        assert _status(f"{base}/api/contents?token={token}", {"Host": "evil.example"}) == 403   # DNS rebinding
+        assert _status(f"{base}/api/contents?token={token}", {"Host": "evil.example"}) == 403  # DNS rebinding
         assert token not in " ".join(server.proc.args)
         folder = server.folder
         assert (folder / "klviz_server_config.json").stat().st_mode & 0o077 == 0
-    assert not folder.exists()           # the token file goes with the server
+    assert not folder.exists()  # the token file goes with the server
 
 
 def test_a_server_that_lets_everyone_in_is_refused(tmp_path, monkeypatch):
@@ -93,11 +101,18 @@ def test_a_server_that_lets_everyone_in_is_refused(tmp_path, monkeypatch):
     (mods / "open_server.py").write_text(OPEN_SERVER)
     private = tmp_path / "private"
     private.mkdir()
-    monkeypatch.setattr("tempfile.tempdir", str(private))   # where the server's private folder goes
+    monkeypatch.setattr("tempfile.tempdir", str(private))  # where the server's private folder goes
     with pytest.raises(RuntimeError, match="without its token"):
-        servers.start_server(["open_server"], {}, ready_path="/", probe_path="/api/contents", url_path="/",
-                             env=_env(tmp_path / "home", pythonpath=mods), timeout=30)
-    assert list(private.iterdir()) == []                    # stopped, and its token file removed
+        servers.start_server(
+            ["open_server"],
+            {},
+            ready_path="/",
+            probe_path="/api/contents",
+            url_path="/",
+            env=_env(tmp_path / "home", pythonpath=mods),
+            timeout=30,
+        )
+    assert list(private.iterdir()) == []  # stopped, and its token file removed
 
 
 def test_verify_locked_wants_a_refusal_for_both_probes(tmp_path):
@@ -121,7 +136,7 @@ def test_verify_locked_wants_a_refusal_for_both_probes(tmp_path):
         with pytest.raises(RuntimeError, match="other web pages"):
             servers.verify_locked(url)
         answers["origin"] = 404
-        servers.verify_locked(url)                           # both refused: fine
+        servers.verify_locked(url)  # both refused: fine
         answers["plain"] = 200
         with pytest.raises(RuntimeError, match="without its token"):
             servers.verify_locked(url)
@@ -146,9 +161,9 @@ def _gone(port: str, timeout: float = 30) -> bool:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=2)
         except urllib.error.HTTPError:
-            pass                                 # still answering (403): not stopped yet
+            pass  # still answering (403): not stopped yet
         except OSError:
-            return True                          # nobody listens: the server has gone
+            return True  # nobody listens: the server has gone
         time.sleep(0.5)
     return False
 
@@ -157,9 +172,14 @@ def _gone(port: str, timeout: float = 30) -> bool:
 @pytest.mark.parametrize("how", ["SIGHUP", "SIGKILL", "closed pipe"])
 def test_the_lab_ends_with_the_command_that_started_it(tmp_path, how):
     env = _env(tmp_path / "home")
-    proc = subprocess.Popen([sys.executable, "-m", "klviz.labcmd", str(_lessons(tmp_path / "lessons")), "--in-place",
-                             "--no-browser"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "klviz.labcmd", str(_lessons(tmp_path / "lessons")), "--in-place", "--no-browser"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     seen = b""
     deadline = time.time() + 90
     while b"klviz lab: open" not in seen:
@@ -168,12 +188,12 @@ def test_the_lab_ends_with_the_command_that_started_it(tmp_path, how):
             pytest.fail(f"klviz lab did not start: {seen.decode()[-2000:]}")
         seen += line
     port = re.search(rb"127\.0\.0\.1:(\d+)", seen).group(1).decode()
-    if how == "closed pipe":                     # `klviz lab | head -2`: the reader went away
+    if how == "closed pipe":  # `klviz lab | head -2`: the reader went away
         proc.stdout.close()
         time.sleep(2)
-        assert proc.poll() is None and not _gone(port, timeout=1)   # still serving, no crash
-        how = "SIGINT"                           # then Ctrl+C
-    os.kill(proc.pid, getattr(signal, how))      # the command alone, not its process group
+        assert proc.poll() is None and not _gone(port, timeout=1)  # still serving, no crash
+        how = "SIGINT"  # then Ctrl+C
+    os.kill(proc.pid, getattr(signal, how))  # the command alone, not its process group
     proc.wait(timeout=40)
     assert _gone(port), f"JupyterLab outlived the klviz lab command ({how})"
 
@@ -185,13 +205,28 @@ def test_in_place_lab_saves_notebooks_without_outputs(tmp_path):
     server = servers.start_lab_server(lessons, env=_env(tmp_path / "home"), strip_on_save=True)
     with servers.running(server):
         base, token = server.url.split("/lab")[0], server.url.rsplit("token=", 1)[1]
-        ran = {"cells": [{"cell_type": "code", "execution_count": 3, "id": "a1", "metadata": {},
-                          "outputs": [{"output_type": "stream", "name": "stdout", "text": "2\n"}],
-                          "source": "1 + 1"}],
-               "metadata": {"widgets": {"state": {}}}, "nbformat": 4, "nbformat_minor": 5}
+        ran = {
+            "cells": [
+                {
+                    "cell_type": "code",
+                    "execution_count": 3,
+                    "id": "a1",
+                    "metadata": {},
+                    "outputs": [{"output_type": "stream", "name": "stdout", "text": "2\n"}],
+                    "source": "1 + 1",
+                }
+            ],
+            "metadata": {"widgets": {"state": {}}},
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
         body = json.dumps({"type": "notebook", "format": "json", "content": ran}).encode()
-        req = urllib.request.Request(f"{base}/api/contents/00_start.ipynb?token={token}", data=body, method="PUT",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{base}/api/contents/00_start.ipynb?token={token}",
+            data=body,
+            method="PUT",
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=20) as r:
             assert r.status == 200
     saved = json.loads((lessons / "00_start.ipynb").read_text())

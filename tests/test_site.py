@@ -1,4 +1,5 @@
 """The static site builder on two tiny notebooks (fast), and the panels' precomputed sliders."""
+
 from __future__ import annotations
 
 import json
@@ -66,22 +67,37 @@ def built(tmp_path_factory):
     src = tmp_path_factory.mktemp("nbs")
     solution = C("answer = 42\nprint('solution ran')")
     solution.metadata["jupyter"] = {"source_hidden": True}
-    first = _notebook([
-        M("# 00 · First lesson\n\nWhat you will learn: $k_3 = (r-1) - \\log r$.\n\n"
-          "Go on to [the second](01_second.ipynb#Part-two) or [elsewhere](https://example.org/x.ipynb)."),
-        C("import os\nprint('static', os.environ.get('KLVIZ_STATIC'))"),
-        C("import matplotlib.pyplot as plt\n%matplotlib inline\nplt.plot([0, 1], [1, 0]); plt.title('a line'); plt.show()"),
-        C(TINY_PANEL),
-        C("# the panel is back at the lesson's setting after the site swept it\n"
-          "assert tiny.values() == {'slope': 1.0, 'sign': 1, 'width': 2}, tiny.values()\n"
-          "assert (tiny.last['y'] ==\n        1.0)"),
-        M("## Exercises"),
-        solution,
-    ])
-    second = _notebook([M("# 01 · Second lesson: `code` in the title\n\n**What you will learn**\n\n"
-                          "- one thing;\n  - a nested detail;\n- another thing.\n\n**Time:** 1 minute.\n\n"
-                          "Back to [the first](00_first.ipynb).\n\n## Part two"),
-                        C("print(1 + 1)")])
+    first = _notebook(
+        [
+            M(
+                "# 00 · First lesson\n\nWhat you will learn: $k_3 = (r-1) - \\log r$.\n\n"
+                "Go on to [the second](01_second.ipynb#Part-two) or [elsewhere](https://example.org/x.ipynb)."
+            ),
+            C("import os\nprint('static', os.environ.get('KLVIZ_STATIC'))"),
+            C(
+                "import matplotlib.pyplot as plt\n%matplotlib inline\n"
+                "plt.plot([0, 1], [1, 0]); plt.title('a line'); plt.show()"
+            ),
+            C(TINY_PANEL),
+            C(
+                "# the panel is back at the lesson's setting after the site swept it\n"
+                "assert tiny.values() == {'slope': 1.0, 'sign': 1, 'width': 2}, tiny.values()\n"
+                "assert (tiny.last['y'] ==\n        1.0)"
+            ),
+            M("## Exercises"),
+            solution,
+        ]
+    )
+    second = _notebook(
+        [
+            M(
+                "# 01 · Second lesson: `code` in the title\n\n**What you will learn**\n\n"
+                "- one thing;\n  - a nested detail;\n- another thing.\n\n**Time:** 1 minute.\n\n"
+                "Back to [the first](00_first.ipynb).\n\n## Part two"
+            ),
+            C("print(1 + 1)"),
+        ]
+    )
     nbformat.write(first, src / "00_first.ipynb")
     nbformat.write(second, src / "01_second.ipynb")
     out = tmp_path_factory.mktemp("site")
@@ -141,7 +157,15 @@ def test_panel_slider_is_precomputed_with_files(built):
     # the page opens on the lesson's setting: slope 1 (index 1), up (index 0) -> frame 2
     assert 'data-frame="2"' in page and "end height 1.0" in data["frames"][2]["readout"]
     assert [f["readout"].split("end height ")[1][:4] for f in data["frames"]] == [
-        "0.0<", "-0.0", "1.0<", "-1.0", "2.0<", "-2.0", "3.0<", "-3.0"]
+        "0.0<",
+        "-0.0",
+        "1.0<",
+        "-1.0",
+        "2.0<",
+        "-2.0",
+        "3.0<",
+        "-3.0",
+    ]
     # frames are files beside the pages (one per distinct image), none embedded in the page
     srcs = {f["src"] for f in data["frames"]}
     assert all(s.startswith("_static/frames/") and (out / s).is_file() for s in srcs), srcs
@@ -160,10 +184,11 @@ def test_assert_cells_are_collapsed(built):
     visible = re.sub(r"<details.*?</details>", "", page, flags=re.S)
     keyword = '<span class="k">assert</span>'  # how the highlighted source shows the statement
     assert keyword not in visible and "the panel is back" not in visible
-    checks = re.search(r'<details class="klviz-checks"><summary>Checks: 2 asserts[^<]*</summary>(.*?)</details>',
-                       page, re.S)
+    checks = re.search(
+        r'<details class="klviz-checks"><summary>Checks: 2 asserts[^<]*</summary>(.*?)</details>', page, re.S
+    )
     assert checks and checks.group(1).count(keyword) == 2 and "the panel is back" in checks.group(1)
-    assert "<details class=\"klviz-checks\" open" not in page
+    assert '<details class="klviz-checks" open' not in page
     assert '<details class="klviz-checks">' not in (out / "01_second.html").read_text()
 
 
@@ -201,11 +226,14 @@ def test_static_controls_table_names_real_controls():
 
 
 def test_rewrite_links_only_touches_relative_notebooks():
-    html = ('<a href="02_x.ipynb">a</a><a href="sub/03_y.ipynb#S-1">b</a><a href="http://h/z.ipynb">c</a>'
-            '<a href="#top">d</a><a href="/abs.ipynb">e</a>')
+    html = (
+        '<a href="02_x.ipynb">a</a><a href="sub/03_y.ipynb#S-1">b</a><a href="http://h/z.ipynb">c</a>'
+        '<a href="#top">d</a><a href="/abs.ipynb">e</a>'
+    )
     assert site.rewrite_links(html) == (
         '<a href="02_x.html">a</a><a href="sub/03_y.html#S-1">b</a><a href="http://h/z.ipynb">c</a>'
-        '<a href="#top">d</a><a href="/abs.ipynb">e</a>')
+        '<a href="#top">d</a><a href="/abs.ipynb">e</a>'
+    )
 
 
 def test_bad_inputs_name_the_argument(tmp_path):
@@ -216,7 +244,9 @@ def test_bad_inputs_name_the_argument(tmp_path):
 
 
 def test_failing_lesson_stops_the_build_with_its_name(tmp_path):
-    nbformat.write(_notebook([nbformat.v4.new_code_cell("raise RuntimeError('boom in lesson')")]), tmp_path / "09_bad.ipynb")
+    nbformat.write(
+        _notebook([nbformat.v4.new_code_cell("raise RuntimeError('boom in lesson')")]), tmp_path / "09_bad.ipynb"
+    )
     with pytest.raises(RuntimeError, match="09_bad.ipynb failed(.|\n)*boom in lesson"):
         site.build_site([tmp_path / "09_bad.ipynb"], tmp_path / "out", timeout=60, log=lambda *_: None)
 
@@ -228,7 +258,7 @@ def test_panel_shows_precomputed_slider_in_static_mode(monkeypatch):
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
-    monkeypatch.setitem(static.STATIC_CONTROLS, "BregmanPanel", {"r": 3, "f": [ "-log t", "k2"]})
+    monkeypatch.setitem(static.STATIC_CONTROLS, "BregmanPanel", {"r": 3, "f": ["-log t", "k2"]})
     panel = BregmanPanel(device="cpu")
     before, readout = panel.values(), panel.readout.value
     monkeypatch.delenv("KLVIZ_STATIC", raising=False)

@@ -3,6 +3,7 @@
 Usage in a lesson: ``klviz.check.lesson02.k3_estimator(my_k3)``. A result is truthy when correct and
 displays as one sentence.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,8 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["CheckResult", "passed", "failed", "not_attempted", "call_learner", "WrongAnswer", "as_answer_tensor",
-           "as_answer_number", "learner_answer", "learner_tensor", "never_raises", "raised_message", "clamp_hint"]
+__all__ = [
+    "CheckResult",
+    "passed",
+    "failed",
+    "not_attempted",
+    "call_learner",
+    "WrongAnswer",
+    "as_answer_tensor",
+    "as_answer_number",
+    "learner_answer",
+    "learner_tensor",
+    "never_raises",
+    "raised_message",
+    "clamp_hint",
+]
 
 
 @dataclass(frozen=True)
@@ -136,13 +150,19 @@ def raised_message(err: BaseException, when: str = "") -> str:
     where = f" {when}" if when else ""
     hint = ""
     if isinstance(err, TypeError) and "must be Tensor" in text:
-        hint = (" (a torch function got a plain Python number: use math.exp/math.log/math.expm1 on numbers, "
-                "or wrap the number with torch.tensor(...))")
+        hint = (
+            " (a torch function got a plain Python number: use math.exp/math.log/math.expm1 on numbers, "
+            "or wrap the number with torch.tensor(...))"
+        )
     elif isinstance(err, (TypeError, RuntimeError, ValueError)) and (
-            "only one element tensors" in text or "converted to Python scalars" in text
-            or "must be real number, not Tensor" in text):
-        hint = (" (a math-module function got a tensor: your function receives tensors here, so use "
-                "torch.exp, torch.log, torch.expm1, which work elementwise)")
+        "only one element tensors" in text
+        or "converted to Python scalars" in text
+        or "must be real number, not Tensor" in text
+    ):
+        hint = (
+            " (a math-module function got a tensor: your function receives tensors here, so use "
+            "torch.exp, torch.log, torch.expm1, which work elementwise)"
+        )
     return f"Your function raised {type(err).__name__}{where}: {text}{hint}."
 
 
@@ -162,17 +182,21 @@ def clamp_hint(got: Any, right: Any, formula: Callable[[Any], Any], log_r: Any) 
     for bound in (5.0, 10.0, 20.0, 40.0):
         clamped = formula(log_r.clamp(-bound, bound))
         if bool(torch.allclose(got, clamped, rtol=1e-6, atol=1e-9)):
-            return (f"Your function clamps log r to [-{bound:g}, {bound:g}] (as verl's low_var_kl clamps to ±20): "
-                    "right formula, but the exercise asks for the unclamped value, and a clamp changes the "
-                    "estimate for large |log r|.")
+            return (
+                f"Your function clamps log r to [-{bound:g}, {bound:g}] (as verl's low_var_kl clamps to ±20): "
+                "right formula, but the exercise asks for the unclamped value, and a clamp changes the "
+                "estimate for large |log r|."
+            )
     wrong = ~close
     cap_hi, cap_lo = float(got[wrong].max()), float(got[wrong].min())
     for cap in {cap_hi, cap_lo}:
         below = cap == cap_hi and bool((got[wrong] <= right[wrong]).all())
         capped = right.clamp(max=cap) if below else right.clamp(min=cap)
         if bool(torch.allclose(got, capped, rtol=1e-6, atol=1e-9)):
-            return (f"Your function clamps its result at {cap:g} (verl clamps low_var_kl to [-10, 10], OpenRLHF "
-                    "every estimator): right formula, but the exercise asks for the unclamped value.")
+            return (
+                f"Your function clamps its result at {cap:g} (verl clamps low_var_kl to [-10, 10], OpenRLHF "
+                "every estimator): right formula, but the exercise asks for the unclamped value."
+            )
     return None
 
 
@@ -195,14 +219,17 @@ def never_raises(check: _Check) -> _Check:
             return failed(str(err))
         except Exception as err:  # noqa: BLE001 - a check must answer, whatever it was given
             kind = type(args[0]).__name__ if args else "nothing"
-            return failed(f"The check could not use your answer (a {kind}): {type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}. See the exercise for what to return.")
+            return failed(
+                f"The check could not use your answer (a {kind}): {type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}. See the exercise for what to return."
+            )
 
     return wrapper  # type: ignore[return-value]
 
 
-def learner_tensor(fn: Callable[..., Any], args: tuple, shape: tuple[int, ...], what: str, *,
-                   finite: bool = False) -> Any:
+def learner_tensor(
+    fn: Callable[..., Any], args: tuple, shape: tuple[int, ...], what: str, *, finite: bool = False
+) -> Any:
     """:func:`learner_answer` for an answer that must be a float64 tensor of ``shape``."""
     return learner_answer(fn, *args, convert=lambda out: as_answer_tensor(out, shape, what, finite=finite))
 

@@ -1,4 +1,5 @@
 """Checks for the exercises of lesson 00 (start here)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,8 +24,10 @@ def direction(answer: Any) -> CheckResult:
     if text in ("kl(old||new)", "kl(pi_old||pi_theta)", "kl(π_old||π_θ)"):
         return passed("The tokens came from pi_old, so every estimate is a KL *from* pi_old: KL(pi_old || pi_theta).")
     if text in ("kl(new||old)", "kl(pi_theta||pi_old)", "kl(π_θ||π_old)"):
-        return failed("Direction swapped: the sampler is pi_old (the rollout policy), and estimates from its "
-                      "tokens measure KL(sampler || other) = KL(old || new).")
+        return failed(
+            "Direction swapped: the sampler is pi_old (the rollout policy), and estimates from its "
+            "tokens measure KL(sampler || other) = KL(old || new)."
+        )
     return failed("Answer with the string 'KL(old||new)' or 'KL(new||old)'.")
 
 

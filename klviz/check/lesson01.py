@@ -4,6 +4,7 @@ Each check calls the learner's function on cases it was not shown and names the 
 weighting by q twice, averaging over the vocabulary instead of the draws, weights inverted or
 missing, an effective sample size upside down or not invariant to the scale of the weights.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,9 @@ def estimate_from_draws(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
         return got
     right = [float(g[t].double().mean()) for t, g, _ in cases]
     if all(_close(a, b) for a, b in zip(got, right)):
-        return passed("The plain mean of g over the draws: the factor q(x) is already in how often each token "
-                      "was drawn.")
+        return passed(
+            "The plain mean of g over the draws: the factor q(x) is already in how often each token was drawn."
+        )
     wrong = {
         "q_twice": [float((q[t] * g[t]).double().mean()) for t, g, q in cases],
         "vocab_mean": [float(g.double().mean()) for _, g, _ in cases],
@@ -65,18 +67,19 @@ def estimate_from_draws(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
     }
     messages = {
         "q_twice": "You multiplied by q(x_i): the draws already carry the weight q, so now it counts twice "
-                   "(this estimates sum_x q(x)^2 g(x)).",
+        "(this estimates sum_x q(x)^2 g(x)).",
         "vocab_mean": "You averaged g over the vocabulary: that gives every token the same weight, as if q were "
-                      "uniform; average over the draws instead.",
+        "uniform; average over the draws instead.",
         "sum": "You summed g over the draws: divide by the number of draws N.",
         "exact": "That is the exact sum over the vocabulary, the quantity itself; the exercise is to estimate it "
-                 "from the draws without touching q, as RL code must.",
+        "from the draws without touching q, as RL code must.",
     }
     for key, values in wrong.items():
         if all(_close(a, b) for a, b in zip(got, values)):
             return failed(messages[key])
-    return failed(f"Not the plain mean of g over the drawn tokens (first case: expected {right[0]:.6f}, "
-                  f"got {got[0]:.6f}).")
+    return failed(
+        f"Not the plain mean of g over the drawn tokens (first case: expected {right[0]:.6f}, got {got[0]:.6f})."
+    )
 
 
 def _cases_other_sampler(seed: int = 23) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -109,8 +112,9 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
 
     right = mean_of(lambda lq, lm: (lq - lm).exp())
     if all(_close(a, b) for a, b in zip(got, right)):
-        return passed("Each draw weighted by q(x)/mu(x), the expectation's policy over the sampler: unbiased for "
-                      "sum_x q(x) g(x).")
+        return passed(
+            "Each draw weighted by q(x)/mu(x), the expectation's policy over the sampler: unbiased for sum_x q(x) g(x)."
+        )
     wrong = {
         "inverted": mean_of(lambda lq, lm: (lm - lq).exp()),
         "none": mean_of(lambda lq, lm: torch.ones_like(lq)),
@@ -119,10 +123,10 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
     }
     messages = {
         "inverted": "The weights are upside down: use q(x)/mu(x), the distribution in the expectation over the "
-                    "one that drew the tokens.",
+        "one that drew the tokens.",
         "none": "No weights: a plain mean over mu's tokens converges to E_mu[g], not E_q[g]; it is biased.",
         "self_normalised": "That is the self-normalised estimate, sum(w g)/sum(w): consistent, but biased for finite "
-                           "N; the exercise asks for the unbiased (1/N) sum(w g).",
+        "N; the exercise asks for the unbiased (1/N) sum(w g).",
         "log_weight": "You used log q - log mu as the weight; the weight is the ratio itself, exp(log q - log mu).",
     }
     for key, values in wrong.items():
@@ -135,28 +139,37 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
 def effective_sample_size(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 3: ``fn(weights)`` must return Kish's effective sample size (sum w)^2 / sum w^2."""
     gen = torch.Generator().manual_seed(5)
-    base = [torch.rand(20, generator=gen) * 3, torch.exp(torch.randn(500, generator=gen) * 1.5),
-            torch.tensor([1.0, 1.0, 1.0, 1.0]), torch.tensor([100.0, 0.01, 0.01, 0.01, 0.01])]
+    base = [
+        torch.rand(20, generator=gen) * 3,
+        torch.exp(torch.randn(500, generator=gen) * 1.5),
+        torch.tensor([1.0, 1.0, 1.0, 1.0]),
+        torch.tensor([100.0, 0.01, 0.01, 0.01, 0.01]),
+    ]
     cases = [(w,) for w in base] + [(w * 7.5,) for w in base]
     got = _run(fn, cases, "the effective sample size")
     if isinstance(got, CheckResult):
         return got
     kish = [float(w.double().sum() ** 2 / (w.double() ** 2).sum()) for (w,) in cases]
     if all(_close(a, b) for a, b in zip(got, kish)):
-        return passed("(sum w)^2 / sum w^2: N for equal weights, about 1 when one weight dominates, and the same "
-                      "whatever the scale of the weights.")
+        return passed(
+            "(sum w)^2 / sum w^2: N for equal weights, about 1 when one weight dominates, and the same "
+            "whatever the scale of the weights."
+        )
     n = [w.numel() for (w,) in cases]
     if all(_close(a, 1.0 / b) for a, b in zip(got, kish)):
         return failed("Upside down: you returned sum w^2 / (sum w)^2; equal weights must give N, not 1/N.")
     if all(_close(a, b / m) for a, b, m in zip(got, kish, n)):
-        return failed("That is the fraction ESS/N; the exercise asks for the effective number of samples, "
-                      "multiply by N.")
+        return failed(
+            "That is the fraction ESS/N; the exercise asks for the effective number of samples, multiply by N."
+        )
     half = len(base)
     unscaled_ok = all(_close(a, b) for a, b in zip(got[:half], kish[:half]))
     scaled = [float(m / (w.double() ** 2).mean()) for (w,), m in zip(cases, n)]
-    if all(_close(a, b) for a, b in zip(got, scaled)) or (unscaled_ok and not all(
-            _close(a, b) for a, b in zip(got[half:], kish[half:]))):
-        return failed("Your answer changes when every weight is multiplied by the same constant; N / mean(w^2) "
-                      "assumes the weights average 1. Use (sum w)^2 / sum w^2, which is scale-free.")
-    return failed(f"Not Kish's effective sample size (for weights {base[2].tolist()} expected 4, "
-                  f"got {got[2]:.4g}).")
+    if all(_close(a, b) for a, b in zip(got, scaled)) or (
+        unscaled_ok and not all(_close(a, b) for a, b in zip(got[half:], kish[half:]))
+    ):
+        return failed(
+            "Your answer changes when every weight is multiplied by the same constant; N / mean(w^2) "
+            "assumes the weights average 1. Use (sum w)^2 / sum w^2, which is scale-free."
+        )
+    return failed(f"Not Kish's effective sample size (for weights {base[2].tolist()} expected 4, got {got[2]:.4g}).")

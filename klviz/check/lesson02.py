@@ -3,6 +3,7 @@
 Each check tests the learner's answer on cases the lesson did not show and says in one sentence
 what is wrong (inverted ratio, swapped direction, lost precision, a forgotten term).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,10 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     right = _k3(log_r)
     if not _close(out, right):
         if _close(out, _k3(-log_r)):
-            return failed("You inverted the ratio: with x ~ q and log_r = log p - log q, r = exp(log_r) = p/q; "
-                          "your version uses q/p, whose mean is chi²(q‖p) - KL(q‖p), not KL(q‖p) (a common bug).")
+            return failed(
+                "You inverted the ratio: with x ~ q and log_r = log p - log q, r = exp(log_r) = p/q; "
+                "your version uses q/p, whose mean is chi²(q‖p) - KL(q‖p), not KL(q‖p) (a common bug)."
+            )
         if _close(out, _k1(log_r)):
             return failed("That is k1 = -log r; k3 adds the control variate r - 1: k3 = (r - 1) - log r.")
         if _close(out, _k2(log_r)):
@@ -61,8 +64,10 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
             return failed(hint)
         if bool((out < -1e-12).any()):
             return failed("Your values go negative, but k3 = (r - 1) - log r is never negative because log r ≤ r - 1.")
-        return failed(f"At log_r = {log_r.tolist()} k3 should be {[round(v, 6) for v in right.tolist()]}, "
-                      f"yours gave {[round(v, 6) for v in out.tolist()]}.")
+        return failed(
+            f"At log_r = {log_r.tolist()} k3 should be {[round(v, 6) for v in right.tolist()]}, "
+            f"yours gave {[round(v, 6) for v in out.tolist()]}."
+        )
     # precision: float32 inputs with tiny |log r|, where exp(x) - 1 - x cancels catastrophically
     tiny = torch.tensor([1e-3, -2e-3, 5e-4, -4e-4, 3e-4, -1e-4], dtype=torch.float32)
     try:
@@ -72,10 +77,12 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     except Exception as err:  # noqa: BLE001
         return failed(raised_message(err, "on float32 input"))
     truth = _k3(tiny.double())
-    if not _close(small, truth, rtol=1e-2, atol=0.0):   # expm1: < 1e-3; exp(x) - 1: > 0.1
-        return failed("Right formula, but in float32 it loses its digits for small |log r| (exp(x) - 1 cancels): "
-                      "compute r - 1 as torch.expm1(log_r) (open-instruct does; the plain exp(x) - 1 of verl's "
-                      "low_var_kl does not).")
+    if not _close(small, truth, rtol=1e-2, atol=0.0):  # expm1: < 1e-3; exp(x) - 1: > 0.1
+        return failed(
+            "Right formula, but in float32 it loses its digits for small |log r| (exp(x) - 1 cancels): "
+            "compute r - 1 as torch.expm1(log_r) (open-instruct does; the plain exp(x) - 1 of verl's "
+            "low_var_kl does not)."
+        )
     big = torch.tensor([30.0, -30.0], dtype=torch.float64)
     try:
         large = as_answer_tensor(call_learner(fn, big.clone()), big.shape, "your k3 for |log r| = 30")
@@ -85,10 +92,13 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
         return failed(raised_message(err, "for |log r| = 30"))
     if not _close(large, _k3(big), rtol=1e-9):
         hint = clamp_hint(large, _k3(big), _k3, big)
-        return failed(hint or "Your k3 is wrong for large |log r| (tried ±30 in float64); do not clamp or "
-                              "approximate it.")
-    return passed("k3 = expm1(log r) - log r: unbiased for KL(q‖p), never negative, and in float32 accurate to "
-                  "1 % down to |log r| = 1e-4.")
+        return failed(
+            hint or "Your k3 is wrong for large |log r| (tried ±30 in float64); do not clamp or approximate it."
+        )
+    return passed(
+        "k3 = expm1(log r) - log r: unbiased for KL(q‖p), never negative, and in float32 accurate to "
+        "1 % down to |log r| = 1e-4."
+    )
 
 
 _POLICY = torch.tensor([2.0, 0.4, -0.3, 1.1, -1.5, 0.0, 0.8, -2.2], dtype=torch.float64)
@@ -109,24 +119,32 @@ def k3_direction(fn: Callable[[torch.Tensor, torch.Tensor], Any]) -> CheckResult
         return out
     pi = logp.exp()
     mean = float((pi * out).sum())
-    kl_fwd = float((pi * (logp - ref)).sum())                    # KL(pi || pi_ref): the target
-    kl_rev = float((ref.exp() * (ref - logp)).sum())             # KL(pi_ref || pi)
+    kl_fwd = float((pi * (logp - ref)).sum())  # KL(pi || pi_ref): the target
+    kl_rev = float((ref.exp() * (ref - logp)).sum())  # KL(pi_ref || pi)
     if _close(out, _k3(ref - logp)):
-        return passed(f"log r = ref_logprob - logprob: on this vocabulary E_pi[your k3] = {mean:.5f} = "
-                      f"KL(pi‖pi_ref) exactly (KL(pi_ref‖pi) would be {kl_rev:.5f}).")
+        return passed(
+            f"log r = ref_logprob - logprob: on this vocabulary E_pi[your k3] = {mean:.5f} = "
+            f"KL(pi‖pi_ref) exactly (KL(pi_ref‖pi) would be {kl_rev:.5f})."
+        )
     if _close(out, _k3(logp - ref)):
-        return failed(f"Ratio inverted (a common bug): the tokens come from pi, so r = pi_ref/pi and log r = "
-                      f"ref_logprob - logprob; your version averages to {mean:.5f} under pi instead of "
-                      f"KL(pi‖pi_ref) = {kl_fwd:.5f} (it estimates chi² - KL).")
+        return failed(
+            f"Ratio inverted (a common bug): the tokens come from pi, so r = pi_ref/pi and log r = "
+            f"ref_logprob - logprob; your version averages to {mean:.5f} under pi instead of "
+            f"KL(pi‖pi_ref) = {kl_fwd:.5f} (it estimates chi² - KL)."
+        )
     if abs(mean - kl_fwd) < 1e-9 and bool((out >= -1e-12).all()):
         return passed(f"Your estimator averages to KL(pi‖pi_ref) = {kl_fwd:.5f} and is never negative.")
     if abs(mean - kl_fwd) < 1e-9:
         return failed("Your estimator has the right mean but goes negative on some tokens: that is k1, not k3.")
     if abs(mean - kl_rev) < 1e-6:
-        return failed(f"Direction swapped: your function averages to KL(pi_ref‖pi) = {kl_rev:.5f}, but with tokens "
-                      f"from pi the target is KL(pi‖pi_ref) = {kl_fwd:.5f}.")
-    return failed(f"Under the policy your function averages to {mean:.5f}; KL(pi‖pi_ref) is {kl_fwd:.5f}. "
-                  "Use log r = ref_logprob - logprob and k3 = (r - 1) - log r.")
+        return failed(
+            f"Direction swapped: your function averages to KL(pi_ref‖pi) = {kl_rev:.5f}, but with tokens "
+            f"from pi the target is KL(pi‖pi_ref) = {kl_fwd:.5f}."
+        )
+    return failed(
+        f"Under the policy your function averages to {mean:.5f}; KL(pi‖pi_ref) is {kl_fwd:.5f}. "
+        "Use log r = ref_logprob - logprob and k3 = (r - 1) - log r."
+    )
 
 
 @never_raises
@@ -135,8 +153,9 @@ def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
     mus = (0.3, 0.7, 1.3, 2.0)
     got = []
     for mu in mus:
-        value = learner_answer(fn, mu, convert=lambda v, mu=mu: as_answer_number(v, f"your best_lambda({mu})",
-                                                                                  finite=True))
+        value = learner_answer(
+            fn, mu, convert=lambda v, mu=mu: as_answer_number(v, f"your best_lambda({mu})", finite=True)
+        )
         if isinstance(value, CheckResult):
             return value
         got.append(value)
@@ -145,11 +164,14 @@ def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
         return all(math.isclose(g, f(m), rel_tol=1e-6, abs_tol=1e-12) for g, m in zip(got, mus))
 
     if matches(lambda m: m * m / math.expm1(m * m)):
-        return passed("lambda* = mu²/(e^{mu²} - 1) = -Cov(k1, r)/Var(r): near 1 (k3) for close policies, "
-                      "much smaller far apart.")
+        return passed(
+            "lambda* = mu²/(e^{mu²} - 1) = -Cov(k1, r)/Var(r): near 1 (k3) for close policies, much smaller far apart."
+        )
     if matches(lambda m: 1.0):
-        return failed("lambda = 1 is k3: the best choice only in the limit mu -> 0; minimise "
-                      "Var k1 - 2 lambda mu² + lambda² (e^{mu²} - 1) over lambda.")
+        return failed(
+            "lambda = 1 is k3: the best choice only in the limit mu -> 0; minimise "
+            "Var k1 - 2 lambda mu² + lambda² (e^{mu²} - 1) over lambda."
+        )
     if matches(lambda m: m * m / math.exp(m * m)):
         return failed("Almost: Var(r) = E[r²] - 1 = e^{mu²} - 1, you dropped the - 1.")
     if matches(lambda m: math.expm1(m * m) / (m * m)):
@@ -158,8 +180,10 @@ def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
         return failed("Use mu² where you used mu: Cov(log r, r) = mu² and Var(r) = e^{mu²} - 1.")
     if matches(lambda m: -m * m / math.expm1(m * m)):
         return failed("Sign: Cov(k1, r) = -mu² is negative, so lambda* = -Cov(k1, r)/Var(r) is positive.")
-    return failed(f"At mu = {mus} the best lambda is {[round(m * m / math.expm1(m * m), 5) for m in mus]}; "
-                  f"yours gave {[round(g, 5) for g in got]}. Minimise mu² - 2 lambda mu² + lambda² (e^{{mu²}} - 1).")
+    return failed(
+        f"At mu = {mus} the best lambda is {[round(m * m / math.expm1(m * m), 5) for m in mus]}; "
+        f"yours gave {[round(g, 5) for g in got]}. Minimise mu² - 2 lambda mu² + lambda² (e^{{mu²}} - 1)."
+    )
 
 
 @never_raises
@@ -174,7 +198,7 @@ def variance_crossing(answer: Any) -> CheckResult:
     mu_star = variance_crossing_mu()
     if abs(v - mu_star) < 1e-3:
         return passed(f"mu = {mu_star:.4f}: beyond it Var k1 = mu² is smaller than Var k3 = e^(mu²) - 1 - mu².")
-    if abs(v - mu_star ** 2) < 1e-3:
+    if abs(v - mu_star**2) < 1e-3:
         return failed(f"{v:.4f} is mu² (the root t of e^t = 1 + 2t); the crossing in mu is its square root.")
     k2_cross = math.sqrt(math.sqrt(5.0) - 1.0)
     if abs(v - k2_cross) < 1e-3:
@@ -183,5 +207,6 @@ def variance_crossing(answer: Any) -> CheckResult:
         return failed("The crossing is at a positive mu (at mu = 0 both variances are 0).")
     var1, var3 = v * v, math.expm1(v * v) - v * v
     side = "k3 still has the smaller variance there" if var3 < var1 else "k1 already wins there"
-    return failed(f"At mu = {v:.4f}, Var k1 = {var1:.4f} and Var k3 = {var3:.4f}: {side}. "
-                  "Solve e^(mu²) - 1 - mu² = mu².")
+    return failed(
+        f"At mu = {v:.4f}, Var k1 = {var1:.4f} and Var k3 = {var3:.4f}: {side}. Solve e^(mu²) - 1 - mu² = mu²."
+    )

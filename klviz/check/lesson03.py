@@ -4,6 +4,7 @@ The checks name the usual mistakes: the estimator of the other direction (k3 ins
 r log r - (r - 1)), the plain r log r that can go negative, a ratio upside down, a sign error in a
 curvature, a tangent taken at the sample instead of at r = 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,18 +46,31 @@ def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     r = torch.exp(lr)
     right = kernel.kl_to_target(lr)
     if _close(got, right):
-        return passed("r log r − (r − 1): the gap between t log t and its tangent at 1, never negative, and its "
-                      "mean under q is KL(p‖q).")
+        return passed(
+            "r log r − (r − 1): the gap between t log t and its tangent at 1, never negative, and its "
+            "mean under q is KL(p‖q)."
+        )
     wrong = {
-        "k3": (kernel.k3(lr), "That is k3 = (r − 1) − log r, which estimates KL(q‖p), the other direction; "
-                                     "for KL(p‖q) start from f(t) = t log t."),
-        "naive": (r * lr, "r log r alone is unbiased for KL(p‖q) but negative whenever r < 1; subtract the tangent "
-                          "f′(1)(r − 1) = r − 1, whose mean under q is zero."),
+        "k3": (
+            kernel.k3(lr),
+            "That is k3 = (r − 1) − log r, which estimates KL(q‖p), the other direction; "
+            "for KL(p‖q) start from f(t) = t log t.",
+        ),
+        "naive": (
+            r * lr,
+            "r log r alone is unbiased for KL(p‖q) but negative whenever r < 1; subtract the tangent "
+            "f′(1)(r − 1) = r − 1, whose mean under q is zero.",
+        ),
         "sign": (-right, "The sign is flipped: the gap f(r) − f′(1)(r − 1) is curve minus tangent, never negative."),
-        "inverted": (torch.exp(-lr) * (-lr) - torch.expm1(-lr),
-                     "The ratio is upside down: r = p(x)/q(x) = exp(log_r), target over sampler."),
-        "plus": (r * lr + torch.expm1(lr), "You added r − 1; subtract it: the tangent of t log t at 1 is t − 1, "
-                                           "and the estimator is the curve minus the tangent."),
+        "inverted": (
+            torch.exp(-lr) * (-lr) - torch.expm1(-lr),
+            "The ratio is upside down: r = p(x)/q(x) = exp(log_r), target over sampler.",
+        ),
+        "plus": (
+            r * lr + torch.expm1(lr),
+            "You added r − 1; subtract it: the tangent of t log t at 1 is t − 1, "
+            "and the estimator is the curve minus the tangent.",
+        ),
     }
     for value, message in wrong.values():
         if _close(got, value):
@@ -78,19 +92,26 @@ def k2_curvature(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     got = learner_tensor(fn, (_T.clone(),), _T.shape, "the curvature")
     if isinstance(got, CheckResult):
         # two checks share the exercise's cell: say which part is still a skeleton
-        return got if got.attempted else not_attempted("(a) Replace the `...` in k2_curvature with f″(t) and "
-                                                       "run the cell again.")
+        return (
+            got
+            if got.attempted
+            else not_attempted("(a) Replace the `...` in k2_curvature with f″(t) and run the cell again.")
+        )
     lt = torch.log(_T)
-    right = (1 - lt) / _T ** 2
+    right = (1 - lt) / _T**2
     if _close(got, right):
         return passed("f″(t) = (1 − log t)/t²: positive up to t = e, negative beyond, so ½(log t)² is not convex.")
     wrong = {
         "sign": (-right, "The sign is flipped: f″(1) must be +1, like the curvature of −log t and t log t at 1."),
-        "one_t": ((1 - lt) / _T, "Missing a factor 1/t: f′(t) = log t / t, and differentiating it gives "
-                                 "(1 − log t)/t²."),
+        "one_t": (
+            (1 - lt) / _T,
+            "Missing a factor 1/t: f′(t) = log t / t, and differentiating it gives (1 − log t)/t².",
+        ),
         "first": (lt / _T, "That is the first derivative f′(t) = log t / t; differentiate once more."),
-        "minus_log": (1 / _T ** 2, "That is the curvature of −log t (1/t²), which is never negative; "
-                                   "½(log t)² has (1 − log t)/t²."),
+        "minus_log": (
+            1 / _T**2,
+            "That is the curvature of −log t (1/t²), which is never negative; ½(log t)² has (1 − log t)/t².",
+        ),
     }
     for value, message in wrong.values():
         if _close(got, value):
@@ -127,10 +148,12 @@ def _generators() -> list[tuple[Callable, Callable]]:
         (lambda t: -torch.log(t), lambda t: -1 / t),
         (lambda t: t * torch.log(t), lambda t: torch.log(t) + 1),
         # Jensen-Shannon (times 2): f(t) = t log t - (t + 1) log((t + 1)/2)
-        (lambda t: t * torch.log(t) - (t + 1) * torch.log((t + 1) / 2),
-         lambda t: torch.log(t) - torch.log((t + 1) / 2)),
+        (
+            lambda t: t * torch.log(t) - (t + 1) * torch.log((t + 1) / 2),
+            lambda t: torch.log(t) - torch.log((t + 1) / 2),
+        ),
         # a power generator, (t^3 - 1)/6, convex for t > 0, with f'(1) = 1/2
-        (lambda t: (t ** 3 - 1) / 6, lambda t: t ** 2 / 2),
+        (lambda t: (t**3 - 1) / 6, lambda t: t**2 / 2),
     ]
 
 
@@ -138,7 +161,7 @@ def _generators() -> list[tuple[Callable, Callable]]:
 def bregman_estimator(fn: Callable[[Callable, Callable, torch.Tensor], Any]) -> CheckResult:
     """Exercise 3: ``fn(f, df, log_r)`` must return f(r) - f'(1)(r - 1) with r = exp(log_r), for any
     generator f with derivative df (both functions of a tensor t)."""
-    lr = _LOG_R[1:-1]                        # |log r| <= 2.5 keeps every generator finite
+    lr = _LOG_R[1:-1]  # |log r| <= 2.5 keeps every generator finite
     r = torch.exp(lr)
     one = torch.ones((), dtype=torch.float64)
     results = []
@@ -148,17 +171,24 @@ def bregman_estimator(fn: Callable[[Callable, Callable, torch.Tensor], Any]) -> 
             return got
         results.append((got, f, df))
     if all(_close(got, f(r) - df(one) * (r - 1)) for got, f, df in results):
-        return passed("f(r) − f′(1)(r − 1): unbiased for D_f because E_q[r − 1] = 0, and never negative when f is "
-                      "convex, for every generator, including the Jensen–Shannon and power ones you had not seen.")
+        return passed(
+            "f(r) − f′(1)(r − 1): unbiased for D_f because E_q[r − 1] = 0, and never negative when f is "
+            "convex, for every generator, including the Jensen–Shannon and power ones you had not seen."
+        )
     checks = [
-        (lambda f, df: f(r) - df(r) * (r - 1),
-         "The tangent is taken at the sample (f′(r)); take it at r = 1, where E_q[r − 1] = 0 makes the correction "
-         "vanish on average."),
+        (
+            lambda f, df: f(r) - df(r) * (r - 1),
+            "The tangent is taken at the sample (f′(r)); take it at r = 1, where E_q[r − 1] = 0 makes the correction "
+            "vanish on average.",
+        ),
         (lambda f, df: f(r) + df(one) * (r - 1), "Sign: subtract f′(1)(r − 1), the tangent, from f(r)."),
         (lambda f, df: f(lr) - df(one) * (lr - 1), "You evaluated f at log r; r = exp(log_r)."),
         (lambda f, df: f(r), "You returned f(r) alone: unbiased, but not the Bregman gap; subtract f′(1)(r − 1)."),
-        (lambda f, df: f(r) - (r - 1), "You subtracted (r − 1) with slope 1 for every f; the slope is f′(1), "
-                                       "which depends on f (−1 for −log t, +1 for t log t)."),
+        (
+            lambda f, df: f(r) - (r - 1),
+            "You subtracted (r − 1) with slope 1 for every f; the slope is f′(1), "
+            "which depends on f (−1 for −log t, +1 for t log t).",
+        ),
     ]
     for formula, message in checks:
         if all(_close(got, formula(f, df)) for got, f, df in results):

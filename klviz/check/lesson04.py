@@ -3,10 +3,11 @@
 Each check calls the learner's function on cases it was not shown and says, in one sentence,
 what is wrong (padding counted, EOS dropped, ratio inverted, clamp missing, ...).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -32,12 +33,14 @@ def approx_kl(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
     mask[0, 6:] = 0
     mask[2, 3:] = 0
     new_padded = new.clone()
-    new_padded[mask == 0] = old[mask == 0] + 5.0         # garbage where the mask is 0
+    new_padded[mask == 0] = old[mask == 0] + 5.0  # garbage where the mask is 0
     right = (0.5 * (new_padded - old) ** 2 * mask).sum() / mask.sum().clamp(min=1)
     got = learner_answer(fn, new_padded, old, mask, convert=lambda out: _as_tensor(out, "approx_kl"))
     if isinstance(got, CheckResult):
         return got
-    empty = learner_answer(fn, new_padded, old, torch.zeros_like(mask), convert=lambda out: _as_tensor(out, "approx_kl"))
+    empty = learner_answer(
+        fn, new_padded, old, torch.zeros_like(mask), convert=lambda out: _as_tensor(out, "approx_kl")
+    )
     if isinstance(empty, CheckResult):
         return empty
     if got.numel() != 1:
@@ -48,15 +51,15 @@ def approx_kl(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
             return failed("An all-zero mask gives NaN (0/0): clamp the denominator to at least 1, as MiniMind does.")
         return passed("approx_kl matches MiniMind: ½Δ² averaged over the response tokens only.")
     d = new_padded - old
-    if math.isclose(g, float((0.5 * d ** 2).mean()), rel_tol=1e-5):
+    if math.isclose(g, float((0.5 * d**2).mean()), rel_tol=1e-5):
         return failed("You averaged over every position: padding and tokens after EOS must be masked out.")
-    if math.isclose(g, float((0.5 * d ** 2 * mask).sum() / mask.numel()), rel_tol=1e-5):
+    if math.isclose(g, float((0.5 * d**2 * mask).sum() / mask.numel()), rel_tol=1e-5):
         return failed("You masked the numerator but divided by all positions: divide by mask.sum() instead.")
-    if math.isclose(g, float((d ** 2 * mask).sum() / mask.sum()), rel_tol=1e-5):
+    if math.isclose(g, float((d**2 * mask).sum() / mask.sum()), rel_tol=1e-5):
         return failed("The ½ is missing: approx_kl is ½(log r)², the k2 estimator.")
     if math.isclose(g, float((-d * mask).sum() / mask.sum()), rel_tol=1e-5):
         return failed("That is k1 (verl's ppo_kl), not MiniMind's ½(log r)².")
-    if math.isclose(g, float((0.5 * d ** 2 * mask).sum()), rel_tol=1e-5):
+    if math.isclose(g, float((0.5 * d**2 * mask).sum()), rel_tol=1e-5):
         return failed("You summed over tokens; approx_kl is a mean over the response tokens.")
     return failed(f"Expected {float(right):.6f} on a test batch, got {g:.6f}.")
 
@@ -64,19 +67,34 @@ def approx_kl(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
 def response_mask(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> CheckResult:
     """``fn(completion_ids, completion_mask, eos_id) -> [B, R] mask`` up to and including the first EOS."""
     eos = 2
-    ids = torch.tensor([
-        [5, 6, 7, eos, 0, 0, 0],        # finished, padded
-        [5, eos, 9, 9, eos, 9, 9],      # the engine kept sampling after EOS
-        [5, 6, 7, 8, 9, 10, 11],        # truncated: no EOS
-        [eos, 0, 0, 0, 0, 0, 0],        # EOS right away
-        [5, 6, 0, 0, 0, 0, 0],          # padded without EOS (ran out of budget elsewhere)
-    ])
-    cmask = torch.tensor([
-        [1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0, 0]])
-    right = torch.tensor([
-        [1, 1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    ids = torch.tensor(
+        [
+            [5, 6, 7, eos, 0, 0, 0],  # finished, padded
+            [5, eos, 9, 9, eos, 9, 9],  # the engine kept sampling after EOS
+            [5, 6, 7, 8, 9, 10, 11],  # truncated: no EOS
+            [eos, 0, 0, 0, 0, 0, 0],  # EOS right away
+            [5, 6, 0, 0, 0, 0, 0],  # padded without EOS (ran out of budget elsewhere)
+        ]
+    )
+    cmask = torch.tensor(
+        [
+            [1, 1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1],
+            [1, 1, 1, 1, 1, 1, 1],
+            [1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+        ]
+    )
+    right = torch.tensor(
+        [
+            [1, 1, 1, 1, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1],
+            [1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+        ],
+        dtype=torch.float32,
+    )
     got = learner_answer(fn, ids.clone(), cmask.clone(), eos, convert=lambda out: _as_tensor(out, "response_mask"))
     if isinstance(got, CheckResult):
         return got
@@ -107,19 +125,31 @@ def low_var_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Chec
     if got.shape != right.shape:
         return failed(f"low_var_kl is per token: expected shape {tuple(right.shape)}, got {tuple(got.shape)}.")
     finite = torch.isfinite(got.detach())
-    inverted = VERL_LOW_VAR_KL.apply(logprob.detach() - ref, "k3")      # the log-ratio upside down
-    if bool(finite.all()) and torch.allclose(got.detach(), inverted, rtol=1e-4, atol=1e-6) \
-            and not torch.allclose(got.detach(), right, rtol=1e-4, atol=1e-6):
-        return failed("The log-ratio is inverted: verl uses log r = ref_logprob - logprob (tokens come from the policy).")
+    inverted = VERL_LOW_VAR_KL.apply(logprob.detach() - ref, "k3")  # the log-ratio upside down
+    if (
+        bool(finite.all())
+        and torch.allclose(got.detach(), inverted, rtol=1e-4, atol=1e-6)
+        and not torch.allclose(got.detach(), right, rtol=1e-4, atol=1e-6)
+    ):
+        return failed(
+            "The log-ratio is inverted: verl uses log r = ref_logprob - logprob (tokens come from the policy)."
+        )
     unclamped = kernel.k3(ref - logprob.detach())
-    if bool(torch.isinf(got.detach()).any()) or torch.allclose(got.detach()[:4], unclamped[:4], rtol=1e-4) and \
-            float(got.detach()[3]) > 10:
+    if (
+        bool(torch.isinf(got.detach()).any())
+        or torch.allclose(got.detach()[:4], unclamped[:4], rtol=1e-4)
+        and float(got.detach()[3]) > 10
+    ):
         return failed("The result is not clamped to [-10, 10]: one token with a huge ratio then dominates the mean.")
     if not torch.allclose(got.detach(), right, rtol=1e-4, atol=1e-6):
-        return failed(f"Expected {[round(v, 4) for v in right.tolist()]}, got {[round(v, 4) for v in got.detach().tolist()]}.")
+        return failed(
+            f"Expected {[round(v, 4) for v in right.tolist()]}, got {[round(v, 4) for v in got.detach().tolist()]}."
+        )
     if got.requires_grad:
         (grad,) = torch.autograd.grad(got.sum(), logprob)
         if not bool(torch.isfinite(grad).all()):
-            return failed("The values are right but the gradient is NaN at log r = 119.9: clamp log r to [-20, 20] "
-                          "before exp, so the output clamp never multiplies 0 by inf.")
+            return failed(
+                "The values are right but the gradient is NaN at log r = 119.9: clamp log r to [-20, 20] "
+                "before exp, so the output clamp never multiplies 0 by inf."
+            )
     return passed("low_var_kl matches verl: k3 with log r = ref - logprob, clamped inside to ±20 and outside to ±10.")

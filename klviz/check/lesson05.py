@@ -4,9 +4,11 @@ and reward-to-go.
 Each check tests the learner's answer on cases the lesson did not show and says in one sentence
 what is wrong (a sign, an inverted ratio, beta on the wrong side, the past instead of the future).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -31,19 +33,26 @@ def k3_loss_coefficient(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     r = log_r.exp()
     right = 1 - r
     if _close(out, right):
-        return passed("Right: d k3 / d log pi = 1 - r, so k3 as a loss has expected gradient "
-                      "E_pi[(1 - r) s] = -E_pi_ref[s] = grad KL(pi_ref || pi), the forward KL.")
+        return passed(
+            "Right: d k3 / d log pi = 1 - r, so k3 as a loss has expected gradient "
+            "E_pi[(1 - r) s] = -E_pi_ref[s] = grad KL(pi_ref || pi), the forward KL."
+        )
     if _close(out, r - 1):
-        return failed("Sign: k3 = r - 1 - log r and r = pi_ref/pi falls as log pi rises, so d k3/d log pi = -r + 1, "
-                      "not r - 1.")
+        return failed(
+            "Sign: k3 = r - 1 - log r and r = pi_ref/pi falls as log pi rises, so d k3/d log pi = -r + 1, not r - 1."
+        )
     if _close(out, -log_r):
-        return failed("That is k1 = -log r, the coefficient of k2 as a loss (and of k1 in the reward); "
-                      "differentiate k3 = r - 1 - log r through log pi instead.")
+        return failed(
+            "That is k1 = -log r, the coefficient of k2 as a loss (and of k1 in the reward); "
+            "differentiate k3 = r - 1 - log r through log pi instead."
+        )
     if _close(out, 1 - 1 / r):
         return failed("You inverted the ratio: r = pi_ref(x)/pi(x) = exp(log_r), not pi/pi_ref.")
     if _close(out, kernel.k3(log_r)):
-        return failed("That is the value of k3 (its coefficient in the *reward*); as a loss you need its "
-                      "derivative with respect to log pi.")
+        return failed(
+            "That is the value of k3 (its coefficient in the *reward*); as a loss you need its "
+            "derivative with respect to log pi."
+        )
     if _close(out, torch.ones_like(out)):
         return failed("A coefficient of 1 is k1 as a loss (zero on average); k3's derivative depends on r.")
     return failed(f"At log_r = {log_r.tolist()} the coefficient should be {[round(v, 5) for v in right.tolist()]}.")
@@ -52,7 +61,11 @@ def k3_loss_coefficient(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
 def bandit_optimum(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> CheckResult:
     """Check ``fn(ref_probs, rewards, beta) -> pi*`` for max E_pi[R] - beta · KL(pi || pi_ref)."""
     cases = [
-        (torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64), torch.tensor([1.0, -0.5, 0.25, 0.0], dtype=torch.float64), 0.7),
+        (
+            torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64),
+            torch.tensor([1.0, -0.5, 0.25, 0.0], dtype=torch.float64),
+            0.7,
+        ),
         (torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64), torch.tensor([0.0, 2.0, 3.0], dtype=torch.float64), 2.5),
     ]
     for ref, rw, beta in cases:
@@ -63,17 +76,25 @@ def bandit_optimum(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> Ch
         if _close(out, right):
             continue
         if abs(float(out.sum()) - 1) > 1e-6:
-            return failed(f"Your policy sums to {float(out.sum()):.4f}: normalise pi_ref · exp(R/beta) over the tokens.")
+            return failed(
+                f"Your policy sums to {float(out.sum()):.4f}: normalise pi_ref · exp(R/beta) over the tokens."
+            )
         if _close(out, torch.softmax(ref.log() - rw / beta, -1)):
             return failed("Sign: the reward is maximised, so pi* ∝ pi_ref · exp(+R/beta).")
         if _close(out, torch.softmax(ref.log() + rw * beta, -1)):
-            return failed("beta is on the wrong side: a larger beta must keep pi* closer to pi_ref, so divide R by beta.")
+            return failed(
+                "beta is on the wrong side: a larger beta must keep pi* closer to pi_ref, so divide R by beta."
+            )
         if _close(out, torch.softmax(rw / beta, -1)):
             return failed("You dropped pi_ref: the optimum tilts the reference, pi* ∝ pi_ref · exp(R/beta).")
-        return failed(f"For pi_ref = {ref.tolist()}, R = {rw.tolist()}, beta = {beta} the optimum is "
-                      f"{[round(v, 5) for v in right.tolist()]}.")
-    return passed("Right: pi* ∝ pi_ref · exp(R/beta), the fixed point of every choice whose expected gradient is "
-                  "the reverse-KL gradient.")
+        return failed(
+            f"For pi_ref = {ref.tolist()}, R = {rw.tolist()}, beta = {beta} the optimum is "
+            f"{[round(v, 5) for v in right.tolist()]}."
+        )
+    return passed(
+        "Right: pi* ∝ pi_ref · exp(R/beta), the fixed point of every choice whose expected gradient is "
+        "the reverse-KL gradient."
+    )
 
 
 def reward_to_go(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
@@ -84,15 +105,19 @@ def reward_to_go(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
         return out
     right = k1.flip(-1).cumsum(-1).flip(-1)
     if _close(out, right):
-        return passed("Right: each token's score is multiplied by the KL of itself and every later token, which "
-                      "keeps the future terms that token-level losses drop (the full sequence gradient).")
+        return passed(
+            "Right: each token's score is multiplied by the KL of itself and every later token, which "
+            "keeps the future terms that token-level losses drop (the full sequence gradient)."
+        )
     if _close(out, k1.cumsum(-1)):
         return failed("That sums the past (u ≤ t); a token can only change the tokens after it: sum over u ≥ t.")
     if _close(out, k1):
         return failed("That is the per-token k1 alone, which gives only the partial gradient; add all later tokens.")
     if _close(out, k1.sum(-1, keepdim=True).expand_as(k1)):
-        return failed("The whole-sequence sum is unbiased too, but it is not reward-to-go: drop the terms "
-                      "before t (they add variance and no signal).")
+        return failed(
+            "The whole-sequence sum is unbiased too, but it is not reward-to-go: drop the terms "
+            "before t (they add variance and no signal)."
+        )
     if _close(out, k1.flip(0).cumsum(0).flip(0)) or _close(out, k1.cumsum(0)):
         return failed("Sum along the last axis (tokens), separately for each sequence (row).")
     return failed(f"For k1 = {k1[0].tolist()} the reward-to-go is {[round(v, 4) for v in right[0].tolist()]}.")

@@ -1,7 +1,9 @@
 """Checks for the exercises of lesson 06 (pitfalls and your own rollouts)."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,9 +28,9 @@ def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     g = torch.Generator().manual_seed(606)
     old = -torch.rand(40, generator=g, dtype=torch.float64) * 6
     new = old + torch.randn(40, generator=g, dtype=torch.float64) * 1.5
-    new[:3] = old[:3] + torch.tensor([1e-9, -3e-9, 2e-8], dtype=torch.float64)   # nearly equal policies
+    new[:3] = old[:3] + torch.tensor([1e-9, -3e-9, 2e-8], dtype=torch.float64)  # nearly equal policies
     new[3] = old[3] + 30.0
-    log_r = new - old                     # target (new) minus sampler (old)
+    log_r = new - old  # target (new) minus sampler (old)
     expected = kernel.k3(log_r)
     out = _call(fn, new, old, convert=_as64)
     if isinstance(out, CheckResult):
@@ -36,26 +38,36 @@ def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     if out.shape != expected.shape:
         return failed(f"Return one value per token: expected shape {tuple(expected.shape)}, got {tuple(out.shape)}.")
     if not bool(torch.isfinite(out).all()):
-        return failed("Your function returns inf or NaN for a token whose log-ratio is 30: compute in a way that "
-                      "stays finite (k3 is e^30 - 31 there, large but finite in float64).")
-    inverted = kernel.k3(-log_r)                  # the same estimator fed the ratio upside down
+        return failed(
+            "Your function returns inf or NaN for a token whose log-ratio is 30: compute in a way that "
+            "stays finite (k3 is e^30 - 31 there, large but finite in float64)."
+        )
+    inverted = kernel.k3(-log_r)  # the same estimator fed the ratio upside down
     if torch.allclose(out, inverted, rtol=1e-6, atol=1e-12):
-        return failed("Ratio inverted: that is the often-copied exp(logp_old - logp_new), sampler over target. With tokens "
-                      "from old, r must be new/old (target over sampler); the inverted version averages to "
-                      "chi²(old||new) - KL(old||new).")
+        return failed(
+            "Ratio inverted: that is the often-copied exp(logp_old - logp_new), sampler over target. With tokens "
+            "from old, r must be new/old (target over sampler); the inverted version averages to "
+            "chi²(old||new) - KL(old||new)."
+        )
     if torch.allclose(out, old - new, atol=1e-9):
-        return failed("That is k1 = log old - log new: unbiased but noisy and sometimes negative; the exercise asks for k3.")
+        return failed(
+            "That is k1 = log old - log new: unbiased but noisy and sometimes negative; the exercise asks for k3."
+        )
     body = slice(4, None)
     if not torch.allclose(out[body], expected[body], rtol=1e-6, atol=1e-9):
         return failed("Not k3 of KL(old || new): use log r = logp_new - logp_old and return (r - 1) - log r.")
     rel = ((out[:3] - expected[:3]).abs() / expected[:3]).max()
     if float(rel) > 1e-3:
-        return failed("Right formula, but for nearly equal policies (log r ≈ 1e-9) it loses every digit to "
-                      "cancellation: compute r - 1 as torch.expm1(log_r).")
+        return failed(
+            "Right formula, but for nearly equal policies (log r ≈ 1e-9) it loses every digit to "
+            "cancellation: compute r - 1 as torch.expm1(log_r)."
+        )
     if not torch.allclose(out, expected, rtol=1e-6):
         return failed("Close, but the token with log r = 30 is off: compute it as expm1(log_r) - log_r in float64.")
-    return passed("k3 with r = new/old (target over sampler), computed as expm1(log r) - log r: unbiased for "
-                  "KL(old || new), never negative, accurate for tiny log-ratios.")
+    return passed(
+        "k3 with r = new/old (target over sampler), computed as expm1(log r) - log r: unbiased for "
+        "KL(old || new), never negative, accurate for tiny log-ratios."
+    )
 
 
 def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
@@ -68,7 +80,7 @@ def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     ref = old + 0.6 * torch.randn(B, T, generator=g, dtype=torch.float64)
     lengths = torch.tensor([9, 2, 5, 7, 1, 4])
     mask = (torch.arange(T)[None] < lengths[:, None]).to(torch.float64)
-    lp_pad = torch.where(mask > 0, lp, torch.full_like(lp, -50.0))   # padding holds junk that must be ignored
+    lp_pad = torch.where(mask > 0, lp, torch.full_like(lp, -50.0))  # padding holds junk that must be ignored
     rho = torch.exp(lp - old)
     per_token = rho * (lp - ref)
     expected = float((per_token * mask).sum() / mask.sum())
@@ -81,24 +93,32 @@ def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
         return failed("Return one number: the token-mean over the mask.")
     close = lambda v: abs(value - v) <= 1e-6 * max(1.0, abs(v))  # noqa: E731
     if close(expected):
-        return passed("rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi || pi_ref) "
-                      "although pi_old sampled the tokens.")
+        return passed(
+            "rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi || pi_ref) "
+            "although pi_old sampled the tokens."
+        )
     m = mask
     if close(float(((lp - ref) * m).sum() / m.sum())):
-        return failed("No importance weight: on pi_old's tokens, log pi - log pi_ref averages to KL(old||ref) - "
-                      "KL(old||pi), not KL(pi||ref). Multiply each token by rho = exp(logprob - old_logprob).")
+        return failed(
+            "No importance weight: on pi_old's tokens, log pi - log pi_ref averages to KL(old||ref) - "
+            "KL(old||pi), not KL(pi||ref). Multiply each token by rho = exp(logprob - old_logprob)."
+        )
     if close(float((torch.exp(old - lp) * (lp - ref) * m).sum() / m.sum())):
         return failed("Weight inverted: rho must be pi/pi_old = exp(logprob - old_logprob), target over sampler.")
     k3 = kernel.k3(ref - lp)
     if close(float((rho * k3 * m).sum() / m.sum())):
         return passed("rho · k3, averaged over the mask: also unbiased for KL(pi || pi_ref), and never negative.")
     if close(float(((rho * (lp - ref) * m).sum(-1) / m.sum(-1)).mean())):
-        return failed("Right weights, wrong aggregation: that is seq-mean-token-mean; the exercise asks for the token-mean "
-                      "(sum over all counted tokens / number of counted tokens).")
+        return failed(
+            "Right weights, wrong aggregation: that is seq-mean-token-mean; the exercise asks for the token-mean "
+            "(sum over all counted tokens / number of counted tokens)."
+        )
     if close(float((rho * (lp - ref)).mean())) or close(float((torch.exp(lp_pad - old) * (lp_pad - ref)).mean())):
         return failed("The padding was counted: average only where mask is 1.")
-    return failed("Not the importance-weighted estimate: per token rho · (logprob - ref_logprob) with "
-                  "rho = exp(logprob - old_logprob), then the mean over the counted tokens.")
+    return failed(
+        "Not the importance-weighted estimate: per token rho · (logprob - ref_logprob) with "
+        "rho = exp(logprob - old_logprob), then the mean over the counted tokens."
+    )
 
 
 def kl_term_with_gradient(fn: Callable[..., Any]) -> CheckResult:
@@ -114,16 +134,26 @@ def kl_term_with_gradient(fn: Callable[..., Any]) -> CheckResult:
     if isinstance(out, CheckResult):
         return out
     if not isinstance(out, torch.Tensor) or out.numel() != 1:
-        return failed("Return a one-element torch tensor (the loss term), not a Python number: a float has no gradient.")
+        return failed(
+            "Return a one-element torch tensor (the loss term), not a Python number: a float has no gradient."
+        )
     if abs(float(out.detach()) - expected) > 1e-8 * max(1.0, expected):
-        return failed(f"The value is off: expected the masked token-mean of k3 = {expected:.6f}, got {float(out.detach()):.6f}.")
+        return failed(
+            f"The value is off: expected the masked token-mean of k3 = {expected:.6f}, got {float(out.detach()):.6f}."
+        )
     if not out.requires_grad:
-        return failed("Right value, but no gradient: the term was computed under torch.no_grad() or detached, so "
-                      "adding it to the loss changes the logged number and nothing else (open-instruct#530).")
+        return failed(
+            "Right value, but no gradient: the term was computed under torch.no_grad() or detached, so "
+            "adding it to the loss changes the logged number and nothing else (open-instruct#530)."
+        )
     (grad,) = torch.autograd.grad(out.sum(), lp)
     expected_grad = (1 - torch.exp(d)) * mask / mask.sum()
     if not torch.allclose(grad, expected_grad, atol=1e-10):
-        return failed("The gradient is not that of k3 with respect to logprob: keep logprob in the graph and "
-                      "detach nothing inside the formula.")
-    return passed("A loss term with a gradient: its expected gradient follows KL(pi_ref || pi) (lesson 05), "
-                  "and it does reach the optimizer.")
+        return failed(
+            "The gradient is not that of k3 with respect to logprob: keep logprob in the graph and "
+            "detach nothing inside the formula."
+        )
+    return passed(
+        "A loss term with a gradient: its expected gradient follows KL(pi_ref || pi) (lesson 05), "
+        "and it does reach the optimizer."
+    )

@@ -4,9 +4,11 @@
 Each check tests the learner's function on cases the lesson did not show and says in one sentence
 what is wrong (no reward-to-go, a sign, the mask forgotten, the ½ dropped, the wrong direction).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -23,8 +25,9 @@ def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], A
     """Check ``fn(rewards [B], k1 [B, T], mask [B, T], beta) -> returns [B, T]``:
     ``R_b - beta · sum_{u >= t} k1[b, u] · mask[b, u]`` on response tokens, 0 elsewhere."""
     rewards = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
-    k1 = torch.tensor([[0.0, 0.2, -0.1, 0.4, 0.3], [0.0, 0.5, 0.1, 9.0, 9.0], [0.0, 0.0, -0.3, 0.2, 0.6]],
-                      dtype=torch.float64)
+    k1 = torch.tensor(
+        [[0.0, 0.2, -0.1, 0.4, 0.3], [0.0, 0.5, 0.1, 9.0, 9.0], [0.0, 0.0, -0.3, 0.2, 0.6]], dtype=torch.float64
+    )
     mask = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 1, 1, 1]], dtype=torch.float64)
     beta = 0.3
     out = learner_answer(fn, rewards.clone(), k1.clone(), mask.clone(), beta)
@@ -37,22 +40,30 @@ def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], A
     togo = km.flip(-1).cumsum(-1).flip(-1)
     right = (rewards[:, None] - beta * togo) * mask
     if _close(out, right):
-        return passed("Right: each token's return is the reward minus beta times the KL of itself and every later "
-                      "response token, which gives the full sequence-KL gradient.")
+        return passed(
+            "Right: each token's return is the reward minus beta times the KL of itself and every later "
+            "response token, which gives the full sequence-KL gradient."
+        )
     if _close(out, (rewards[:, None] + beta * togo) * mask):
         return failed("Sign: the KL is a penalty, so subtract beta · (k1 to go) from the reward.")
     if _close(out, (rewards[:, None] - beta * km) * mask):
-        return failed("That uses only the token's own k1 (the partial gradient); sum k1 over this and all later tokens.")
+        return failed(
+            "That uses only the token's own k1 (the partial gradient); sum k1 over this and all later tokens."
+        )
     if _close(out, (rewards[:, None] - beta * km.cumsum(-1)) * mask):
         return failed("That sums the past tokens; a token can only affect the ones after it: sum over u ≥ t.")
-    if _close(out, (rewards[:, None] - beta * k1.flip(-1).cumsum(-1).flip(-1)) * mask) or \
-            _close(out, rewards[:, None] - beta * togo):
-        return failed("Use the mask: k1 of padding and prompt positions must not count, and returns outside the "
-                      "response are 0.")
+    if _close(out, (rewards[:, None] - beta * k1.flip(-1).cumsum(-1).flip(-1)) * mask) or _close(
+        out, rewards[:, None] - beta * togo
+    ):
+        return failed(
+            "Use the mask: k1 of padding and prompt positions must not count, and returns outside the response are 0."
+        )
     if _close(out, (rewards[:, None] - beta * km.sum(-1, keepdim=True)) * mask):
         return failed("The whole-sequence KL on every token is unbiased but not reward-to-go; drop the earlier tokens.")
-    return failed(f"For row 0 the returns should be {[round(v, 4) for v in right[0].tolist()]}, "
-                  f"yours are {[round(v, 4) for v in out[0].tolist()]}.")
+    return failed(
+        f"For row 0 the returns should be {[round(v, 4) for v in right[0].tolist()]}, "
+        f"yours are {[round(v, 4) for v in out[0].tolist()]}."
+    )
 
 
 def approx_kl_stop(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]) -> CheckResult:
@@ -75,12 +86,20 @@ def approx_kl_stop(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float
                 return failed("Use the mask: positions outside the response (here the last column) must not count.")
             if abs(value - float((d * d * mask).sum() / mask.sum())) < 1e-9:
                 return failed("MiniMind's approx_kl is ½ (Δ)²: you dropped the ½.")
-            if abs(value - float((-d * mask).sum() / mask.sum())) < 1e-9 or abs(value - float((d * mask).sum() / mask.sum())) < 1e-9:
-                return failed("That is k1 (the plain log-ratio mean); this exercise asks for ½ (new - old)², which is never negative.")
+            if (
+                abs(value - float((-d * mask).sum() / mask.sum())) < 1e-9
+                or abs(value - float((d * mask).sum() / mask.sum())) < 1e-9
+            ):
+                return failed(
+                    "That is k1 (the plain log-ratio mean); this exercise asks for ½ (new - old)², "
+                    "which is never negative."
+                )
             if abs(value - float((0.5 * d * d * mask).sum() / mask.numel())) < 1e-9:
                 return failed("Divide by the number of response tokens (mask.sum()), not by every position.")
             return failed(f"approx_kl should be {right:.6f} here, yours is {value:.6f}.")
         if stop != expect:
             return failed("Stop when approx_kl is *greater* than the threshold (the policy moved too far from pi_old).")
-    return passed("Right: ½ (log pi - log pi_old)² averaged over response tokens estimates KL(pi_old || pi) to second "
-                  "order; once it exceeds the threshold the remaining epochs on this batch are skipped.")
+    return passed(
+        "Right: ½ (log pi - log pi_old)² averaged over response tokens estimates KL(pi_old || pi) to second "
+        "order; once it exceeds the threshold the remaining epochs on this batch are skipped."
+    )

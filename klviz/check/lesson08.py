@@ -1,4 +1,5 @@
 """Checks for the exercises of lesson 08 (when the sampler is not the trainer)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,10 +16,10 @@ POLICY_NAMES: tuple[str, ...] = ("rollout", "old", "theta", "ref")
 #: Logged number -> (sampler of the tokens it averages over, the other policy): the KL it estimates is
 #: KL(sampler || other). ``actor/ppo_kl`` treats pi_old as the sampler, which it is only when pi_old = pi_rollout.
 LOGGED_NUMBERS: dict[str, tuple[str, str]] = {
-    "rollout_corr/kl": ("rollout", "old"),          # verl: mean(rollout_log_prob - old_log_prob)
-    "actor/ppo_kl": ("old", "theta"),               # verl: mean(old_log_prob - log_prob)
-    "actor/kl_loss": ("theta", "ref"),              # verl: kl_penalty(log_prob, ref_log_prob)
-    "gen_kl_error": ("rollout", "old"),             # NeMo-RL: generation vs training log-probs
+    "rollout_corr/kl": ("rollout", "old"),  # verl: mean(rollout_log_prob - old_log_prob)
+    "actor/ppo_kl": ("old", "theta"),  # verl: mean(old_log_prob - log_prob)
+    "actor/kl_loss": ("theta", "ref"),  # verl: kl_penalty(log_prob, ref_log_prob)
+    "gen_kl_error": ("rollout", "old"),  # NeMo-RL: generation vs training log-probs
 }
 
 
@@ -46,19 +47,29 @@ def policy_pairs(fn: Callable[[], Any]) -> CheckResult:
         if got == want:
             continue
         if got == want[::-1]:
-            return failed(f"{name}: direction swapped. The first policy is the one whose tokens are averaged over "
-                          f"(the sampler), so {name} estimates KL({want[0]} || {want[1]}).")
+            return failed(
+                f"{name}: direction swapped. The first policy is the one whose tokens are averaged over "
+                f"(the sampler), so {name} estimates KL({want[0]} || {want[1]})."
+            )
         if set(got) == {"old", "theta"} or set(want) == {"old", "theta"}:
-            return failed(f"{name}: not that pair. actor/ppo_kl compares the trainer's recompute before the "
-                          "update (old) with the current policy (theta); the engine's log-probs (rollout) "
-                          "never enter it.")
+            return failed(
+                f"{name}: not that pair. actor/ppo_kl compares the trainer's recompute before the "
+                "update (old) with the current policy (theta); the engine's log-probs (rollout) "
+                "never enter it."
+            )
         if "rollout" in want:
-            return failed(f"{name}: this number compares the engine's log-probs (rollout, the sampler) with the "
-                          "trainer's recompute (old): it measures the mismatch, before any update.")
-        return failed(f"{name}: not that pair; it is the KL penalty of the current policy (theta) against the "
-                      "reference (ref), on the policy's tokens.")
-    return passed("Every logged number matched with its pair. Only rollout_corr/kl and gen_kl_error see the engine: "
-                  "ppo_kl treats pi_old as the sampler, which holds only if pi_old = pi_rollout.")
+            return failed(
+                f"{name}: this number compares the engine's log-probs (rollout, the sampler) with the "
+                "trainer's recompute (old): it measures the mismatch, before any update."
+            )
+        return failed(
+            f"{name}: not that pair; it is the KL penalty of the current policy (theta) against the "
+            "reference (ref), on the policy's tokens."
+        )
+    return passed(
+        "Every logged number matched with its pair. Only rollout_corr/kl and gen_kl_error see the engine: "
+        "ppo_kl treats pi_old as the sampler, which holds only if pi_old = pi_rollout."
+    )
 
 
 def _top_p_mass(logp: torch.Tensor, top_p: float) -> float:
@@ -75,7 +86,7 @@ def kept_mass(fn: Callable[[torch.Tensor, float], Any]) -> CheckResult:
     for V, scale, top_p in ((6, 1.0, 0.9), (12, 2.0, 0.8), (32, 1.5, 0.95), (5, 0.3, 0.5), (8, 3.0, 0.7)):
         logp = torch.log_softmax(scale * torch.randn(V, generator=g, dtype=torch.float64), 0)
         cases.append((logp, top_p, _top_p_mass(logp, top_p)))
-    cases.append((torch.log(torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)), 0.8, 0.8))   # boundary reached exactly
+    cases.append((torch.log(torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)), 0.8, 0.8))  # boundary reached exactly
     for logp, top_p, want in cases:
         out = learner_answer(fn, logp.clone(), top_p, convert=lambda o: as_answer_number(o, "kept_mass", finite=True))
         if isinstance(out, CheckResult):
@@ -83,22 +94,32 @@ def kept_mass(fn: Callable[[torch.Tensor, float], Any]) -> CheckResult:
         if abs(out - want) <= 1e-6:
             continue
         if abs(out - top_p) <= 1e-9:
-            return failed("S is not top_p: the sampler keeps whole tokens until their mass reaches top_p, so S is at "
-                          "least top_p and usually more (the last token kept crosses the threshold).")
+            return failed(
+                "S is not top_p: the sampler keeps whole tokens until their mass reaches top_p, so S is at "
+                "least top_p and usually more (the last token kept crosses the threshold)."
+            )
         if want > 0 and abs(out - 1 / want) <= 1e-6:
-            return failed("That is 1/S, the factor by which the engine scales up the kept tokens; the exercise asks "
-                          "for S itself, the kept mass (at most 1).")
+            return failed(
+                "That is 1/S, the factor by which the engine scales up the kept tokens; the exercise asks "
+                "for S itself, the kept mass (at most 1)."
+            )
         if abs(out - (1 - want)) <= 1e-6:
             return failed("That is the dropped mass 1 − S; return the kept mass S.")
         p = logp.exp().sort(descending=True).values
         strict = float(p[p.cumsum(0) <= top_p + 1e-12].sum())
         if abs(out - strict) <= 1e-6:
-            return failed("You stopped one token early: keep the token that makes the cumulative mass reach top_p "
-                          "(keep a token while the mass of the tokens ranked above it is below top_p).")
-        return failed(f"Not the kept mass: for top_p = {top_p} expected S = {want:.6f}, got {out:.6f}. Sort the "
-                      "probabilities, keep a token while the mass above it is below top_p, and sum the kept ones.")
-    return passed("S computed right: the engine samples p(x)/S on the kept set, so every ratio "
-                  "pi_train/pi_engine of a sampled token carries the factor S.")
+            return failed(
+                "You stopped one token early: keep the token that makes the cumulative mass reach top_p "
+                "(keep a token while the mass of the tokens ranked above it is below top_p)."
+            )
+        return failed(
+            f"Not the kept mass: for top_p = {top_p} expected S = {want:.6f}, got {out:.6f}. Sort the "
+            "probabilities, keep a token while the mass above it is below top_p, and sum the kept ones."
+        )
+    return passed(
+        "S computed right: the engine samples p(x)/S on the kept set, so every ratio "
+        "pi_train/pi_engine of a sampled token carries the factor S."
+    )
 
 
 def tis_weights(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> CheckResult:
@@ -107,19 +128,27 @@ def tis_weights(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> Check
     g = torch.Generator().manual_seed(8008)
     rollout = -torch.rand(3, 7, generator=g, dtype=torch.float64) * 4
     train = rollout + 0.8 * torch.randn(3, 7, generator=g, dtype=torch.float64)
-    train[0, 0] = rollout[0, 0] + 40.0          # an extreme token: the weight must stay finite once capped
+    train[0, 0] = rollout[0, 0] + 40.0  # an extreme token: the weight must stay finite once capped
     cap = 2.0
     want = torch.exp(train - rollout).clamp(max=cap)
-    out = learner_answer(fn, train.clone(), rollout.clone(), cap,
-                         convert=lambda o: as_answer_tensor(o, tuple(train.shape), "your weights"))
+    out = learner_answer(
+        fn,
+        train.clone(),
+        rollout.clone(),
+        cap,
+        convert=lambda o: as_answer_tensor(o, tuple(train.shape), "your weights"),
+    )
     if isinstance(out, CheckResult):
         return out
     if not bool(torch.isfinite(out).all()):
-        return failed("Your weights hold inf or NaN: cap the ratio (clamp(max=cap)) so that a token with a huge "
-                      "log-ratio gets weight cap.")
+        return failed(
+            "Your weights hold inf or NaN: cap the ratio (clamp(max=cap)) so that a token with a huge "
+            "log-ratio gets weight cap."
+        )
     if torch.allclose(out, want, atol=1e-9):
-        return passed("Truncated IS: min(pi_train/pi_rollout, C) per token (verl rollout_is='token', "
-                      "TRL token_truncate).")
+        return passed(
+            "Truncated IS: min(pi_train/pi_rollout, C) per token (verl rollout_is='token', TRL token_truncate)."
+        )
     inv = torch.exp(rollout - train).clamp(max=cap)
     if torch.allclose(out, inv, atol=1e-9):
         return failed("Ratio inverted: the weight is target over sampler, pi_train/pi_rollout = exp(train − rollout).")
@@ -127,9 +156,9 @@ def tis_weights(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> Check
         return failed("You also clipped from below at 1/C: TIS only truncates from above (small weights are kept).")
     seq = torch.exp((train - rollout).sum(-1, keepdim=True)).clamp(max=cap).expand_as(want)
     if torch.allclose(out, seq, atol=1e-9):
-        return failed("That is the sequence-level weight (product over the response); the exercise asks for one "
-                      "weight per token.")
+        return failed(
+            "That is the sequence-level weight (product over the response); the exercise asks for one weight per token."
+        )
     if torch.allclose(out[1:], torch.exp(train - rollout)[1:], atol=1e-9):
         return failed(f"No truncation: weights above C = {cap} must be cut to C.")
     return failed("Not the TIS weights: per token exp(train_logprob − rollout_logprob), then clamp(max=cap).")
-

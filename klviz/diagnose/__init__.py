@@ -22,6 +22,7 @@ says which number a logged metric is (:mod:`.logged`), :func:`diagnose_series` f
 (:mod:`.series`), :func:`plot_report` and :func:`plot_series` draw (:mod:`.plot`, the only part that
 needs matplotlib). ``klviz diagnose FILE...`` runs all of it from the command line.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,11 +50,36 @@ from .report import SCHEMA, SCHEMA_VERSION, format_report, format_series, report
 from .series import collect_dumps, diagnose_series
 
 __all__ = [
-    "RolloutFileError", "RolloutDump", "DumpFile", "Diagnosis", "Trouble", "SEVERITIES", "DEFAULT_KEYS",
-    "DEFAULT_MAX_TOKENS", "load_rollouts", "open_dump", "rollouts_from_tensors", "save_rollouts", "diagnose",
-    "format_report", "report_json", "plot_report", "plot_series", "sample_rollouts_path", "match_logged",
-    "parse_logged", "LOGGED_NAMES", "diagnose_series", "collect_dumps", "format_series", "series_json",
-    "SCHEMA", "SCHEMA_VERSION", "escape_text", "read_vocab", "format_guide_path",
+    "RolloutFileError",
+    "RolloutDump",
+    "DumpFile",
+    "Diagnosis",
+    "Trouble",
+    "SEVERITIES",
+    "DEFAULT_KEYS",
+    "DEFAULT_MAX_TOKENS",
+    "load_rollouts",
+    "open_dump",
+    "rollouts_from_tensors",
+    "save_rollouts",
+    "diagnose",
+    "format_report",
+    "report_json",
+    "plot_report",
+    "plot_series",
+    "sample_rollouts_path",
+    "match_logged",
+    "parse_logged",
+    "LOGGED_NAMES",
+    "diagnose_series",
+    "collect_dumps",
+    "format_series",
+    "series_json",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "escape_text",
+    "read_vocab",
+    "format_guide_path",
 ]
 
 

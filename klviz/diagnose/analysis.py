@@ -8,6 +8,7 @@ moments from :mod:`klviz.statistics`, clamps from :data:`klviz.framework_rules.C
 engine-trainer corrections from :mod:`klviz.mismatch`: this module decides which of them to compute
 and what they say about the batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,17 @@ from ..framework_rules import CLAMP_RULES, VERL_PPO_KL, ClampRule
 from ..statistics import RunningMoments, clustered_mean_se_from_sums, mean_se
 from .reading import DumpFile, RolloutDump, RolloutFileError, escape_text, open_dump
 
-__all__ = ["Diagnosis", "Trouble", "diagnose", "clamp_rows", "LARGE_LOG_RATIO", "CHUNK_TOKENS", "SEVERITIES",
-           "QUANTILE_SAMPLE", "MIN_TAIL_TOKENS"]
+__all__ = [
+    "Diagnosis",
+    "Trouble",
+    "diagnose",
+    "clamp_rows",
+    "LARGE_LOG_RATIO",
+    "CHUNK_TOKENS",
+    "SEVERITIES",
+    "QUANTILE_SAMPLE",
+    "MIN_TAIL_TOKENS",
+]
 
 #: A per-token |log r| above this is called "very large" in the report (a ratio beyond e^10 ≈ 22026).
 LARGE_LOG_RATIO = 10.0
@@ -44,7 +54,7 @@ SEVERITIES: tuple[str, str, str] = ("info", "warning", "error")
 TRL_INVALID_LOGPROB = 1.0
 #: Estimators whose values are never negative, so that a lower output bound at or below 0 never binds.
 _NEVER_NEGATIVE = ("k2", "k3")
-_LOW_PRECISION = {"bfloat16": 8, "float16": 11}        # significand bits, implicit bit included
+_LOW_PRECISION = {"bfloat16": 8, "float16": 11}  # significand bits, implicit bit included
 
 
 class Trouble(NamedTuple):
@@ -93,8 +103,11 @@ def clamp_rows(rules: Mapping[str, ClampRule] = CLAMP_RULES) -> dict[str, tuple[
                 groups.setdefault(("output", name, rule.input_clamp, rule.output_clamp), []).append(rule)
     rows: dict[str, tuple[ClampRule, str, str]] = {}
     for (kind, name, input_clamp, output_clamp), members in groups.items():
-        what = (f"log r clamped to ±{input_clamp:g}" if kind == "input"
-                else f"{name} clamped to {_bound(name, output_clamp)}")
+        what = (
+            f"log r clamped to ±{input_clamp:g}"
+            if kind == "input"
+            else f"{name} clamped to {_bound(name, output_clamp)}"
+        )
         also = f" (also {', '.join(_framework(r) for r in members[1:])})" if len(members) > 1 else ""
         rows[f"{_framework(members[0])}: {what}{also}"] = (members[0], name, kind)
     return rows
@@ -121,24 +134,24 @@ class Diagnosis:
     shape: tuple[int, int]
     dtypes: dict[str, str]
     keys: dict[str, str]
-    n_tokens: int                    # counted, finite tokens
-    n_sequences: int                 # sequences with at least one counted token
+    n_tokens: int  # counted, finite tokens
+    n_sequences: int  # sequences with at least one counted token
     n_empty_sequences: int
     lengths: dict[str, float]
     sampler: str
     off_policy: bool
-    max_abs_policy_shift: float      # max |logprob - old_logprob| (0 when on-policy)
-    nonfinite: dict[str, int]        # counted tokens with NaN/inf, per role
+    max_abs_policy_shift: float  # max |logprob - old_logprob| (0 when on-policy)
+    nonfinite: dict[str, int]  # counted tokens with NaN/inf, per role
     nonfinite_examples: list[tuple[str, int, int, float]]
     positive_logprobs: dict[str, int]
-    estimates: dict[str, dict[str, float]]      # k1/k2/k3 -> statistics (reference KL)
+    estimates: dict[str, dict[str, float]]  # k1/k2/k3 -> statistics (reference KL)
     directions: dict[str, str]
-    extra: dict[str, dict[str, float]]          # other estimates (ppo_kl, importance-weighted, ...)
-    mean_ratio: tuple[float, float]             # mean of r = exp(ref - sampler) and its SE
+    extra: dict[str, dict[str, float]]  # other estimates (ppo_kl, importance-weighted, ...)
+    mean_ratio: tuple[float, float]  # mean of r = exp(ref - sampler) and its SE
     clamps: dict[str, dict[str, Any]]
     large_tokens: list[tuple[int, int, float]]  # (row, column, log r) of the largest |log r|
     n_large: int
-    k3_top_share: float                         # share of the k3 sum carried by the top 1% of tokens
+    k3_top_share: float  # share of the k3 sum carried by the top 1% of tokens
     trouble: list[Trouble] = field(default_factory=list)
     agreement: dict[str, Any] = field(default_factory=dict)
     positions: dict[str, Any] = field(default_factory=dict)
@@ -148,14 +161,14 @@ class Diagnosis:
     token_report: dict[str, Any] = field(default_factory=dict)
     sequences: dict[str, Any] = field(default_factory=dict)
     mismatch: dict[str, Any] = field(default_factory=dict)
-    quantiles_from: int = 0                     # tokens behind the quantiles (a subsample beyond QUANTILE_SAMPLE)
+    quantiles_from: int = 0  # tokens behind the quantiles (a subsample beyond QUANTILE_SAMPLE)
     step: float | None = None
-    log_r_sample: np.ndarray | None = None      # the subsample of log r (all tokens up to QUANTILE_SAMPLE)
-    seq_lengths: np.ndarray | None = None       # counted tokens per response
-    seq_sums: dict[str, np.ndarray] = field(default_factory=dict)   # per-response sums of k1, k3
+    log_r_sample: np.ndarray | None = None  # the subsample of log r (all tokens up to QUANTILE_SAMPLE)
+    seq_lengths: np.ndarray | None = None  # counted tokens per response
+    seq_sums: dict[str, np.ndarray] = field(default_factory=dict)  # per-response sums of k1, k3
     logged: list[dict[str, Any]] = field(default_factory=list)
     clip: float = 0.2
-    sampler_numbers: dict[str, dict[str, Any]] = field(default_factory=dict)   # numbers a framework may log
+    sampler_numbers: dict[str, dict[str, Any]] = field(default_factory=dict)  # numbers a framework may log
 
     @property
     def has_nonfinite(self) -> bool:
@@ -168,11 +181,12 @@ class Diagnosis:
 
 # -- helpers ------------------------------------------------------------------------------------
 
+
 def _ulp(x: np.ndarray, bits: int) -> np.ndarray:
     """Spacing of a float format with ``bits`` significand bits at |x| (subnormals of float16 included)."""
     _m, e = np.frexp(x)
     u = np.ldexp(1.0, e - bits)
-    return np.maximum(u, 2.0 ** -24) if bits == 11 else u
+    return np.maximum(u, 2.0**-24) if bits == 11 else u
 
 
 def _clamp_threshold(defs: dict[str, tuple[ClampRule, str, str]]) -> float:
@@ -203,7 +217,10 @@ class _Source:
             self.step = r.step()
         else:
             self.roles = {"logprob", "ref_logprob", "response_mask"} | {
-                role for role in ("old_logprob", "rollout_logprob", "tokens", "token_ids") if getattr(r, role) is not None}
+                role
+                for role in ("old_logprob", "rollout_logprob", "tokens", "token_ids")
+                if getattr(r, role) is not None
+            }
             self.step = r.step
 
     def rows(self, role: str, r0: int, r1: int) -> np.ndarray:
@@ -229,14 +246,22 @@ class _Top:
         for sc, p in zip(scores[idx].tolist(), payload(idx)):
             self.items.append((sc, p))
         self.items.sort(key=lambda t: -t[0])
-        del self.items[self.k:]
+        del self.items[self.k :]
 
 
 # -- the streaming pass -------------------------------------------------------------------------
 
-def diagnose(r: RolloutDump | DumpFile | str | Path, *, clip: float = 0.2, vocab: Callable | None = None,
-             chunk_tokens: int = CHUNK_TOKENS, quantile_sample: int = QUANTILE_SAMPLE,
-             tis_cap: float = 2.0, mask_band: tuple[float, float] = (0.5, 2.0)) -> Diagnosis:
+
+def diagnose(
+    r: RolloutDump | DumpFile | str | Path,
+    *,
+    clip: float = 0.2,
+    vocab: Callable | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+    quantile_sample: int = QUANTILE_SAMPLE,
+    tis_cap: float = 2.0,
+    mask_band: tuple[float, float] = (0.5, 2.0),
+) -> Diagnosis:
     """Analyse a batch: estimates, their directions, clamps, positions, precision, mismatch, trouble signs.
 
     ``r`` is a :class:`RolloutDump` (tensors), a :class:`DumpFile` (:func:`open_dump`) or a path
@@ -246,13 +271,21 @@ def diagnose(r: RolloutDump | DumpFile | str | Path, *, clip: float = 0.2, vocab
     """
     if isinstance(r, (str, Path)):
         with open_dump(r) as f:
-            return diagnose(f, clip=clip, vocab=vocab, chunk_tokens=chunk_tokens, quantile_sample=quantile_sample,
-                            tis_cap=tis_cap, mask_band=mask_band)
+            return diagnose(
+                f,
+                clip=clip,
+                vocab=vocab,
+                chunk_tokens=chunk_tokens,
+                quantile_sample=quantile_sample,
+                tis_cap=tis_cap,
+                mask_band=mask_band,
+            )
     if not (isinstance(clip, (int, float)) and 0 < clip < 1):
         raise ValueError(f"clip must be in (0, 1), got {clip!r}")
     src = _Source(r)
-    acc = _Accumulator(src, clip=clip, vocab=vocab, quantile_sample=quantile_sample, tis_cap=tis_cap,
-                       mask_band=mask_band)
+    acc = _Accumulator(
+        src, clip=clip, vocab=vocab, quantile_sample=quantile_sample, tis_cap=tis_cap, mask_band=mask_band
+    )
     B, T = src.shape
     step = max(1, chunk_tokens // max(T, 1))
     for r0 in range(0, B, step):
@@ -261,8 +294,16 @@ def diagnose(r: RolloutDump | DumpFile | str | Path, *, clip: float = 0.2, vocab
 
 
 class _Accumulator:
-    def __init__(self, src: _Source, *, clip: float, vocab: Callable | None, quantile_sample: int,
-                 tis_cap: float, mask_band: tuple[float, float]) -> None:
+    def __init__(
+        self,
+        src: _Source,
+        *,
+        clip: float,
+        vocab: Callable | None,
+        quantile_sample: int,
+        tis_cap: float,
+        mask_band: tuple[float, float],
+    ) -> None:
         self.src, self.clip, self.vocab = src, clip, vocab
         self.tis_cap, self.mask_band = tis_cap, mask_band
         B, T = src.shape
@@ -278,8 +319,9 @@ class _Accumulator:
         self.min_: dict[str, float] = {}
         self.neg: dict[str, int] = {}
         self.moments = {k: RunningMoments() for k in kernel.ESTIMATORS}
-        self.nonfinite = {role: 0 for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob")
-                          if role in src.roles}
+        self.nonfinite = {
+            role: 0 for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob") if role in src.roles
+        }
         self.examples: list[tuple[str, int, int, float]] = []
         self.positive = {role: 0 for role in self.nonfinite}
         self.trl_in, self.trl_out = 0, 0
@@ -295,8 +337,10 @@ class _Accumulator:
         self.pos = {side: {q: np.zeros(T) for q in ("n", "lr", "lr2", "k3", "k32", "k1")} for side in ("start", "end")}
         self.edge = {q: 0 for q in ("rows", "last_filler", "after_rows", "after_real", "first_rows", "before_real")}
         self.filler_counted = 0
-        self.prec = {role: {"nonzero": 0, "bf16": 0, "fp16": 0, "f32": 0, "ulp2": {"bfloat16": 0.0, "float16": 0.0}}
-                     for role in ("logprob", "ref_logprob")}
+        self.prec = {
+            role: {"nonzero": 0, "bf16": 0, "fp16": 0, "f32": 0, "ulp2": {"bfloat16": 0.0, "float16": 0.0}}
+            for role in ("logprob", "ref_logprob")
+        }
         edges = np.linspace(-2.0, 2.0, 81)
         self.hist_edges = edges
         self.hist = {name: np.zeros(len(edges) + 1) for name in ("log_rho", "log_r", "log_rho_engine")}
@@ -319,8 +363,11 @@ class _Accumulator:
 
     def add(self, r0: int, r1: int) -> None:
         src = self.src
-        raw = {role: src.rows(role, r0, r1) for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob")
-               if role in src.roles}
+        raw = {
+            role: src.rows(role, r0, r1)
+            for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob")
+            if role in src.roles
+        }
         m_raw = src.rows("response_mask", r0, r1)
         if m_raw.dtype == np.bool_:
             mask = m_raw
@@ -328,8 +375,10 @@ class _Accumulator:
             ok = (m_raw == 0) | (m_raw == 1)
             if not ok.all():
                 bad = m_raw[~ok]
-                raise RolloutFileError(f"'{escape_text(src.keys['response_mask'])}' must hold only 0 and 1; found "
-                                       f"{bad.size} other value(s), e.g. {float(bad[0]):g}")
+                raise RolloutFileError(
+                    f"'{escape_text(src.keys['response_mask'])}' must hold only 0 and 1; found "
+                    f"{bad.size} other value(s), e.g. {float(bad[0]):g}"
+                )
             mask = m_raw == 1
         lp2, ref2 = raw["logprob"], raw["ref_logprob"]
         self.mask_n[r0:r1] = mask.sum(1)
@@ -353,7 +402,7 @@ class _Accumulator:
             finite = fin if finite is None else finite & fin
         valid = mask & ~trl if finite is None else mask & finite & ~trl
         rows, cols = np.nonzero(valid)
-        v = {role: a[rows, cols].astype(np.float64) for role, a in raw.items()}     # counted tokens only
+        v = {role: a[rows, cols].astype(np.float64) for role, a in raw.items()}  # counted tokens only
         lp, ref = v["logprob"], v["ref_logprob"]
         old, ro = v.get("old_logprob"), v.get("rollout_logprob")
         for role, x in v.items():
@@ -400,8 +449,11 @@ class _Accumulator:
         tok_rows = self._token_rows(r0, r1) if self.has_tok else None
 
         def payload(idx: np.ndarray) -> list:
-            return [(int(rows[i]) + r0, int(cols[i]), float(d[i]), None if tok_rows is None else tok_rows[rows[i]][cols[i]])
-                    for i in idx]
+            return [
+                (int(rows[i]) + r0, int(cols[i]), float(d[i]), None if tok_rows is None else tok_rows[rows[i]][cols[i]])
+                for i in idx
+            ]
+
         self.top_large.add(absd, payload)
         # positions, from each response's first and last counted token
         has = mask.any(1)
@@ -420,16 +472,25 @@ class _Accumulator:
         # the PPO ratio and the engine ratio
         self.hist["log_r"] += self._histogram(d)
         if old is not None:
-            lr_old = lp - old                                  # log rho = log pi - log pi_old, tokens from pi_old
+            lr_old = lp - old  # log rho = log pi - log pi_old, tokens from pi_old
             rho = np.exp(np.clip(lr_old, -700, 700))
             ko = self._k(lr_old)
             d_old = ref - old
             kd = self._k(d_old)
-            for name, x in (("rho", rho), ("rho_k1", rho * ks["k1"]), ("rho_k2", rho * ks["k2"]),
-                            ("rho_k3", rho * ks["k3"]), ("ppo_k1", ko["k1"]),
-                            ("ppo_k1_verl", VERL_PPO_KL.apply(torch.from_numpy(lr_old), "k1").numpy()),
-                            ("ppo_k2", ko["k2"]), ("ppo_k3", ko["k3"]), ("old_k1", kd["k1"]), ("old_k2", kd["k2"]),
-                            ("old_k3", kd["k3"]), ("ratio_old", np.exp(np.clip(d_old, -700, 700)))):
+            for name, x in (
+                ("rho", rho),
+                ("rho_k1", rho * ks["k1"]),
+                ("rho_k2", rho * ks["k2"]),
+                ("rho_k3", rho * ks["k3"]),
+                ("ppo_k1", ko["k1"]),
+                ("ppo_k1_verl", VERL_PPO_KL.apply(torch.from_numpy(lr_old), "k1").numpy()),
+                ("ppo_k2", ko["k2"]),
+                ("ppo_k3", ko["k3"]),
+                ("old_k1", kd["k1"]),
+                ("old_k2", kd["k2"]),
+                ("old_k3", kd["k3"]),
+                ("ratio_old", np.exp(np.clip(d_old, -700, 700))),
+            ):
                 self._add_sum(name, x, rows, r0, r1)
             self.hist["log_rho"] += self._histogram(lr_old)
             self.clip_cut["old"] += int(np.count_nonzero((rho > 1 + self.clip) | (rho < 1 - self.clip)))
@@ -442,8 +503,9 @@ class _Accumulator:
         idx = np.searchsorted(self.hist_edges, x, side="right")
         return np.bincount(idx, minlength=len(self.hist_edges) + 1)[: len(self.hist_edges) + 1]
 
-    def _edges(self, lp: np.ndarray, ref: np.ndarray, mask: np.ndarray, has: np.ndarray, first: np.ndarray,
-               last: np.ndarray) -> None:
+    def _edges(
+        self, lp: np.ndarray, ref: np.ndarray, mask: np.ndarray, has: np.ndarray, first: np.ndarray, last: np.ndarray
+    ) -> None:
         fin = np.isfinite(lp) & np.isfinite(ref)
         filler = ~fin | ((lp == ref) & ((lp == 0) | (lp == TRL_INVALID_LOGPROB)))
         real = fin & (lp < 0) & (ref < 0) & (lp != ref)
@@ -487,17 +549,35 @@ class _Accumulator:
         elif n_hf > 0.99 * n_nz:
             p["ulp2"]["float16"] += float(np.square(_ulp(v, 11)).sum())
 
-    def _mismatch(self, lp: np.ndarray, old: np.ndarray | None, ro: np.ndarray, rows: np.ndarray, cols: np.ndarray,
-                  shape: tuple[int, int], ks: dict[str, np.ndarray], r0: int, r1: int) -> None:
+    def _mismatch(
+        self,
+        lp: np.ndarray,
+        old: np.ndarray | None,
+        ro: np.ndarray,
+        rows: np.ndarray,
+        cols: np.ndarray,
+        shape: tuple[int, int],
+        ks: dict[str, np.ndarray],
+        r0: int,
+        r1: int,
+    ) -> None:
         from ..mismatch import SAFETY_BOUND, correction_weights
 
         trainer = old if old is not None else lp
-        lr = trainer - ro                                 # log pi_old - log pi_rollout, tokens from the engine
+        lr = trainer - ro  # log pi_old - log pi_rollout, tokens from the engine
         mk = self._k(lr)
         r = np.exp(np.clip(lr, -SAFETY_BOUND, SAFETY_BOUND))
-        for name, x in (("mm_k1", mk["k1"]), ("mm_k2", mk["k2"]), ("mm_k3", mk["k3"]), ("mm_r", r), ("mm_r2", r * r),
-                        ("mm_abs_exp", np.exp(np.minimum(np.abs(lr), 700))), ("mm_lr", lr), ("mm_lr2", lr * lr),
-                        ("mm_abs", np.abs(lr))):
+        for name, x in (
+            ("mm_k1", mk["k1"]),
+            ("mm_k2", mk["k2"]),
+            ("mm_k3", mk["k3"]),
+            ("mm_r", r),
+            ("mm_r2", r * r),
+            ("mm_abs_exp", np.exp(np.minimum(np.abs(lr), 700))),
+            ("mm_lr", lr),
+            ("mm_lr2", lr * lr),
+            ("mm_abs", np.abs(lr)),
+        ):
             self._add_sum(name, x, rows, r0, r1)
         for k in ("k2", "k3"):
             seg = np.full(r1 - r0, -np.inf)
@@ -505,7 +585,7 @@ class _Accumulator:
             self.mm_max[k][r0:r1] = np.maximum(self.mm_max[k][r0:r1], seg)
         if lr.size:
             self.mm_absmax = max(self.mm_absmax, float(np.abs(lr).max()))
-        lre = lp - ro                                     # pi / pi_rollout: the weight that makes the ref KL unbiased
+        lre = lp - ro  # pi / pi_rollout: the weight that makes the ref KL unbiased
         rho_e = np.exp(np.clip(lre, -700, 700))
         for name, x in (("eng_rho", rho_e), ("eng_rho_k1", rho_e * ks["k1"]), ("eng_rho_k3", rho_e * ks["k3"])):
             self._add_sum(name, x, rows, r0, r1)
@@ -537,8 +617,11 @@ class _Accumulator:
         ids = t[rows, cols]
         keys = ids.astype(str) if ids.dtype == object else ids
         uniq, inv = np.unique(keys, return_inverse=True)
-        stats = np.stack([np.bincount(inv, minlength=uniq.size).astype(np.float64)] + [
-            np.bincount(inv, weights=ks[k], minlength=uniq.size) for k in kernel.ESTIMATORS], 1)
+        stats = np.stack(
+            [np.bincount(inv, minlength=uniq.size).astype(np.float64)]
+            + [np.bincount(inv, weights=ks[k], minlength=uniq.size) for k in kernel.ESTIMATORS],
+            1,
+        )
         for u, row in zip(uniq.tolist(), stats):
             prev = self.token_stats.get(u)
             self.token_stats[u] = row if prev is None else prev + row
@@ -551,14 +634,22 @@ class _Accumulator:
         total = int(n.sum())
         if total == 0:
             if self.trl_in and not self.mask_n.sum() - self.trl_in:
-                raise RolloutFileError("every counted token holds TRL's padding value 1.0 in both tensors: nothing to "
-                                       "diagnose (the mask is inverted?)")
+                raise RolloutFileError(
+                    "every counted token holds TRL's padding value 1.0 in both tensors: nothing to "
+                    "diagnose (the mask is inverted?)"
+                )
             if self.mask_n.sum() == 0:
-                raise RolloutFileError(f"'{escape_text(src.keys['response_mask'])}' selects no token: nothing to diagnose")
+                raise RolloutFileError(
+                    f"'{escape_text(src.keys['response_mask'])}' selects no token: nothing to diagnose"
+                )
             raise RolloutFileError("every counted token has a NaN or inf log-prob: nothing left to diagnose")
         lengths_all = self.mask_n[kept]
-        lengths = {"min": float(lengths_all.min()), "median": float(np.median(lengths_all)),
-                   "max": float(lengths_all.max()), "mean": float(lengths_all.mean())}
+        lengths = {
+            "min": float(lengths_all.min()),
+            "median": float(np.median(lengths_all)),
+            "max": float(lengths_all.max()),
+            "mean": float(lengths_all.mean()),
+        }
         off_policy = self.has_old and self.shift > 1e-6
         sample = np.concatenate(self.sample) if self.sample else np.zeros(0)
         qs = {k: kernel.estimate(k, torch.from_numpy(sample)).numpy() for k in kernel.ESTIMATORS} if sample.size else {}
@@ -570,10 +661,19 @@ class _Accumulator:
             mm, mse = mean_se(torch.from_numpy(s[kept] / n[kept]))
             q = np.quantile(qs[name], [0.01, 0.5, 0.99]) if sample.size else [math.nan] * 3
             estimates[name] = {
-                "token_mean": tm, "token_mean_se": tse, "seq_sum_mean": sm, "seq_sum_se": sse,
-                "seq_token_mean": mm, "seq_token_mean_se": mse, "token_std": self.moments[name].std,
-                "min": self.min_[name], "max": self.max_[name], "p01": float(q[0]), "p50": float(q[1]),
-                "p99": float(q[2]), "frac_negative": self.neg[name] / total,
+                "token_mean": tm,
+                "token_mean_se": tse,
+                "seq_sum_mean": sm,
+                "seq_sum_se": sse,
+                "seq_token_mean": mm,
+                "seq_token_mean_se": mse,
+                "token_std": self.moments[name].std,
+                "min": self.min_[name],
+                "max": self.max_[name],
+                "p01": float(q[0]),
+                "p50": float(q[1]),
+                "p99": float(q[2]),
+                "frac_negative": self.neg[name] / total,
             }
         directions: dict[str, str] = {}
         extra: dict[str, dict[str, float]] = {}
@@ -582,8 +682,10 @@ class _Accumulator:
                 directions[name] = "KL(π ‖ π_ref), unbiased (tokens sampled by π)"
             directions["k2"] = "KL(π ‖ π_ref) to second order; biased upward or downward as π and π_ref separate"
         else:
-            directions["k1"] = ("KL(π_old ‖ π_ref) − KL(π_old ‖ π) on average: neither KL(π ‖ π_ref) nor "
-                                "KL(π_old ‖ π_ref), because the tokens came from π_old")
+            directions["k1"] = (
+                "KL(π_old ‖ π_ref) − KL(π_old ‖ π) on average: neither KL(π ‖ π_ref) nor "
+                "KL(π_old ‖ π_ref), because the tokens came from π_old"
+            )
             directions["k2"] = "no KL in particular (tokens from π_old, log-probs from π): biased"
             directions["k3"] = "no KL in particular (tokens from π_old, log-probs from π): biased"
             for nm, key, what in (
@@ -605,9 +707,14 @@ class _Accumulator:
         agreement = self._agreement(estimates, extra, off_policy, mean_ratio, n)
         clamps: dict[str, dict[str, Any]] = {}
         for label, (rule, name, kind) in self.clamp_defs.items():
-            row: dict[str, Any] = {"fraction": self.clamp_count[label] / total, "count": self.clamp_count[label],
-                                   "mean_shift": self.clamp_diff[label] / total, "kind": kind, "estimator": name,
-                                   "framework": _framework(rule)}
+            row: dict[str, Any] = {
+                "fraction": self.clamp_count[label] / total,
+                "count": self.clamp_count[label],
+                "mean_shift": self.clamp_diff[label] / total,
+                "kind": kind,
+                "estimator": name,
+                "framework": _framework(rule),
+            }
             if kind == "input":
                 row["value_can_change"] = input_clamp_changes_value(rule, name)
             clamps[label] = row
@@ -617,16 +724,37 @@ class _Accumulator:
         k3_sum = float(k3v.sum())
         share = float(np.partition(k3v, k3v.size - k_top)[-k_top:].sum()) / k3_sum if k3_sum > 0 and k3v.size else 0.0
         diag = Diagnosis(
-            source=src.source, shape=(B, T), dtypes=src.dtypes, keys=src.keys, n_tokens=total,
-            n_sequences=int(kept.sum()), n_empty_sequences=int((self.mask_n == 0).sum()), lengths=lengths,
-            sampler="old policy (old_logprob)" if off_policy else "policy (logprob)", off_policy=off_policy,
-            max_abs_policy_shift=self.shift if self.has_old else 0.0, nonfinite=self.nonfinite,
-            nonfinite_examples=self.examples, positive_logprobs=self.positive, estimates=estimates,
-            directions=directions, extra=extra, mean_ratio=mean_ratio, clamps=clamps, large_tokens=large,
-            n_large=self.n_large, k3_top_share=share, agreement=agreement, step=src.step, clip=self.clip,
-            quantiles_from=int(sample.size), log_r_sample=sample, seq_lengths=n[kept].copy(),
+            source=src.source,
+            shape=(B, T),
+            dtypes=src.dtypes,
+            keys=src.keys,
+            n_tokens=total,
+            n_sequences=int(kept.sum()),
+            n_empty_sequences=int((self.mask_n == 0).sum()),
+            lengths=lengths,
+            sampler="old policy (old_logprob)" if off_policy else "policy (logprob)",
+            off_policy=off_policy,
+            max_abs_policy_shift=self.shift if self.has_old else 0.0,
+            nonfinite=self.nonfinite,
+            nonfinite_examples=self.examples,
+            positive_logprobs=self.positive,
+            estimates=estimates,
+            directions=directions,
+            extra=extra,
+            mean_ratio=mean_ratio,
+            clamps=clamps,
+            large_tokens=large,
+            n_large=self.n_large,
+            k3_top_share=share,
+            agreement=agreement,
+            step=src.step,
+            clip=self.clip,
+            quantiles_from=int(sample.size),
+            log_r_sample=sample,
+            seq_lengths=n[kept].copy(),
             seq_sums={k: self.sums[k][kept].copy() for k in ("k1", "k3")},
-            padding={"trl_counted": self.trl_in, "trl_outside": self.trl_out})
+            padding={"trl_counted": self.trl_in, "trl_outside": self.trl_out},
+        )
         diag.sampler_numbers = self._sampler_numbers(n, kept, total)
         diag.positions = self._positions()
         diag.precision = self._precision_report(estimates)
@@ -653,15 +781,23 @@ class _Accumulator:
             out[f"sampler {k} seq-mean-token-sum"] = {"value": m, "se": se, "estimates": what + " per sequence"}
         for label, key in (("ppo_kl k1 token-mean (verl clamp)", "ppo_k1_verl"), ("ppo_kl k2 token-mean", "ppo_k2")):
             m, se = clustered_mean_se_from_sums(S[key], n)
-            out[label] = {"value": m, "se": se, "estimates": "KL(π_old ‖ π)" + (" (second order)" if "k2" in label else "")}
+            out[label] = {
+                "value": m,
+                "se": se,
+                "estimates": "KL(π_old ‖ π)" + (" (second order)" if "k2" in label else ""),
+            }
         m, se = clustered_mean_se_from_sums(S["ppo_k2"], n)
         frac = total / (self.B * self.T)
-        out["ppo_kl k2 all-positions mean"] = {"value": m * frac, "se": se * frac,
-                                               "estimates": "KL(π_old ‖ π) (second order) diluted by padding"}
+        out["ppo_kl k2 all-positions mean"] = {
+            "value": m * frac,
+            "se": se * frac,
+            "estimates": "KL(π_old ‖ π) (second order) diluted by padding",
+        }
         return out
 
-    def _agreement(self, est: dict, extra: dict, off_policy: bool, mean_ratio: tuple[float, float],
-                   n: np.ndarray) -> dict[str, Any]:
+    def _agreement(
+        self, est: dict, extra: dict, off_policy: bool, mean_ratio: tuple[float, float], n: np.ndarray
+    ) -> dict[str, Any]:
         """k1 − k3, the mean ratio and k2 − k3, on the rows that estimate KL(π ‖ π_ref) without bias:
         the plain rows on-policy, the ρ-weighted rows off-policy."""
         if off_policy:
@@ -674,9 +810,18 @@ class _Accumulator:
             d13 = clustered_mean_se_from_sums(self.sums["k1"] - self.sums["k3"], n)
             rows = "plain rows (tokens sampled by π)"
             ratio_text = "π_ref/π"
-        return {"rows": rows, "k1": k1, "k2": k2, "k3": k3, "k1_minus_k3": d13[0], "k1_minus_k3_se": d13[1],
-                "k2_minus_k3": k2 - k3, "mean_ratio": mean_ratio[0], "mean_ratio_se": mean_ratio[1],
-                "ratio": ratio_text}
+        return {
+            "rows": rows,
+            "k1": k1,
+            "k2": k2,
+            "k3": k3,
+            "k1_minus_k3": d13[0],
+            "k1_minus_k3_se": d13[1],
+            "k2_minus_k3": k2 - k3,
+            "mean_ratio": mean_ratio[0],
+            "mean_ratio_se": mean_ratio[1],
+            "ratio": ratio_text,
+        }
 
     def _positions(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -687,11 +832,16 @@ class _Accumulator:
             c = cnt[:top]
             safe = np.maximum(c, 1)
             lr_m, k3_m = acc["lr"][:top] / safe, acc["k3"][:top] / safe
-            lr_var = np.maximum(acc["lr2"][:top] / safe - lr_m ** 2, 0) * c / np.maximum(c - 1, 1)
-            k3_var = np.maximum(acc["k32"][:top] / safe - k3_m ** 2, 0) * c / np.maximum(c - 1, 1)
-            out[side] = {"count": c.astype(int).tolist(), "log_r": lr_m.tolist(), "log_r_se": np.sqrt(lr_var / safe).tolist(),
-                         "k3": k3_m.tolist(), "k3_se": np.sqrt(k3_var / safe).tolist(),
-                         "k1": (acc["k1"][:top] / safe).tolist()}
+            lr_var = np.maximum(acc["lr2"][:top] / safe - lr_m**2, 0) * c / np.maximum(c - 1, 1)
+            k3_var = np.maximum(acc["k32"][:top] / safe - k3_m**2, 0) * c / np.maximum(c - 1, 1)
+            out[side] = {
+                "count": c.astype(int).tolist(),
+                "log_r": lr_m.tolist(),
+                "log_r_se": np.sqrt(lr_var / safe).tolist(),
+                "k3": k3_m.tolist(),
+                "k3_se": np.sqrt(k3_var / safe).tolist(),
+                "k1": (acc["k1"][:top] / safe).tolist(),
+            }
         return out
 
     def _precision_report(self, est: dict) -> dict[str, Any]:
@@ -707,8 +857,12 @@ class _Accumulator:
                     effective = "bfloat16"
                 elif p["fp16"] / nz > 0.999:
                     effective = "float16"
-            info = {"stored": stored, "rounded_to": effective, "bf16_fraction": p["bf16"] / nz,
-                    "fp16_fraction": p["fp16"] / nz}
+            info = {
+                "stored": stored,
+                "rounded_to": effective,
+                "bf16_fraction": p["bf16"] / nz,
+                "fp16_fraction": p["fp16"] / nz,
+            }
             if effective is not None:
                 info["ulp2_mean"] = p["ulp2"][effective] / total
                 bias_total += p["ulp2"][effective] / total / 24
@@ -737,11 +891,20 @@ class _Accumulator:
         for j, k in enumerate(kernel.ESTIMATORS, start=1):
             s_total = float(self.sums[k].sum())
             order = np.argsort(-np.abs(stats[:, j]))[:5]
-            out[k] = [{"token": escape_text(names[i], 40), "count": int(stats[i, 0]), "sum": float(stats[i, j]),
-                       "share": float(stats[i, j]) / s_total if s_total else math.nan,
-                       "token_share": float(stats[i, 0]) / total} for i in order]
-        out["largest_log_r"] = [{"row": i, "column": j, "log_r": v, "token": None if t is None else escape_text(t, 40)}
-                                for _s, (i, j, v, t) in self.top_large.items]
+            out[k] = [
+                {
+                    "token": escape_text(names[i], 40),
+                    "count": int(stats[i, 0]),
+                    "sum": float(stats[i, j]),
+                    "share": float(stats[i, j]) / s_total if s_total else math.nan,
+                    "token_share": float(stats[i, 0]) / total,
+                }
+                for i in order
+            ]
+        out["largest_log_r"] = [
+            {"row": i, "column": j, "log_r": v, "token": None if t is None else escape_text(t, 40)}
+            for _s, (i, j, v, t) in self.top_large.items
+        ]
         return out
 
     def _sequence_report(self, kept: np.ndarray) -> dict[str, Any]:
@@ -751,17 +914,28 @@ class _Accumulator:
             s = self.sums[k]
             total = float(s[kept].sum())
             order = rows[np.argsort(-np.abs(s[kept]))[:5]]
-            out[k] = [{"row": int(i), "tokens": int(self.n[i]), "sum": float(s[i]),
-                       "share": float(s[i]) / total if total else math.nan} for i in order]
+            out[k] = [
+                {
+                    "row": int(i),
+                    "tokens": int(self.n[i]),
+                    "sum": float(s[i]),
+                    "share": float(s[i]) / total if total else math.nan,
+                }
+                for i in order
+            ]
         return out
 
-    def _mismatch_report(self, n: np.ndarray, kept: np.ndarray, total: int, est: dict,
-                         lengths: dict[str, float]) -> dict[str, Any]:
+    def _mismatch_report(
+        self, n: np.ndarray, kept: np.ndarray, total: int, est: dict, lengths: dict[str, float]
+    ) -> dict[str, Any]:
         from ..mismatch import SAFETY_BOUND, log_weight_clamp_rate
 
         S = self.sums
-        out: dict[str, Any] = {"trainer": "old_logprob" if self.has_old else "logprob", "tokens": total,
-                               "sequences": int(kept.sum())}
+        out: dict[str, Any] = {
+            "trainer": "old_logprob" if self.has_old else "logprob",
+            "tokens": total,
+            "sequences": int(kept.sum()),
+        }
         for k in kernel.ESTIMATORS:
             out[k], out[f"{k}_se"] = clustered_mean_se_from_sums(S[f"mm_{k}"], n)
             out[f"seq_sum_{k}"] = float(S[f"mm_{k}"][kept].mean())
@@ -778,18 +952,22 @@ class _Accumulator:
         out["tis_cap"], out["tis_fraction"] = self.tis_cap, self.tis_cut / total
         out["mask_band"], out["mask_fraction"] = list(self.mask_band), self.band_cut / total
         mean_lr = float(S["mm_lr"].sum()) / total
-        std_lr = math.sqrt(max(float(S["mm_lr2"].sum()) / total - mean_lr ** 2, 0.0))
+        std_lr = math.sqrt(max(float(S["mm_lr2"].sum()) / total - mean_lr**2, 0.0))
         out["length_x_kl"] = lengths["mean"] * out["k1"]
         out["max_length_x_kl"] = lengths["max"] * out["k1"]
         out["log_weight_clamp_rate"] = float(log_weight_clamp_rate(mean_lr, std_lr, max(lengths["mean"], 1.0)))
-        for nm, key in (("ρ_e·k1, ρ_e = π/π_rollout", "eng_rho_k1"), ("ρ_e·k3, ρ_e = π/π_rollout", "eng_rho_k3"),
-                        ("mean ρ_e", "eng_rho")):
+        for nm, key in (
+            ("ρ_e·k1, ρ_e = π/π_rollout", "eng_rho_k1"),
+            ("ρ_e·k3, ρ_e = π/π_rollout", "eng_rho_k3"),
+            ("mean ρ_e", "eng_rho"),
+        ):
             m_, se_ = clustered_mean_se_from_sums(S[key], n)
             out[nm] = {"token_mean": m_, "token_mean_se": se_}
         return out
 
 
 # -- trouble signs ------------------------------------------------------------------------------
+
 
 def _trouble(d: Diagnosis, edge: dict[str, int], filler_counted: int) -> list[Trouble]:
     out: list[Trouble] = []
@@ -800,134 +978,213 @@ def _trouble(d: Diagnosis, edge: dict[str, int], filler_counted: int) -> list[Tr
     if d.has_nonfinite:
         parts = ", ".join(f"{n} in '{escape_text(d.keys.get(role, role))}'" for role, n in d.nonfinite.items() if n)
         ex = "; ".join(f"{role}[{i}, {j}] = {v}" for role, i, j, v in d.nonfinite_examples[:3])
-        add("nonfinite", "error", f"NaN or inf log-probs at counted tokens ({parts}; e.g. {ex})",
+        add(
+            "nonfinite",
+            "error",
+            f"NaN or inf log-probs at counted tokens ({parts}; e.g. {ex})",
             "These tokens were left out of every number above. A -inf reference log-prob means the reference "
             "gives the token probability 0, so KL(π‖π_ref) is infinite there; NaN usually comes from an "
             "overflow in the forward pass or from a mask that does not cover padding. Fix the source before "
-            "trusting the KL.")
+            "trusting the KL.",
+        )
     if d.padding.get("trl_counted"):
-        add("trl_padding_counted", "error",
-            f"{d.padding['trl_counted']} counted token(s) hold TRL's padding value INVALID_LOGPROB = 1.0 in both tensors",
+        add(
+            "trl_padding_counted",
+            "error",
+            f"{d.padding['trl_counted']} counted token(s) hold TRL's padding value INVALID_LOGPROB = 1.0 "
+            "in both tensors",
             "TRL's PPO/RLOO trainers fill the log-probs of padding (and tokens after EOS) with 1.0; the mask "
             "counts them, so it is not the completion mask (inverted, or the padding mask). These positions were "
-            "left out of the numbers above; save the mask TRL builds from the sequence lengths.")
+            "left out of the numbers above; save the mask TRL builds from the sequence lengths.",
+        )
     elif d.padding.get("trl_outside"):
-        add("trl_padding", "info",
+        add(
+            "trl_padding",
+            "info",
             f"{d.padding['trl_outside']} position(s) outside the mask hold TRL's padding value INVALID_LOGPROB = 1.0",
-            "Expected in a TRL dump: padding log-probs are set to 1.0, and the mask leaves them out. Nothing to do.")
+            "Expected in a TRL dump: padding log-probs are set to 1.0, and the mask leaves them out. Nothing to do.",
+        )
     pos = {k: v for k, v in d.positive_logprobs.items() if v}
     if pos:
-        add("positive_logprobs", "error", f"positive log-probs ({', '.join(f'{v} in {k}' for k, v in pos.items())})",
+        add(
+            "positive_logprobs",
+            "error",
+            f"positive log-probs ({', '.join(f'{v} in {k}' for k, v in pos.items())})",
             "A log-probability is ≤ 0. Positive values mean these are logits, scores or log-probs summed "
-            "with something else: check which tensor you saved.")
+            "with something else: check which tensor you saved.",
+        )
     rows = edge.get("rows", 0)
     if rows >= 4:
         interior = (filler_counted - edge["last_filler"]) / max(d.n_tokens, 1)
         if edge["last_filler"] >= 0.5 * rows and interior < 0.05:
-            add("mask_shifted", "error",
+            add(
+                "mask_shifted",
+                "error",
                 f"the last counted position of {edge['last_filler']} of {rows} responses holds padding "
                 "(log-probs 0 or 1.0 in both tensors)",
                 "The mask reaches one position past each response: it is shifted right by one against the log-probs "
                 "(and probably leaves out the first response token). Align the mask with the log-probs of the "
-                "response tokens (the per-position table shows the edge).")
+                "response tokens (the per-position table shows the edge).",
+            )
         elif edge["after_rows"] >= 4 and edge["after_real"] >= 0.5 * edge["after_rows"]:
-            add("mask_shifted", "error",
+            add(
+                "mask_shifted",
+                "error",
                 f"the position just after the last counted token holds a real log-prob in {edge['after_real']} of "
                 f"{edge['after_rows']} responses, with padding after it",
                 "The mask stops one token early: the last token of each response (usually EOS) is left out, as if the "
-                "mask were shifted left by one. EOS carries much of the KL when the policy learned where to stop.")
+                "mask were shifted left by one. EOS carries much of the KL when the policy learned where to stop.",
+            )
         elif edge["first_rows"] >= 4 and edge["before_real"] >= 0.5 * edge["first_rows"]:
-            add("mask_shifted", "error",
+            add(
+                "mask_shifted",
+                "error",
                 f"the position just before the first counted token holds a real log-prob in {edge['before_real']} of "
                 f"{edge['first_rows']} responses",
-                "The mask starts one token late: the first response token is left out (a mask shifted right by one).")
+                "The mask starts one token late: the first response token is left out (a mask shifted right by one).",
+            )
     if d.n_large:
         worst = ", ".join(f"[{i}, {j}] log r = {v:+.1f}" for i, j, v in d.large_tokens[:3])
-        add("large_log_ratio", "warning", f"{d.n_large} token(s) with |log r| > {LARGE_LOG_RATIO:g} (largest: {worst})",
+        add(
+            "large_log_ratio",
+            "warning",
+            f"{d.n_large} token(s) with |log r| > {LARGE_LOG_RATIO:g} (largest: {worst})",
             "A ratio beyond e^10 means policy and reference disagree completely on these tokens. k3 grows like "
             "e^|log r| when log r > 0 and the frameworks' clamps start to bind (see the clamp table); k1 stays "
             "linear. Look at these tokens: often a special token, a tokenizer mismatch, or a prompt token "
-            "that the mask should have excluded.")
+            "that the mask should have excluded.",
+        )
     k1 = d.estimates["k1"]
     if k1["token_mean"] < 0:
         se = k1["token_mean_se"]
         z = -k1["token_mean"] / se if se > 0 else math.inf
         shown = f"{k1['token_mean']:.4g} ± {2 * se:.2g}"
         if d.off_policy:
-            add("k1_negative_off_policy", "info", f"the k1 mean is negative ({shown})",
+            add(
+                "k1_negative_off_policy",
+                "info",
+                f"the k1 mean is negative ({shown})",
                 "Expected off-policy: on π_old's tokens E[log π − log π_ref] = KL(π_old‖π_ref) − KL(π_old‖π), "
                 "which is negative once π has moved further from π_old than π_old is from π_ref. It is not a KL; "
-                "use the ρ-weighted rows.")
+                "use the ρ-weighted rows.",
+            )
         elif z > 3 and d.n_sequences >= 2:
-            add("k1_negative", "error", f"the k1 mean is negative beyond noise ({shown})",
+            add(
+                "k1_negative",
+                "error",
+                f"the k1 mean is negative beyond noise ({shown})",
                 "On-policy, E[k1] = KL(π‖π_ref) ≥ 0, so a clearly negative mean says the tokens were not "
                 "drawn from the distribution whose log-probs you saved: sampling temperature, top-p/top-k, a "
-                "different inference engine (vLLM vs the trainer), or stale/off-policy tokens.")
+                "different inference engine (vLLM vs the trainer), or stale/off-policy tokens.",
+            )
         else:
-            add("k1_negative_noise", "info", f"the k1 mean is negative but within noise ({shown})",
+            add(
+                "k1_negative_noise",
+                "info",
+                f"the k1 mean is negative but within noise ({shown})",
                 "Expected when π and π_ref are close: k1 is negative on every token π_ref likes more than π, "
-                "and the true KL is small next to the noise. Nothing is wrong; k3 is never negative.")
+                "and the true KL is small next to the noise. Nothing is wrong; k3 is never negative.",
+            )
     rm, rse = d.mean_ratio
     if math.isfinite(rse) and abs(rm - 1) > max(4 * rse, 0.01):
         sampler = "π_old" if d.off_policy else "π"
-        add("mean_ratio", "warning", f"the mean ratio r = π_ref/{sampler} is {rm:.4f} ± {2 * rse:.2g}, not 1",
+        add(
+            "mean_ratio",
+            "warning",
+            f"the mean ratio r = π_ref/{sampler} is {rm:.4f} ± {2 * rse:.2g}, not 1",
             "E[r] = 1 exactly when the tokens are samples of the sampler's distribution, so k1 and k3 (whose "
             "difference is 1 − r) disagree here by more than noise. The saved log-probs do not describe the "
             "distribution the tokens were drawn from (temperature, top-p, engine mismatch), or the reference "
-            "misses part of the support. Treat the k3 value with care.")
+            "misses part of the support. Treat the k3 value with care.",
+        )
     k3 = d.estimates["k3"]
-    if d.n_tokens >= MIN_TAIL_TOKENS and d.n_sequences >= 10 and (
-            k3["token_std"] > 2 * k1["token_std"] or d.k3_top_share > 0.5):
-        add("heavy_tail", "warning", f"k3 is heavy-tailed (per-token std {k3['token_std']:.3g} vs k1's "
+    if (
+        d.n_tokens >= MIN_TAIL_TOKENS
+        and d.n_sequences >= 10
+        and (k3["token_std"] > 2 * k1["token_std"] or d.k3_top_share > 0.5)
+    ):
+        add(
+            "heavy_tail",
+            "warning",
+            f"k3 is heavy-tailed (per-token std {k3['token_std']:.3g} vs k1's "
             f"{k1['token_std']:.3g}; top 1% of tokens carry {100 * d.k3_top_share:.0f}% of its sum)",
             "k3 = r − 1 − log r contains r = π_ref/π, exponential in log r: on tokens that π_ref finds "
             "far likelier than π, one token outweighs hundreds (for Gaussians Var k3 grows like e^{μ²}). "
             "The batch value then rests on a few tokens; k1 is the steadier number to log here, or look at "
-            "those tokens.")
+            "those tokens.",
+        )
     prec = d.precision
-    low = {role: info["rounded_to"] for role, info in prec.items()
-           if isinstance(info, dict) and info.get("rounded_to")}
+    low = {role: info["rounded_to"] for role, info in prec.items() if isinstance(info, dict) and info.get("rounded_to")}
     if low:
         bias = prec["k3_bias_from_rounding"]
         k3m = prec["k3_token_mean"]
         rel = f" ({100 * bias / k3m:.0f}% of the k3 token-mean)" if k3m > 0 else ""
-        how = ", ".join(f"{d.keys.get(role, role)} " + ("stored as " + dt if prec[role]["stored"] == dt
-                                                         else f"holds {dt}-rounded values (stored as {prec[role]['stored']})")
-                        for role, dt in low.items())
-        add("low_precision", "warning", f"low-precision log-probs: {how}",
+        how = ", ".join(
+            f"{d.keys.get(role, role)} "
+            + (
+                "stored as " + dt
+                if prec[role]["stored"] == dt
+                else f"holds {dt}-rounded values (stored as {prec[role]['stored']})"
+            )
+            for role, dt in low.items()
+        )
+        add(
+            "low_precision",
+            "warning",
+            f"low-precision log-probs: {how}",
             f"Rounding each stored log-prob to {', '.join(sorted(set(low.values())))} adds noise of about half a unit "
             f"in the last place to log r: k1 averages it out, but k2 and k3 are quadratic in log r and gain about "
             f"+{bias:.3g} nats/token{rel} from storage alone. Save log-probs in float32 (compute them from float32 "
-            "logits: logits.float().log_softmax(-1)).")
+            "logits: logits.float().log_softmax(-1)).",
+        )
     if d.off_policy:
-        add("off_policy", "info", f"the tokens were sampled by π_old, not π (max |logprob − old_logprob| = "
-            f"{d.max_abs_policy_shift:.3g})",
+        add(
+            "off_policy",
+            "info",
+            f"the tokens were sampled by π_old, not π (max |logprob − old_logprob| = {d.max_abs_policy_shift:.3g})",
             "k1/k2/k3 of logprob vs ref_logprob then estimate no KL exactly; weight by ρ = π/π_old (the ρ·k rows) "
-            "for KL(π‖π_ref), or compare old_logprob with ref_logprob for KL(π_old‖π_ref).")
+            "for KL(π‖π_ref), or compare old_logprob with ref_logprob for KL(π_old‖π_ref).",
+        )
         cf = d.ratio.get("clip_fraction")
         if cf is not None and cf > 0.2:
-            add("clip_fraction", "warning", f"{100 * cf:.1f}% of tokens have a PPO ratio π/π_old outside 1 ± {d.clip:g}",
+            add(
+                "clip_fraction",
+                "warning",
+                f"{100 * cf:.1f}% of tokens have a PPO ratio π/π_old outside 1 ± {d.clip:g}",
                 "The clipped surrogate ignores their gradient: π has moved far from the policy that sampled the batch "
-                "(too many epochs, too large a learning rate, or stale tokens).")
+                "(too many epochs, too large a learning rate, or stale tokens).",
+            )
     if d.n_empty_sequences:
-        add("empty_sequences", "warning", f"{d.n_empty_sequences} sequence(s) have no counted token",
+        add(
+            "empty_sequences",
+            "warning",
+            f"{d.n_empty_sequences} sequence(s) have no counted token",
             "They are left out of the per-sequence means (as recent verl does); check that the mask is not "
-            "shifted by one or empty for truncated responses.")
+            "shifted by one or empty for truncated responses.",
+        )
     ends = d.positions.get("end")
     if ends and ends["count"] and ends["count"][0] >= 20 and len(ends["count"]) > 1:
         k3_last = ends["k3"][0]
         rest = (k3["token_mean"] * d.n_tokens - k3_last * ends["count"][0]) / max(d.n_tokens - ends["count"][0], 1)
         if k3_last > 5 * max(rest, 1e-12) and k3_last - 4 * ends["k3_se"][0] > rest:
-            add("last_token", "warning", f"the last token of each response carries a k3 of {k3_last:.3g} on average, "
+            add(
+                "last_token",
+                "warning",
+                f"the last token of each response carries a k3 of {k3_last:.3g} on average, "
                 f"{k3_last / max(rest, 1e-12):.0f}× the other tokens'",
                 "Usually the EOS token: policy and reference disagree on where to stop (the reference never learned to "
                 "end, or the policy ends early/late). If EOS should not count, fix the mask; otherwise the length "
-                "behaviour is what the KL measures.")
+                "behaviour is what the KL measures.",
+            )
     ks = d.estimates
     if all(abs(ks[k]["max"]) == 0 and abs(ks[k]["min"]) == 0 for k in ks):
-        add("identical", "info", "policy and reference log-probs are identical",
+        add(
+            "identical",
+            "info",
+            "policy and reference log-probs are identical",
             "KL = 0: expected at step 0, before the first update. Later it means the reference is the policy "
-            "itself (or the same tensor was saved twice).")
+            "itself (or the same tensor was saved twice).",
+        )
     mm = d.mismatch
     if mm:
         _mismatch_trouble(mm, add)
@@ -939,27 +1196,43 @@ def _mismatch_trouble(mm: dict[str, Any], add: Callable[..., None]) -> None:
     significant = math.isfinite(se) and k3 > 4 * se and k3 > 1e-4
     if significant:
         sev = "warning" if k3 > 1e-3 or mm["tis_fraction"] > 0.001 else "info"
-        add("engine_mismatch", sev, f"engine and trainer disagree: KL(π_rollout ‖ π_old) ≈ {k3:.3g} ± {2 * se:.2g} "
+        add(
+            "engine_mismatch",
+            sev,
+            f"engine and trainer disagree: KL(π_rollout ‖ π_old) ≈ {k3:.3g} ± {2 * se:.2g} "
             f"nats/token (k3), χ² {mm['chi2_token']:.3g}, perplexity ratio {mm['ppl_ratio']:.4f}",
             "The tokens were sampled by the engine, not by the trainer's π_old: every KL above that treats π_old as "
             "the sampler is biased by this much (the ρ_e rows weight by π/π_rollout and are not), and so is the "
             "policy gradient. Correct it with truncated importance sampling (verl rollout_is, TRL "
             "vllm_importance_sampling_correction) or masking; find the cause: bf16 engine vs fp32 trainer, a "
-            "temperature not divided out, top-p/top-k.")
+            "temperature not divided out, top-p/top-k.",
+        )
     rm, rse = mm["mean_ratio"], mm["mean_ratio_se"]
     if math.isfinite(rse) and rm < 1 - max(4 * rse, 0.005):
-        add("engine_support", "warning", f"E[π_old/π_rollout] = {rm:.4f} ± {2 * rse:.2g} < 1",
+        add(
+            "engine_support",
+            "warning",
+            f"E[π_old/π_rollout] = {rm:.4f} ± {2 * rse:.2g} < 1",
             "With tokens from the engine the mean ratio is the mass π_old puts where the engine can sample: below 1, "
             "the engine truncates the distribution (top-p/top-k), so the trainer scores a different policy. Replay "
-            "the sampling mask on the trainer side (keep sampling mask) or sample without truncation.")
+            "the sampling mask on the trainer side (keep sampling mask) or sample without truncation.",
+        )
     elif math.isfinite(rse) and rm > 1 + max(4 * rse, 0.005):
-        add("engine_temperature", "warning", f"E[π_old/π_rollout] = {rm:.4f} ± {2 * rse:.2g} > 1",
+        add(
+            "engine_temperature",
+            "warning",
+            f"E[π_old/π_rollout] = {rm:.4f} ± {2 * rse:.2g} > 1",
             "Above 1 cannot happen when both log-probs describe one distribution each on the same support: the "
             "engine's log-probs are tempered or processed differently from the trainer's (a temperature that the "
-            "trainer does not divide out, or raw logprobs vs processed ones).")
+            "trainer does not divide out, or raw logprobs vs processed ones).",
+        )
     if mm["max_length_x_kl"] > 1.0 or mm["log_weight_clamp_rate"] > 0.01:
-        add("length_trap", "warning", f"response length × mismatch KL reaches {mm['max_length_x_kl']:.3g} nats "
+        add(
+            "length_trap",
+            "warning",
+            f"response length × mismatch KL reaches {mm['max_length_x_kl']:.3g} nats "
             f"(mean length × KL {mm['length_x_kl']:.3g}); P(|log W| > 20) ≈ {mm['log_weight_clamp_rate']:.3g}",
             "A sequence-level importance weight W = Π π_old/π_rollout has a variance that grows like (1 + χ²)^T: "
             "long responses get weights near 0 or huge ones. Prefer token-level truncated IS or a geometric-mean "
-            "(length-normalised) rejection over sequence-level weights.")
+            "(length-normalised) rejection over sequence-level weights.",
+        )

@@ -4,6 +4,7 @@
 ρ-weighted rows (the ones that estimate KL(π ‖ π_ref)) beside the plain ones. :func:`plot_series`
 draws the trend of a run.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,9 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
     low = float(np.quantile(ests["k1"].numpy(), 0.001))
     bins = np.linspace(min(low, 0.0), max(top, float(np.quantile(ests["k1"].numpy(), 0.999)), 1e-3), 60)
     for k in ("k1", "k2", "k3"):
-        ax_k.hist(np.clip(ests[k].numpy(), bins[0], bins[-1]), bins=bins, histtype="step", lw=1.6,
-                  color=COLORS[k], label=k)
+        ax_k.hist(
+            np.clip(ests[k].numpy(), bins[0], bins[-1]), bins=bins, histtype="step", lw=1.6, color=COLORS[k], label=k
+        )
     ax_k.set_yscale("log")
     ax_k.set_xlabel("per-token value [nats] (clipped to the 0.1–99.9% range)")
     ax_k.set_ylabel("tokens")
@@ -98,15 +100,27 @@ def plot_series(items: list, path: str | Path | None = None):
     ax, ax_t = axes
     good = [(i, step, d) for i, (_n, step, d) in enumerate(items) if isinstance(d, Diagnosis)]
     xs = [step if step is not None else i for i, step, _d in good]
-    for name, color in (("k1", COLORS["k1"]), ("k3", COLORS["k3"]), ("ρ·k3", COLORS["k2"]),
-                        ("ppo_kl", COLORS["mu"]), ("mismatch k3", "black")):
+    for name, color in (
+        ("k1", COLORS["k1"]),
+        ("k3", COLORS["k3"]),
+        ("ρ·k3", COLORS["k2"]),
+        ("ppo_kl", COLORS["mu"]),
+        ("mismatch k3", "black"),
+    ):
         vals = [_trend_values(d).get(name) for _i, _s, d in good]
         if not any(v is not None for v in vals):
             continue
         pts = [(x, v) for x, v in zip(xs, vals) if v is not None]
-        ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts],
-                    yerr=[2 * p[1][1] if math.isfinite(p[1][1]) else 0 for p in pts], color=color, label=name,
-                    marker="o", ms=3, capsize=2)
+        ax.errorbar(
+            [p[0] for p in pts],
+            [p[1][0] for p in pts],
+            yerr=[2 * p[1][1] if math.isfinite(p[1][1]) else 0 for p in pts],
+            color=color,
+            label=name,
+            marker="o",
+            ms=3,
+            capsize=2,
+        )
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xlabel("step" if all(s is not None for _i, s, _d in good) else "dump")
     ax.set_ylabel("nats/token")

@@ -21,6 +21,7 @@ dump into a :class:`RolloutDump` (for lessons and panels); :func:`rollouts_from_
 in-memory tensors; :func:`save_rollouts` writes a dump. Every problem is a :class:`RolloutFileError`
 whose message is one line with control characters escaped.
 """
+
 from __future__ import annotations
 
 import ast
@@ -40,28 +41,47 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RolloutFileError", "RolloutDump", "DumpFile", "ArraySpec", "DEFAULT_KEYS", "OPTIONAL_KEYS",
-           "DEFAULT_MAX_TOKENS", "load_rollouts", "open_dump", "rollouts_from_tensors", "save_rollouts",
-           "sample_rollouts_path", "escape_text", "read_vocab"]
+__all__ = [
+    "RolloutFileError",
+    "RolloutDump",
+    "DumpFile",
+    "ArraySpec",
+    "DEFAULT_KEYS",
+    "OPTIONAL_KEYS",
+    "DEFAULT_MAX_TOKENS",
+    "load_rollouts",
+    "open_dump",
+    "rollouts_from_tensors",
+    "save_rollouts",
+    "sample_rollouts_path",
+    "escape_text",
+    "read_vocab",
+]
 
 #: The key each role is read from unless renamed (``--logprob-key`` ... on the command line).
 DEFAULT_KEYS: dict[str, str] = {
-    "logprob": "logprob", "ref_logprob": "ref_logprob", "response_mask": "response_mask", "old_logprob": "old_logprob",
+    "logprob": "logprob",
+    "ref_logprob": "ref_logprob",
+    "response_mask": "response_mask",
+    "old_logprob": "old_logprob",
 }
 #: Optional keys read when present: the engine's log-probs, token identities, the training step.
 OPTIONAL_KEYS: dict[str, str] = {
-    "rollout_logprob": "rollout_logprob", "tokens": "tokens", "token_ids": "token_ids", "step": "step",
+    "rollout_logprob": "rollout_logprob",
+    "tokens": "tokens",
+    "token_ids": "token_ids",
+    "step": "step",
 }
 #: Largest number of elements (tokens) one array may declare: 2**27 = 134,217,728, e.g. 16,384
 #: responses of 8,192 tokens. A real batch fits under it; a declared size beyond it is refused before
 #: anything is allocated (raise it with ``--max-tokens``).
-DEFAULT_MAX_TOKENS = 2 ** 27
+DEFAULT_MAX_TOKENS = 2**27
 _SUFFIXES = (".pt", ".pth", ".npz", ".safetensors")
-_MAX_NPY_HEADER = 1 << 16          # bytes of one .npy header
-_MAX_PICKLE = 64 << 20             # bytes of a .pt's data.pkl (tensors are outside it)
-_MAX_ST_HEADER = 16 << 20          # bytes of a .safetensors JSON header
-_MAX_MEMBERS = 10_000              # members of a zip archive
-_MAX_MESSAGE = 300                 # characters of one error message
+_MAX_NPY_HEADER = 1 << 16  # bytes of one .npy header
+_MAX_PICKLE = 64 << 20  # bytes of a .pt's data.pkl (tensors are outside it)
+_MAX_ST_HEADER = 16 << 20  # bytes of a .safetensors JSON header
+_MAX_MEMBERS = 10_000  # members of a zip archive
+_MAX_MESSAGE = 300  # characters of one error message
 
 
 class RolloutFileError(ValueError):
@@ -72,6 +92,7 @@ class RolloutFileError(ValueError):
 
 
 # -- text echoed from a file ------------------------------------------------------------------
+
 
 def escape_text(text: Any, limit: int = 80) -> str:
     """``text`` with every control or format character shown as an escape (``\\x1b``), at most ``limit``
@@ -99,8 +120,20 @@ def _q(key: str) -> str:
 
 # -- what a header declares ---------------------------------------------------------------------
 
-_NP_NAMES = {"f8": "float64", "f4": "float32", "f2": "float16", "i8": "int64", "i4": "int32", "i2": "int16",
-             "i1": "int8", "u8": "uint64", "u4": "uint32", "u2": "uint16", "u1": "uint8", "b1": "bool"}
+_NP_NAMES = {
+    "f8": "float64",
+    "f4": "float32",
+    "f2": "float16",
+    "i8": "int64",
+    "i4": "int32",
+    "i2": "int16",
+    "i1": "int8",
+    "u8": "uint64",
+    "u4": "uint32",
+    "u2": "uint16",
+    "u1": "uint8",
+    "b1": "bool",
+}
 
 
 @dataclass
@@ -120,7 +153,7 @@ class ArraySpec:
     read: Callable[[int, int], np.ndarray] | None = None
     strides: tuple[int, ...] | None = None
     offset: int = 0
-    value: Any = None                 # arrays held in memory (strings of a .pt, small objects)
+    value: Any = None  # arrays held in memory (strings of a .pt, small objects)
 
     @property
     def numel(self) -> int:
@@ -159,8 +192,9 @@ class ArraySpec:
         if getattr(self, "_whole", None) is None:
             extent = self.offset + sum((d - 1) * s for d, s in zip(self.shape, (s0, s1))) + 1
             flat = self.read(0, extent)
-            self._whole = np.lib.stride_tricks.as_strided(flat[self.offset:], self.shape,
-                                                          (s0 * flat.itemsize, s1 * flat.itemsize))
+            self._whole = np.lib.stride_tricks.as_strided(
+                flat[self.offset :], self.shape, (s0 * flat.itemsize, s1 * flat.itemsize)
+            )
         return np.ascontiguousarray(self._decode(self._whole[r0:r1]))
 
     def whole(self) -> np.ndarray:
@@ -174,7 +208,7 @@ class ArraySpec:
         if n == 0:
             return self._decode(np.zeros(self.shape, self.disk))
         extent = self.offset + sum((d - 1) * s for d, s in zip(self.shape, strides)) + 1
-        flat = self.read(0, extent)[self.offset:]
+        flat = self.read(0, extent)[self.offset :]
         if self.strides is not None:
             arr = np.lib.stride_tricks.as_strided(flat, self.shape, tuple(s * flat.itemsize for s in strides))
         else:
@@ -183,6 +217,7 @@ class ArraySpec:
 
 
 # -- byte sources -----------------------------------------------------------------------------
+
 
 class _FileBytes:
     """Random access to ``size`` bytes of an open file starting at ``base``."""
@@ -240,10 +275,12 @@ def _member_bytes(fh: Any, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> _FileB
 def _reader(src: Any, base: int, itemsize: int, disk: np.dtype) -> Callable[[int, int], np.ndarray]:
     def read(first: int, count: int) -> np.ndarray:
         return np.frombuffer(src.read(base + first * itemsize, count * itemsize), dtype=disk)
+
     return read
 
 
 # -- .npz -------------------------------------------------------------------------------------
+
 
 def _npy_header(src: Any, key: str) -> tuple[np.dtype, bool, tuple[int, ...], int]:
     head = src.read(0, min(10, src.size))
@@ -271,8 +308,10 @@ def _npy_header(src: Any, key: str) -> tuple[np.dtype, bool, tuple[int, ...], in
     except TypeError:
         raise RolloutFileError(f"array {_q(key)} has an unknown dtype {escape_text(descr)}") from None
     if dt.hasobject:
-        raise RolloutFileError(f"refused: array {_q(key)} holds pickled Python objects; klviz reads .npz with "
-                               "allow_pickle=False, so nothing in it was executed. Save numeric arrays only")
+        raise RolloutFileError(
+            f"refused: array {_q(key)} holds pickled Python objects; klviz reads .npz with "
+            "allow_pickle=False, so nothing in it was executed. Save numeric arrays only"
+        )
     if any(s < 0 for s in shape):
         raise RolloutFileError(f"array {_q(key)} declares a negative dimension")
     return dt, fortran, shape, start + hlen
@@ -296,14 +335,16 @@ def _open_npz(path: Path, fh: Any, max_tokens: int) -> dict[str, ArraySpec]:
         n = math.prod(shape)
         _check_cap(key, shape, max_tokens, dt.kind in "US")
         if info.file_size != data_start + n * dt.itemsize:
-            raise RolloutFileError(f"array {_q(key)} declares shape {shape} ({n * dt.itemsize:,} bytes) but its member "
-                                   f"holds {max(info.file_size - data_start, 0):,}: refused (corrupt or forged)")
+            raise RolloutFileError(
+                f"array {_q(key)} declares shape {shape} ({n * dt.itemsize:,} bytes) but its member "
+                f"holds {max(info.file_size - data_start, 0):,}: refused (corrupt or forged)"
+            )
         name = _NP_NAMES.get(f"{dt.kind}{dt.itemsize}", "str" if dt.kind in "US" else str(dt))
         strides = None
         if fortran and len(shape) > 1:
             strides = tuple(int(math.prod(shape[:i])) for i in range(len(shape)))
         elif len(shape) > 1:
-            strides = tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape)))
+            strides = tuple(int(math.prod(shape[i + 1 :])) for i in range(len(shape)))
         specs[key] = ArraySpec(key, shape, name, dt, _reader(src, data_start, dt.itemsize, dt), strides)
         specs[key]._zip = zf  # keep the archive open as long as the spec lives
     return specs
@@ -312,20 +353,55 @@ def _open_npz(path: Path, fh: Any, max_tokens: int) -> dict[str, ArraySpec]:
 def _check_cap(key: str, shape: tuple[int, ...], max_tokens: int, strings: bool = False) -> None:
     n = math.prod(shape)
     if n > max_tokens:
-        raise RolloutFileError(f"array {_q(key)} declares shape {shape} = {n:,} elements, beyond the cap of "
-                               f"{max_tokens:,} (--max-tokens): refused before reading")
+        raise RolloutFileError(
+            f"array {_q(key)} declares shape {shape} = {n:,} elements, beyond the cap of "
+            f"{max_tokens:,} (--max-tokens): refused before reading"
+        )
 
 
 # -- .pt (torch.save zip format), read without torch.load ---------------------------------------
 
-_STORAGES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-             "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
-             "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool"}
-_DISK = {"float64": "f8", "float32": "f4", "float16": "f2", "bfloat16": "u2", "int64": "i8", "int32": "i4",
-         "int16": "i2", "int8": "i1", "uint8": "u1", "bool": "b1"}
-_TORCH_DTYPES = {"float64": "float64", "double": "float64", "float32": "float32", "float": "float32",
-                 "float16": "float16", "half": "float16", "bfloat16": "bfloat16", "int64": "int64", "long": "int64",
-                 "int32": "int32", "int": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool"}
+_STORAGES = {
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+}
+_DISK = {
+    "float64": "f8",
+    "float32": "f4",
+    "float16": "f2",
+    "bfloat16": "u2",
+    "int64": "i8",
+    "int32": "i4",
+    "int16": "i2",
+    "int8": "i1",
+    "uint8": "u1",
+    "bool": "b1",
+}
+_TORCH_DTYPES = {
+    "float64": "float64",
+    "double": "float64",
+    "float32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "int64": "int64",
+    "long": "int64",
+    "int32": "int32",
+    "int": "int32",
+    "int16": "int16",
+    "int8": "int8",
+    "uint8": "uint8",
+    "bool": "bool",
+}
 
 
 class _Refused(Exception):
@@ -373,6 +449,7 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_rest: A
 def _refuse(what: str) -> Callable[..., Any]:
     def fn(*_args: Any, **_kw: Any) -> Any:
         raise _Refused(what)
+
     return fn
 
 
@@ -416,8 +493,9 @@ class _SafeUnpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage":
             _tag, stype, key, location, numel = pid
-            dtype = stype.dtype if isinstance(stype, _StorageType) else (
-                stype.name if isinstance(stype, _DType) else None)
+            dtype = (
+                stype.dtype if isinstance(stype, _StorageType) else (stype.name if isinstance(stype, _DType) else None)
+            )
             if dtype is None:
                 raise _Refused("a storage of unknown type")
             if str(location).startswith("meta"):
@@ -435,13 +513,17 @@ def _unpickle(data: bytes) -> Any:
     except _Refused as err:
         what = str(err)
         if what == "META":
-            raise RolloutFileError("refused: the file holds a meta tensor (shape without data); save real values") from None
+            raise RolloutFileError(
+                "refused: the file holds a meta tensor (shape without data); save real values"
+            ) from None
         if what == "SPARSE":
-            raise RolloutFileError("refused: the file holds a sparse tensor; save dense [batch, tokens] tensors "
-                                   "(tensor.to_dense())") from None
+            raise RolloutFileError(
+                "refused: the file holds a sparse tensor; save dense [batch, tokens] tensors (tensor.to_dense())"
+            ) from None
         raise RolloutFileError(
             f"refused: the file's pickle wants more than tensors (it asks for {escape_text(what)}); klviz reads .pt "
-            "files with its own restricted unpickler, so nothing in it was executed. Save a plain dict of tensors") from None
+            "files with its own restricted unpickler, so nothing in it was executed. Save a plain dict of tensors"
+        ) from None
     except RolloutFileError:
         raise
     except RecursionError:
@@ -461,13 +543,16 @@ def _check_layout(key: str, t: _TensorRef) -> None:
     if n > numel - off or extent > numel:
         raise RolloutFileError(
             f"refused: tensor {_q(key)} claims shape {shape} ({n:,} elements) but its storage holds {numel:,} "
-            f"from offset {off} (stride {stride}: a stride-0 or overlapping view); save tensor.contiguous()")
+            f"from offset {off} (stride {stride}: a stride-0 or overlapping view); save tensor.contiguous()"
+        )
     dims = sorted((s, d) for d, s in zip(shape, stride) if d > 1)
     reach = 1
     for s, d in dims:
         if s < reach:
-            raise RolloutFileError(f"refused: tensor {_q(key)} is an overlapping view (shape {shape}, stride {stride}); "
-                                   "save tensor.contiguous()")
+            raise RolloutFileError(
+                f"refused: tensor {_q(key)} is an overlapping view (shape {shape}, stride {stride}); "
+                "save tensor.contiguous()"
+            )
         reach = s * d
 
 
@@ -500,14 +585,18 @@ def _open_pt(path: Path, fh: Any, max_tokens: int) -> dict[str, ArraySpec]:
             raise RolloutFileError(
                 f"refused: the file's pickle wants more than tensors (it asks for {escape_text(what)}); klviz reads "
                 ".pt files with its own restricted unpickler, so nothing in it was executed. Save a plain dict of "
-                "tensors") from None
+                "tensors"
+            ) from None
         except Exception:  # noqa: BLE001
             pass
-        raise RolloutFileError("a legacy (non-zip) torch.save file or a bare pickle: klviz reads only the zip format "
-                               "torch.save writes since PyTorch 1.6 (nothing in it was executed); re-save it with torch.save")
+        raise RolloutFileError(
+            "a legacy (non-zip) torch.save file or a bare pickle: klviz reads only the zip format "
+            "torch.save writes since PyTorch 1.6 (nothing in it was executed); re-save it with torch.save"
+        )
     if not head.startswith(b"PK"):
-        raise RolloutFileError("refused: not a torch.save file (neither a zip archive nor a binary pickle); "
-                               "nothing in it was executed")
+        raise RolloutFileError(
+            "refused: not a torch.save file (neither a zip archive nor a binary pickle); nothing in it was executed"
+        )
     try:
         zf = zipfile.ZipFile(fh)
     except (zipfile.BadZipFile, OSError, ValueError) as err:
@@ -528,25 +617,35 @@ def _open_pt(path: Path, fh: Any, max_tokens: int) -> dict[str, ArraySpec]:
     order = "<" if byteorder == "little" else ">"
     obj = _unpickle(_member_bytes(fh, zf, pkl[0]).read(0, pkl[0].file_size))
     if isinstance(obj, _TensorRef) or not isinstance(obj, Mapping):
-        raise RolloutFileError(f"the file holds a {'tensor' if isinstance(obj, _TensorRef) else type(obj).__name__}, "
-                               "expected a dict of tensors keyed by name")
+        raise RolloutFileError(
+            f"the file holds a {'tensor' if isinstance(obj, _TensorRef) else type(obj).__name__}, "
+            "expected a dict of tensors keyed by name"
+        )
     specs: dict[str, ArraySpec] = {}
     for key, v in _flatten(obj).items():
         key = str(key)
         if isinstance(v, _TensorRef):
             st = v.storage
             _check_cap(key, v.shape, max_tokens)
-            disk = np.dtype(order + _DISK[st.dtype]) if st.dtype not in ("bool", "int8", "uint8") else np.dtype(_DISK[st.dtype])
+            disk = (
+                np.dtype(order + _DISK[st.dtype])
+                if st.dtype not in ("bool", "int8", "uint8")
+                else np.dtype(_DISK[st.dtype])
+            )
             name = prefix + "data/" + st.key
             info = members.get(name)
             if info is None:
                 raise RolloutFileError(f"tensor {_q(key)}: its storage is missing from the archive")
             if st.numel < 0 or info.file_size != st.numel * disk.itemsize:
-                raise RolloutFileError(f"tensor {_q(key)}: its storage declares {st.numel:,} elements but the archive holds "
-                                       f"{info.file_size:,} bytes: refused (corrupt or forged)")
+                raise RolloutFileError(
+                    f"tensor {_q(key)}: its storage declares {st.numel:,} elements but the archive holds "
+                    f"{info.file_size:,} bytes: refused (corrupt or forged)"
+                )
             _check_layout(key, v)
             src = _member_bytes(fh, zf, info)
-            specs[key] = ArraySpec(key, v.shape, st.dtype, disk, _reader(src, 0, disk.itemsize, disk), v.stride, v.offset)
+            specs[key] = ArraySpec(
+                key, v.shape, st.dtype, disk, _reader(src, 0, disk.itemsize, disk), v.stride, v.offset
+            )
         elif isinstance(v, (list, tuple)) and v and all(isinstance(x, (list, tuple)) for x in v[:1]):
             specs[key] = ArraySpec(key, (len(v), len(v[0])), "object", None, value=v)
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -558,8 +657,18 @@ def _open_pt(path: Path, fh: Any, max_tokens: int) -> dict[str, ArraySpec]:
 
 # -- .safetensors -------------------------------------------------------------------------------
 
-_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-              "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_ST_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 
 
 def _open_safetensors(path: Path, fh: Any, max_tokens: int) -> dict[str, ArraySpec]:
@@ -586,21 +695,25 @@ def _open_safetensors(path: Path, fh: Any, max_tokens: int) -> dict[str, ArraySp
             shape = tuple(int(s) for s in meta["shape"])
             begin, end = (int(x) for x in meta["data_offsets"])
         except Exception:  # noqa: BLE001
-            raise RolloutFileError(f"not a readable .safetensors file (entry {_q(key)} is malformed or has an "
-                                   "unsupported dtype)") from None
+            raise RolloutFileError(
+                f"not a readable .safetensors file (entry {_q(key)} is malformed or has an unsupported dtype)"
+            ) from None
         if any(s < 0 for s in shape):
             raise RolloutFileError(f"tensor {_q(key)} declares a negative dimension")
         _check_cap(key, shape, max_tokens)
         disk = np.dtype("<" + _DISK[dtype]) if dtype not in ("bool", "int8", "uint8") else np.dtype(_DISK[dtype])
         if begin < 0 or end > data.size or end - begin != math.prod(shape) * disk.itemsize:
-            raise RolloutFileError(f"tensor {_q(key)} declares shape {shape} but bytes [{begin}, {end}) of a "
-                                   f"{data.size:,}-byte data section: refused (corrupt or forged)")
-        strides = tuple(int(math.prod(shape[i + 1:])) for i in range(len(shape))) if len(shape) > 1 else None
+            raise RolloutFileError(
+                f"tensor {_q(key)} declares shape {shape} but bytes [{begin}, {end}) of a "
+                f"{data.size:,}-byte data section: refused (corrupt or forged)"
+            )
+        strides = tuple(int(math.prod(shape[i + 1 :])) for i in range(len(shape))) if len(shape) > 1 else None
         specs[str(key)] = ArraySpec(str(key), shape, dtype, disk, _reader(data, begin, disk.itemsize, disk), strides)
     return specs
 
 
 # -- the dump ---------------------------------------------------------------------------------
+
 
 @dataclass
 class DumpFile:
@@ -608,7 +721,7 @@ class DumpFile:
 
     path: Path
     specs: dict[str, ArraySpec]
-    keys: dict[str, str]              # role -> key
+    keys: dict[str, str]  # role -> key
     shape: tuple[int, int]
     _fh: Any = None
 
@@ -649,8 +762,13 @@ def _label(key: str, role: str) -> str:
 
 
 def _option(role: str) -> str:
-    return {"logprob": "logprob-key", "ref_logprob": "ref-key", "response_mask": "mask-key",
-            "old_logprob": "old-key", "rollout_logprob": "rollout-key"}.get(role, role)
+    return {
+        "logprob": "logprob-key",
+        "ref_logprob": "ref-key",
+        "response_mask": "mask-key",
+        "old_logprob": "old-key",
+        "rollout_logprob": "rollout-key",
+    }.get(role, role)
 
 
 def _check_path(p: Path) -> str:
@@ -660,15 +778,25 @@ def _check_path(p: Path) -> str:
         raise RolloutFileError(f"{p} is a directory, expected a rollout dump file")
     suffix = p.suffix.lower()
     if suffix not in _SUFFIXES:
-        raise RolloutFileError(f"not a recognised rollout dump: '{escape_text(p.name)}' should end in "
-                               f"{', '.join(_SUFFIXES)} (other files are not opened, pickles never)")
+        raise RolloutFileError(
+            f"not a recognised rollout dump: '{escape_text(p.name)}' should end in "
+            f"{', '.join(_SUFFIXES)} (other files are not opened, pickles never)"
+        )
     return suffix
 
 
-def open_dump(path: str | Path, *, logprob_key: str = "logprob", ref_key: str = "ref_logprob",
-              mask_key: str = "response_mask", old_key: str | None = "old_logprob", require_old: bool = False,
-              rollout_key: str | None = "rollout_logprob", require_rollout: bool = False,
-              max_tokens: int = DEFAULT_MAX_TOKENS) -> DumpFile:
+def open_dump(
+    path: str | Path,
+    *,
+    logprob_key: str = "logprob",
+    ref_key: str = "ref_logprob",
+    mask_key: str = "response_mask",
+    old_key: str | None = "old_logprob",
+    require_old: bool = False,
+    rollout_key: str | None = "rollout_logprob",
+    require_rollout: bool = False,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> DumpFile:
     """Open a dump and check its headers (nothing but headers is read); raise :class:`RolloutFileError`.
 
     ``old_key``/``rollout_key`` are optional roles: used when present, an error when missing only if
@@ -692,11 +820,15 @@ def open_dump(path: str | Path, *, logprob_key: str = "logprob", ref_key: str = 
             specs = _open_pt(p, fh, max_tokens)
         elif suffix == ".npz":
             if head[:1] == b"\x80":
-                raise RolloutFileError("refused: the file is a Python pickle, not an .npz archive; klviz reads .npz "
-                                       "with allow_pickle=False, so nothing in it was executed")
+                raise RolloutFileError(
+                    "refused: the file is a Python pickle, not an .npz archive; klviz reads .npz "
+                    "with allow_pickle=False, so nothing in it was executed"
+                )
             if not head.startswith(b"PK"):
-                raise RolloutFileError("not an .npz archive (no zip signature), so it was not opened; save with "
-                                       "numpy.savez or klviz.diagnose.save_rollouts")
+                raise RolloutFileError(
+                    "not an .npz archive (no zip signature), so it was not opened; save with "
+                    "numpy.savez or klviz.diagnose.save_rollouts"
+                )
             specs = _open_npz(p, fh, max_tokens)
         else:
             specs = _open_safetensors(p, fh, max_tokens)
@@ -714,14 +846,26 @@ def _available(specs: Mapping[str, Any]) -> str:
     return (shown + (f" and {len(names) - 12} more" if len(names) > 12 else "")) or "none"
 
 
-def _roles(specs: Mapping[str, ArraySpec], logprob_key: str, ref_key: str, mask_key: str, old_key: str | None,
-           require_old: bool, rollout_key: str | None, require_rollout: bool) -> dict[str, str]:
+def _roles(
+    specs: Mapping[str, ArraySpec],
+    logprob_key: str,
+    ref_key: str,
+    mask_key: str,
+    old_key: str | None,
+    require_old: bool,
+    rollout_key: str | None,
+    require_rollout: bool,
+) -> dict[str, str]:
     keys = {"logprob": logprob_key, "ref_logprob": ref_key, "response_mask": mask_key}
     for role, key in keys.items():
         if key not in specs:
-            raise RolloutFileError(f"missing key {_label(key, role)}; the file has: {_available(specs)}. "
-                                   f"Rename with --{_option(role)}")
-    for role, key, required in (("old_logprob", old_key, require_old), ("rollout_logprob", rollout_key, require_rollout)):
+            raise RolloutFileError(
+                f"missing key {_label(key, role)}; the file has: {_available(specs)}. Rename with --{_option(role)}"
+            )
+    for role, key, required in (
+        ("old_logprob", old_key, require_old),
+        ("rollout_logprob", rollout_key, require_rollout),
+    ):
         if key is not None and key in specs:
             keys[role] = key
         elif required:
@@ -739,25 +883,33 @@ def _check_roles(specs: Mapping[str, ArraySpec], keys: dict[str, str]) -> tuple[
             continue
         s = specs[keys[role]]
         if s.dtype in ("str", "object") or s.disk is None and not s.is_float:
-            raise RolloutFileError(f"key {_label(keys[role], role)} has dtype {s.dtype}; expected numbers "
-                                   "(floating-point log-probabilities)")
+            raise RolloutFileError(
+                f"key {_label(keys[role], role)} has dtype {s.dtype}; expected numbers "
+                "(floating-point log-probabilities)"
+            )
         if not s.is_float:
-            raise RolloutFileError(f"{_label(keys[role], role)} has dtype {s.dtype}; log-probabilities must be "
-                                   "floating point (token ids by mistake?)")
+            raise RolloutFileError(
+                f"{_label(keys[role], role)} has dtype {s.dtype}; log-probabilities must be "
+                "floating point (token ids by mistake?)"
+            )
     m = specs[keys["response_mask"]]
     if not (m.is_float or m.dtype in ("bool", "int8", "uint8", "int16", "int32", "int64")):
-        raise RolloutFileError(f"{_label(keys['response_mask'], 'response_mask')} has dtype {m.dtype}; expected "
-                               "bool, int or 0/1 floats")
+        raise RolloutFileError(
+            f"{_label(keys['response_mask'], 'response_mask')} has dtype {m.dtype}; expected bool, int or 0/1 floats"
+        )
     for role in ("logprob", "ref_logprob", "response_mask", "old_logprob", "rollout_logprob", "tokens", "token_ids"):
         if role not in keys:
             continue
         s = specs[keys[role]]
         if len(s.shape) != 2:
-            raise RolloutFileError(f"{_label(keys[role], role)} has shape {s.shape}; every key must be "
-                                   "[batch, tokens] (2-D)")
+            raise RolloutFileError(
+                f"{_label(keys[role], role)} has shape {s.shape}; every key must be [batch, tokens] (2-D)"
+            )
         if s.shape != lp.shape:
-            raise RolloutFileError(f"shape mismatch: {_q(keys[role])} is {s.shape} but {_q(keys['logprob'])} is "
-                                   f"{lp.shape}; they must match token by token")
+            raise RolloutFileError(
+                f"shape mismatch: {_q(keys[role])} is {s.shape} but {_q(keys['logprob'])} is "
+                f"{lp.shape}; they must match token by token"
+            )
     if "token_ids" in keys and specs[keys["token_ids"]].dtype not in ("int64", "int32", "int16", "int8", "uint8"):
         raise RolloutFileError(f"'token_ids' has dtype {specs[keys['token_ids']].dtype}; expected integers")
     if "tokens" in keys and specs[keys["tokens"]].dtype not in ("str", "object"):
@@ -769,6 +921,7 @@ def _check_roles(specs: Mapping[str, ArraySpec], keys: dict[str, str]) -> tuple[
 
 # -- whole dumps in memory (lessons, panels) -------------------------------------------------------
 
+
 @dataclass
 class RolloutDump:
     """One batch read from a rollout dump: validated log-probabilities as float64 ``[batch, tokens]``
@@ -776,14 +929,14 @@ class RolloutDump:
 
     logprob: torch.Tensor
     ref_logprob: torch.Tensor
-    mask: torch.Tensor                      # bool [batch, tokens]
+    mask: torch.Tensor  # bool [batch, tokens]
     old_logprob: torch.Tensor | None = None
     source: str = "tensors"
     keys: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_KEYS))
     dtypes: dict[str, str] = field(default_factory=dict)
     rollout_logprob: torch.Tensor | None = None
-    tokens: np.ndarray | None = None        # strings [batch, tokens], or None
-    token_ids: np.ndarray | None = None     # integers [batch, tokens], or None
+    tokens: np.ndarray | None = None  # strings [batch, tokens], or None
+    token_ids: np.ndarray | None = None  # integers [batch, tokens], or None
     step: float | None = None
 
     @property
@@ -803,7 +956,9 @@ def _mask_bool(m: np.ndarray, label: str) -> np.ndarray:
     ok = (mf == 0) | (mf == 1)
     if not ok.all():
         bad = mf[~ok]
-        raise RolloutFileError(f"{label} must hold only 0 and 1; found {bad.size} other value(s), e.g. {float(bad[0]):g}")
+        raise RolloutFileError(
+            f"{label} must hold only 0 and 1; found {bad.size} other value(s), e.g. {float(bad[0]):g}"
+        )
     return mf == 1
 
 
@@ -811,31 +966,60 @@ def _strings(spec_value: Any) -> np.ndarray:
     return np.asarray([[str(x) for x in row] for row in spec_value], dtype=object)
 
 
-def load_rollouts(path: str | Path, *, logprob_key: str = "logprob", ref_key: str = "ref_logprob",
-                  mask_key: str = "response_mask", old_key: str | None = "old_logprob",
-                  require_old: bool = False, rollout_key: str | None = "rollout_logprob",
-                  max_tokens: int = DEFAULT_MAX_TOKENS) -> RolloutDump:
+def load_rollouts(
+    path: str | Path,
+    *,
+    logprob_key: str = "logprob",
+    ref_key: str = "ref_logprob",
+    mask_key: str = "response_mask",
+    old_key: str | None = "old_logprob",
+    require_old: bool = False,
+    rollout_key: str | None = "rollout_logprob",
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> RolloutDump:
     """Read and validate a whole rollout dump (see :func:`open_dump`) into a :class:`RolloutDump`.
 
     For the command line's streaming analysis use :func:`open_dump` and :func:`klviz.diagnose.diagnose`
     on the path; this reads everything into float64 tensors (for lessons and panels).
     """
-    with open_dump(path, logprob_key=logprob_key, ref_key=ref_key, mask_key=mask_key, old_key=old_key,
-                   require_old=require_old, rollout_key=rollout_key, max_tokens=max_tokens) as f:
+    with open_dump(
+        path,
+        logprob_key=logprob_key,
+        ref_key=ref_key,
+        mask_key=mask_key,
+        old_key=old_key,
+        require_old=require_old,
+        rollout_key=rollout_key,
+        max_tokens=max_tokens,
+    ) as f:
         b = f.shape[0]
         arrays = {role: f.rows(role, 0, b) for role in f.keys if role not in ("step",)}
         mask = _mask_bool(arrays["response_mask"], _label(f.keys["response_mask"], "response_mask"))
         if not mask.any():
-            raise RolloutFileError(f"{_label(f.keys['response_mask'], 'response_mask')} selects no token: nothing to diagnose")
-        t = {role: torch.from_numpy(np.ascontiguousarray(arrays[role], dtype=np.float64))
-             for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob") if role in arrays}
+            raise RolloutFileError(
+                f"{_label(f.keys['response_mask'], 'response_mask')} selects no token: nothing to diagnose"
+            )
+        t = {
+            role: torch.from_numpy(np.ascontiguousarray(arrays[role], dtype=np.float64))
+            for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob")
+            if role in arrays
+        }
         tokens = None
         if "tokens" in arrays:
             tokens = arrays["tokens"] if arrays["tokens"].dtype != object else _strings(arrays["tokens"])
-        return RolloutDump(t["logprob"], t["ref_logprob"], torch.from_numpy(mask), t.get("old_logprob"),
-                           source=str(path), keys={k: v for k, v in f.keys.items()}, dtypes=f.dtypes,
-                           rollout_logprob=t.get("rollout_logprob"), tokens=tokens,
-                           token_ids=arrays.get("token_ids"), step=f.step())
+        return RolloutDump(
+            t["logprob"],
+            t["ref_logprob"],
+            torch.from_numpy(mask),
+            t.get("old_logprob"),
+            source=str(path),
+            keys={k: v for k, v in f.keys.items()},
+            dtypes=f.dtypes,
+            rollout_logprob=t.get("rollout_logprob"),
+            tokens=tokens,
+            token_ids=arrays.get("token_ids"),
+            step=f.step(),
+        )
 
 
 def _to_array(value: Any, key: str) -> np.ndarray:
@@ -859,53 +1043,96 @@ def _to_array(value: Any, key: str) -> np.ndarray:
 def _dtype_name(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return str(value.dtype).replace("torch.", "")
-    return _NP_NAMES.get(f"{np.asarray(value).dtype.kind}{np.asarray(value).dtype.itemsize}", str(np.asarray(value).dtype))
+    return _NP_NAMES.get(
+        f"{np.asarray(value).dtype.kind}{np.asarray(value).dtype.itemsize}", str(np.asarray(value).dtype)
+    )
 
 
-def rollouts_from_tensors(logprob: Any, ref_logprob: Any, response_mask: Any, old_logprob: Any = None, *,
-                          rollout_logprob: Any = None, tokens: Any = None, token_ids: Any = None,
-                          step: float | None = None) -> RolloutDump:
+def rollouts_from_tensors(
+    logprob: Any,
+    ref_logprob: Any,
+    response_mask: Any,
+    old_logprob: Any = None,
+    *,
+    rollout_logprob: Any = None,
+    tokens: Any = None,
+    token_ids: Any = None,
+    step: float | None = None,
+) -> RolloutDump:
     """Validate in-memory tensors (or arrays) the same way a file is validated."""
-    given = {"logprob": logprob, "ref_logprob": ref_logprob, "response_mask": response_mask,
-             "old_logprob": old_logprob, "rollout_logprob": rollout_logprob}
+    given = {
+        "logprob": logprob,
+        "ref_logprob": ref_logprob,
+        "response_mask": response_mask,
+        "old_logprob": old_logprob,
+        "rollout_logprob": rollout_logprob,
+    }
     arrays = {role: _to_array(v, role) for role, v in given.items() if v is not None}
     dtypes = {role: _dtype_name(given[role]) for role in arrays}
     lp = arrays["logprob"]
     for role, a in arrays.items():
         if role != "response_mask" and a.dtype.kind != "f":
-            raise RolloutFileError(f"{_label(role, role)} has dtype {dtypes[role]}; log-probabilities must be floating "
-                                   "point (token ids by mistake?)")
+            raise RolloutFileError(
+                f"{_label(role, role)} has dtype {dtypes[role]}; log-probabilities must be floating "
+                "point (token ids by mistake?)"
+            )
         if a.ndim != 2:
-            raise RolloutFileError(f"{_label(role, role)} has shape {tuple(a.shape)}; every key must be [batch, tokens] (2-D)")
+            raise RolloutFileError(
+                f"{_label(role, role)} has shape {tuple(a.shape)}; every key must be [batch, tokens] (2-D)"
+            )
         if a.shape != lp.shape:
-            raise RolloutFileError(f"shape mismatch: '{role}' is {tuple(a.shape)} but 'logprob' is {tuple(lp.shape)}; "
-                                   "they must match token by token")
+            raise RolloutFileError(
+                f"shape mismatch: '{role}' is {tuple(a.shape)} but 'logprob' is {tuple(lp.shape)}; "
+                "they must match token by token"
+            )
     if lp.size == 0:
         raise RolloutFileError(f"the batch is empty (shape {tuple(lp.shape)})")
     mask = _mask_bool(arrays["response_mask"], "'response_mask'")
     if not mask.any():
         raise RolloutFileError("'response_mask' selects no token: nothing to diagnose")
-    t = {role: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)) for role, a in arrays.items()
-         if role != "response_mask"}
+    t = {
+        role: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
+        for role, a in arrays.items()
+        if role != "response_mask"
+    }
     tok = None if tokens is None else np.asarray(tokens, dtype=object)
     ids = None if token_ids is None else np.asarray(token_ids)
     for name, a in (("tokens", tok), ("token_ids", ids)):
         if a is not None and a.shape != lp.shape:
             raise RolloutFileError(f"shape mismatch: '{name}' is {tuple(a.shape)} but 'logprob' is {tuple(lp.shape)}")
     keys = {k: k for k in arrays}
-    return RolloutDump(t["logprob"], t["ref_logprob"], torch.from_numpy(mask), t.get("old_logprob"), source="tensors",
-                       keys=keys, dtypes=dtypes, rollout_logprob=t.get("rollout_logprob"), tokens=tok, token_ids=ids,
-                       step=step)
+    return RolloutDump(
+        t["logprob"],
+        t["ref_logprob"],
+        torch.from_numpy(mask),
+        t.get("old_logprob"),
+        source="tensors",
+        keys=keys,
+        dtypes=dtypes,
+        rollout_logprob=t.get("rollout_logprob"),
+        tokens=tok,
+        token_ids=ids,
+        step=step,
+    )
 
 
 def _write_safetensors(path: Path, data: dict[str, np.ndarray]) -> None:
-    names = {np.dtype("float32"): "F32", np.dtype("float64"): "F64", np.dtype("int8"): "I8", np.dtype("int64"): "I64",
-             np.dtype("float16"): "F16", np.dtype("int32"): "I32"}
+    names = {
+        np.dtype("float32"): "F32",
+        np.dtype("float64"): "F64",
+        np.dtype("int8"): "I8",
+        np.dtype("int64"): "I64",
+        np.dtype("float16"): "F16",
+        np.dtype("int32"): "I32",
+    }
     header, offset, blobs = {}, 0, []
     for key, a in data.items():
         a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False))
-        header[key] = {"dtype": names[np.dtype(a.dtype.newbyteorder("="))], "shape": list(a.shape),
-                       "data_offsets": [offset, offset + a.nbytes]}
+        header[key] = {
+            "dtype": names[np.dtype(a.dtype.newbyteorder("="))],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
         offset += a.nbytes
         blobs.append(a.tobytes())
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -917,8 +1144,17 @@ def _write_safetensors(path: Path, data: dict[str, np.ndarray]) -> None:
             f.write(b)
 
 
-def save_rollouts(path: str | Path, logprob: Any, ref_logprob: Any, response_mask: Any, old_logprob: Any = None, *,
-                  rollout_logprob: Any = None, token_ids: Any = None, step: int | None = None) -> Path:
+def save_rollouts(
+    path: str | Path,
+    logprob: Any,
+    ref_logprob: Any,
+    response_mask: Any,
+    old_logprob: Any = None,
+    *,
+    rollout_logprob: Any = None,
+    token_ids: Any = None,
+    step: int | None = None,
+) -> Path:
     """Write a rollout dump that ``klviz diagnose`` reads: ``.npz``, ``.pt`` or ``.safetensors`` by suffix.
 
     Inputs are ``[batch, tokens]`` tensors or arrays; log-probs are stored as float32 (pass float64
@@ -929,10 +1165,14 @@ def save_rollouts(path: str | Path, logprob: Any, ref_logprob: Any, response_mas
     suffix = p.suffix.lower()
     if suffix not in _SUFFIXES:
         raise ValueError(f"path must end in one of {', '.join(_SUFFIXES)}, got '{p.name}'")
-    r = rollouts_from_tensors(logprob, ref_logprob, response_mask, old_logprob, rollout_logprob=rollout_logprob,
-                              token_ids=token_ids)
-    data: dict[str, np.ndarray] = {"logprob": r.logprob.float().numpy(), "ref_logprob": r.ref_logprob.float().numpy(),
-                                   "response_mask": r.mask.numpy().astype(np.int8)}
+    r = rollouts_from_tensors(
+        logprob, ref_logprob, response_mask, old_logprob, rollout_logprob=rollout_logprob, token_ids=token_ids
+    )
+    data: dict[str, np.ndarray] = {
+        "logprob": r.logprob.float().numpy(),
+        "ref_logprob": r.ref_logprob.float().numpy(),
+        "response_mask": r.mask.numpy().astype(np.int8),
+    }
     for role in ("old_logprob", "rollout_logprob"):
         v = getattr(r, role)
         if v is not None:

@@ -5,6 +5,7 @@ header, a one-element array) or, without one, by name in natural order (``step_9
 ``step_10``); :func:`diagnose_series` analyses them one at a time, keeping only each dump's
 :class:`~klviz.diagnose.analysis.Diagnosis` summary (no per-token data).
 """
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,10 @@ def collect_dumps(paths: list[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted((q for q in p.iterdir() if q.is_file() and q.suffix.lower() in _SUFFIXES),
-                           key=lambda q: _natural(q.name))
+            found = sorted(
+                (q for q in p.iterdir() if q.is_file() and q.suffix.lower() in _SUFFIXES),
+                key=lambda q: _natural(q.name),
+            )
             if not found:
                 raise RolloutFileError(f"the directory {p} holds no dump (.npz, .pt, .pth, .safetensors)")
             out += found
@@ -39,22 +42,29 @@ def collect_dumps(paths: list[str | Path]) -> list[Path]:
     return out
 
 
-def diagnose_series(paths: list[Path], open_kwargs: dict[str, Any], *, clip: float = 0.2,
-                    vocab: Callable | None = None,
-                    on_each: Callable[[Path, Diagnosis], None] | None = None) -> list[tuple[str, float | None, Any]]:
+def diagnose_series(
+    paths: list[Path],
+    open_kwargs: dict[str, Any],
+    *,
+    clip: float = 0.2,
+    vocab: Callable | None = None,
+    on_each: Callable[[Path, Diagnosis], None] | None = None,
+) -> list[tuple[str, float | None, Any]]:
     """``[(name, step, Diagnosis or error message)]`` ordered by step (dumps without one by name, after)."""
     items = []
     for i, p in enumerate(paths):
         try:
             with open_dump(p, **open_kwargs) as f:
                 d = diagnose(f, clip=clip, vocab=vocab)
-            d.log_r_sample = None         # keep the summary only: constant memory per dump
+            d.log_r_sample = None  # keep the summary only: constant memory per dump
             d.seq_sums = {}
             d.seq_lengths = None
             if on_each is not None:
                 on_each(p, d)
             items.append((i, p.name, d.step, d))
         except (RolloutFileError, ValueError, MemoryError) as err:
-            items.append((i, p.name, None, f"{type(err).__name__}: {err}" if isinstance(err, MemoryError) else str(err)))
+            items.append(
+                (i, p.name, None, f"{type(err).__name__}: {err}" if isinstance(err, MemoryError) else str(err))
+            )
     items.sort(key=lambda t: (t[2] is None, t[2] if t[2] is not None else 0, t[0]))
     return [(name, step, d) for _i, name, step, d in items]

@@ -4,6 +4,7 @@
 Each lesson's panels live in their own module and are imported on first use, so that
 ``klviz.widgets.StartHerePanel`` does not pay for the tiny language model of lesson 04.
 """
+
 from __future__ import annotations
 
 import importlib

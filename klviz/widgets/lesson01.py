@@ -13,6 +13,7 @@ the price of variance; the effective sample size says how much). With weights, a
 sample size makes the ±2 SE band itself untrustworthy: the readout then says so instead of calling
 the (unbiased) weighted mean biased.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,8 @@ __all__ = ["SamplingPanel", "MODES"]
 #: The three ways of drawing and averaging, as (label, value) pairs for the toggle.
 MODES = (("samples from q", "q"), ("samples from μ", "mu"), ("with importance weights", "weighted"))
 _SAMPLE_COUNTS = (100, 300, 1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
-_PUSH_TOKEN = 1        # " sofa": the token fine-tuning made q prefer
-_MU_PUSH_TOKEN = 0     # " mat": the token the stale sampler mu can over- or under-weight
+_PUSH_TOKEN = 1  # " sofa": the token fine-tuning made q prefer
+_MU_PUSH_TOKEN = 0  # " mat": the token the stale sampler mu can over- or under-weight
 
 
 class SamplingPanel(Panel):
@@ -51,7 +52,7 @@ class SamplingPanel(Panel):
     css_class = "klviz-sampling"
 
     def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
-        self.ref_logp = toy_sampler_logits()          # p = pi_ref, fixed
+        self.ref_logp = toy_sampler_logits()  # p = pi_ref, fixed
         self.seed = seed
         super().__init__(device)
 
@@ -59,32 +60,45 @@ class SamplingPanel(Panel):
         style = {"description_width": "initial"}
         slider = dict(style=style, continuous_update=True, layout=widgets.Layout(width="340px"))
         return {
-            "mode": widgets.ToggleButtons(options=list(MODES), value="q", description="tokens",
-                                          style={"button_width": "190px"}),
-            "q_push": widgets.FloatSlider(value=1.5, min=-4.0, max=4.0, step=0.1,
-                                          description="q: push ' sofa'", **slider),
-            "q_temperature": widgets.FloatSlider(value=0.8, min=0.25, max=4.0, step=0.05,
-                                                 description="q: temperature", **slider),
-            "mu_temperature": widgets.FloatSlider(value=2.0, min=0.25, max=4.0, step=0.05,
-                                                  description="μ: temperature", **slider),
-            "mu_push": widgets.FloatSlider(value=0.0, min=-4.0, max=4.0, step=0.1,
-                                           description="μ: push ' mat'", **slider),
-            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=10_000,
-                                                   description="tokens N", style=style, continuous_update=False,
-                                                   layout=widgets.Layout(width="340px")),
-            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
-                                           layout=widgets.Layout(width="140px")),
+            "mode": widgets.ToggleButtons(
+                options=list(MODES), value="q", description="tokens", style={"button_width": "190px"}
+            ),
+            "q_push": widgets.FloatSlider(
+                value=1.5, min=-4.0, max=4.0, step=0.1, description="q: push ' sofa'", **slider
+            ),
+            "q_temperature": widgets.FloatSlider(
+                value=0.8, min=0.25, max=4.0, step=0.05, description="q: temperature", **slider
+            ),
+            "mu_temperature": widgets.FloatSlider(
+                value=2.0, min=0.25, max=4.0, step=0.05, description="μ: temperature", **slider
+            ),
+            "mu_push": widgets.FloatSlider(
+                value=0.0, min=-4.0, max=4.0, step=0.1, description="μ: push ' mat'", **slider
+            ),
+            "num_samples": widgets.SelectionSlider(
+                options=list(_SAMPLE_COUNTS),
+                value=10_000,
+                description="tokens N",
+                style=style,
+                continuous_update=False,
+                layout=widgets.Layout(width="340px"),
+            ),
+            "seed": widgets.BoundedIntText(
+                value=self.seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+            ),
         }
 
     def layout_controls(self) -> widgets.Widget:
         c = self.controls
         row = dict(layout=widgets.Layout(flex_flow="row wrap"))
-        return widgets.VBox([
-            c["mode"],
-            widgets.HBox([c["q_push"], c["q_temperature"]], **row),
-            widgets.HBox([c["mu_temperature"], c["mu_push"]], **row),
-            widgets.HBox([c["num_samples"], c["seed"]], **row),
-        ])
+        return widgets.VBox(
+            [
+                c["mode"],
+                widgets.HBox([c["q_push"], c["q_temperature"]], **row),
+                widgets.HBox([c["mu_temperature"], c["mu_push"]], **row),
+                widgets.HBox([c["num_samples"], c["seed"]], **row),
+            ]
+        )
 
     def make_figure(self) -> Figure:
         fig, (ax_pol, ax_run) = panel_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.35, 1]})
@@ -92,25 +106,29 @@ class SamplingPanel(Panel):
         zeros = np.zeros(len(TOY_VOCAB))
         self.bars_q = ax_pol.bar(x - 0.2, zeros, width=0.4, color=COLORS["q"], label="q(x): the expectation's weights")
         self.bars_mu = ax_pol.bar(x + 0.2, zeros, width=0.4, color=COLORS["mu"], alpha=0.55, label="μ(x): the sampler")
-        self.p_line, = ax_pol.plot(x, self.ref_logp.exp().numpy(), "o", color=COLORS["p"], ms=4,
-                                   label="p(x): reference (fixed)")
-        self.freq_line, = ax_pol.plot(x - 0.2, zeros, "_", color="black", ms=10, mew=2.2, label="counts / N")
+        (self.p_line,) = ax_pol.plot(
+            x, self.ref_logp.exp().numpy(), "o", color=COLORS["p"], ms=4, label="p(x): reference (fixed)"
+        )
+        (self.freq_line,) = ax_pol.plot(x - 0.2, zeros, "_", color="black", ms=10, mew=2.2, label="counts / N")
         ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
         ax_pol.set_ylabel("probability")
         ax_pol.set_title("draw frequencies vs q(x)")
         self.legend_pol = ax_pol.legend(loc="upper right")
         self.ax_pol = ax_pol
 
-        self.band = ax_run.fill_between([1, 2], [0, 0], [0, 0], color=COLORS["k1"], alpha=0.2, lw=0,
-                                        label="± 2 SE")
-        self._run_labels = {"q": "running mean of log q/p, x ~ q", "mu": "running mean of log q/p, x ~ μ",
-                            "weighted": "running mean of (q/μ)·log q/p, x ~ μ"}
-        self.run_line, = ax_run.plot([1, 2], [0, 0], color=COLORS["k1"], lw=1.4, label=self._run_labels["q"])
+        self.band = ax_run.fill_between([1, 2], [0, 0], [0, 0], color=COLORS["k1"], alpha=0.2, lw=0, label="± 2 SE")
+        self._run_labels = {
+            "q": "running mean of log q/p, x ~ q",
+            "mu": "running mean of log q/p, x ~ μ",
+            "weighted": "running mean of (q/μ)·log q/p, x ~ μ",
+        }
+        (self.run_line,) = ax_run.plot([1, 2], [0, 0], color=COLORS["k1"], lw=1.4, label=self._run_labels["q"])
         self.exact_line = ax_run.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.4, label="exact KL(q‖p)")
-        self.biased_line = ax_run.axhline(0.0, color=COLORS["mu"], ls=":", lw=1.6,
-                                          label="E_μ[log q/p] (plain mean over μ's tokens)")
+        self.biased_line = ax_run.axhline(
+            0.0, color=COLORS["mu"], ls=":", lw=1.6, label="E_μ[log q/p] (plain mean over μ's tokens)"
+        )
         ax_run.set_xscale("log")
-        ax_run.minorticks_off()              # dozens of minor ticks cost redraw time and add nothing here
+        ax_run.minorticks_off()  # dozens of minor ticks cost redraw time and add nothing here
         ax_run.set_xlabel("number of tokens N")
         ax_run.set_ylabel("estimate of KL(q‖p)  [nats]")
         # a fixed title: what is averaged, and over which tokens, is the legend's first entry (a changed
@@ -123,32 +141,44 @@ class SamplingPanel(Panel):
         self._freq_entry = [t.get_text() for t in self.legend_pol.get_texts()].index("counts / N")
         self._run_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.run_line.get_label())
         self._biased_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.biased_line.get_label())
-        assert self._biased_entry == len(self.legend_run.get_texts()) - 1   # hidden, it leaves no gap
+        assert self._biased_entry == len(self.legend_run.get_texts()) - 1  # hidden, it leaves no gap
         self.ax_run = ax_run
         self._legend_mode: str | None = None
         return fig
 
-    def policies(self, q_push: float, q_temperature: float, mu_temperature: float,
-                 mu_push: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def policies(
+        self, q_push: float, q_temperature: float, mu_temperature: float, mu_push: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """log q and log mu for the given control values (p is the fixed reference)."""
         log_q = move_policy(self.ref_logp, temperature=q_temperature, push=q_push, push_token=_PUSH_TOKEN)
         log_mu = move_policy(self.ref_logp, temperature=mu_temperature, push=mu_push, push_token=_MU_PUSH_TOKEN)
         return log_q, log_mu
 
-    def compute(self, mode: str, q_push: float, q_temperature: float, mu_temperature: float, mu_push: float,
-                num_samples: int, seed: int) -> dict[str, Any]:
+    def compute(
+        self,
+        mode: str,
+        q_push: float,
+        q_temperature: float,
+        mu_temperature: float,
+        mu_push: float,
+        num_samples: int,
+        seed: int,
+    ) -> dict[str, Any]:
         if mode not in dict(MODES).values():
             raise ValueError(f"mode must be one of {[m for _, m in MODES]}, got {mode!r}")
         n = int(num_samples)
         log_q, log_mu = self.policies(q_push, q_temperature, mu_temperature, mu_push)
         log_p = self.ref_logp
         q, mu = log_q.exp(), log_mu.exp()
-        g = (log_q - log_p).double()                       # log q(x)/p(x): one sample of k1 for KL(q||p)
+        g = (log_q - log_p).double()  # log q(x)/p(x): one sample of k1 for KL(q||p)
         exact = float(categorical_kl(q, log_p.exp()))
-        biased_limit = float((mu.double() * g).sum())       # what a plain mean over mu's tokens converges to
+        biased_limit = float((mu.double() * g).sum())  # what a plain mean over mu's tokens converges to
         sampler = q if mode == "q" else mu
-        w = (importance_weights(log_q, log_mu).double() if mode == "weighted"
-             else torch.ones(len(TOY_VOCAB), dtype=torch.float64))
+        w = (
+            importance_weights(log_q, log_mu).double()
+            if mode == "weighted"
+            else torch.ones(len(TOY_VOCAB), dtype=torch.float64)
+        )
         # the same seed gives the same uniforms: switching the sampler changes the tokens, nothing else
         tokens = draw_tokens(sampler, n, generator=make_generator(seed, "cpu"))
         run = running_mean((w * g)[tokens])
@@ -159,10 +189,20 @@ class SamplingPanel(Panel):
         counts = torch.bincount(tokens, minlength=len(TOY_VOCAB)).double()
         ess = effective_sample_size(w, counts)
         return {
-            "mode": mode, "q": q.numpy(), "mu": mu.numpy(), "freq": (counts / n).numpy(),
-            "weighted_freq": (counts * w / n).numpy(), "run": run, "estimate": float(run["mean"][-1]),
-            "se": float(run["se"][-1]), "exact": exact, "biased_limit": biased_limit, "ess": ess,
-            "num_samples": n, "max_weight": float(w.max()), "one_draw_mean": one_draw_mean,
+            "mode": mode,
+            "q": q.numpy(),
+            "mu": mu.numpy(),
+            "freq": (counts / n).numpy(),
+            "weighted_freq": (counts * w / n).numpy(),
+            "run": run,
+            "estimate": float(run["mean"][-1]),
+            "se": float(run["se"][-1]),
+            "exact": exact,
+            "biased_limit": biased_limit,
+            "ess": ess,
+            "num_samples": n,
+            "max_weight": float(w.max()),
+            "one_draw_mean": one_draw_mean,
             "one_draw_sd": one_draw_sd,
         }
 
@@ -178,13 +218,14 @@ class SamplingPanel(Panel):
         # raw counts sit on the bars of the distribution that drew them; weighted counts come back to q
         offset = 0.2 if mode == "mu" else -0.2
         self.freq_line.set_data(np.arange(len(TOY_VOCAB)) + offset, freq)
-        if mode != self._legend_mode:           # legends list only what is shown
+        if mode != self._legend_mode:  # legends list only what is shown
             self.legend_pol.get_texts()[self._freq_entry].set_text(
-                "counts·(q/μ) / N" if mode == "weighted" else "counts / N")
+                "counts·(q/μ) / N" if mode == "weighted" else "counts / N"
+            )
             shown = mode == "mu"
             self.legend_run.get_texts()[self._biased_entry].set_visible(shown)
             self.legend_run.legend_handles[self._biased_entry].set_visible(shown)
-            self.legend_run.get_texts()[self._run_entry].set_text(self._run_labels[mode])   # what is averaged
+            self.legend_run.get_texts()[self._run_entry].set_text(self._run_labels[mode])  # what is averaged
             self._legend_mode = mode
         top = max(float(data["q"].max()), float(data["mu"].max()), float(freq.max()), 0.3)
         sticky_limits(self.ax_pol, "y", 0, 1.12 * top)
@@ -201,32 +242,42 @@ class SamplingPanel(Panel):
         # the y range: where the running mean goes from N = 30 on (its mean ± 2.5 SE at N = 30, from
         # the exact spread of one draw), not the wild first few draws; the same for every seed and N
         reach = 2.5 * data["one_draw_sd"] / math.sqrt(30.0)
-        ys = [data["exact"], data["biased_limit"] if mode == "mu" else data["exact"],
-              data["one_draw_mean"] - reach, data["one_draw_mean"] + reach]
+        ys = [
+            data["exact"],
+            data["biased_limit"] if mode == "mu" else data["exact"],
+            data["one_draw_mean"] - reach,
+            data["one_draw_mean"] + reach,
+        ]
         ymin, ymax = min(ys), max(ys)
         pad = 0.15 * (ymax - ymin) if ymax > ymin else 0.05
         sticky_limits(self.ax_run, "y", ymin - pad, ymax + pad)
 
         est, se, exact = data["estimate"], data["se"], data["exact"]
-        how = {"q": "plain mean of log q/p over tokens from q",
-               "mu": "plain mean of log q/p over tokens from μ (no weights)",
-               "weighted": "mean of (q/μ)·log q/p over tokens from μ"}[mode]
+        how = {
+            "q": "plain mean of log q/p over tokens from q",
+            "mu": "plain mean of log q/p over tokens from μ (no weights)",
+            "weighted": "mean of (q/μ)·log q/p over tokens from μ",
+        }[mode]
         z = (est - exact) / se if se > 0 else float("inf") if est != exact else 0.0
         ess_share = data["ess"] / data["num_samples"]
         if mode == "weighted" and (ess_share < 0.05 or abs(z) >= 3):
             # the weighted mean is unbiased: a large z here says the SE (computed from the weights seen
             # so far) cannot be trusted, not that the estimator is biased
-            verdict = (f"<b style='color:#8a4b00'>SE unreliable (ESS {100 * ess_share:.1f} %)</b>: the weighted mean "
-                       "is unbiased, but with so few effective tokens its ±2 SE is computed from weights it has "
-                       "barely sampled")
+            verdict = (
+                f"<b style='color:#8a4b00'>SE unreliable (ESS {100 * ess_share:.1f} %)</b>: the weighted mean "
+                "is unbiased, but with so few effective tokens its ±2 SE is computed from weights it has "
+                "barely sampled"
+            )
         elif abs(z) < 3:
             verdict = "consistent with the exact value"
         else:
             verdict = "<b style='color:#b00020'>off by more than 3 standard errors: biased</b>"
-        ess_line = (f"effective sample size <b class='klviz-ess'>{data['ess']:,.0f}</b> of {data['num_samples']:,} "
-                    f"({100 * data['ess'] / data['num_samples']:.1f}%), largest weight q/μ = {data['max_weight']:.3g}"
-                    if mode == "weighted" else
-                    f"every token counts fully: effective sample size = N = {data['num_samples']:,}")
+        ess_line = (
+            f"effective sample size <b class='klviz-ess'>{data['ess']:,.0f}</b> of {data['num_samples']:,} "
+            f"({100 * data['ess'] / data['num_samples']:.1f}%), largest weight q/μ = {data['max_weight']:.3g}"
+            if mode == "weighted"
+            else f"every token counts fully: effective sample size = N = {data['num_samples']:,}"
+        )
         self.readout.value = (
             "<style>.klviz-sampling .klviz-table td{padding:1px 14px 1px 0}</style>"
             "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"

@@ -14,6 +14,7 @@ on a GPU they start at 10^6 samples instead of 10^5 and offer up to 10^7
 depends on N. The token panel (b) counts draws over twelve tokens on the CPU: a GPU has nothing
 to add there.
 """
+
 from __future__ import annotations
 
 import html
@@ -50,7 +51,7 @@ _SAMPLE_COUNTS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 _BINS = 60
 _STYLE = {"description_width": "initial"}
 _FNS = {"k1": k1, "k2": k2, "k3": k3}
-_KERNEL = {"k1": kernel.k1, "k2": kernel.k2, "k3": kernel.k3}   # the same, without input checks
+_KERNEL = {"k1": kernel.k1, "k2": kernel.k2, "k3": kernel.k3}  # the same, without input checks
 
 
 def _rel(x: float, kl: float) -> float:
@@ -105,22 +106,29 @@ def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
 
 
 _CUDA_SAMPLE_COUNTS = _SAMPLE_COUNTS + (3_000_000, 10_000_000)
-_FLOOR = 1e-6          # the bottom of the histograms' log axis: below one sample in 10^5
+_FLOOR = 1e-6  # the bottom of the histograms' log axis: below one sample in 10^5
 
 
 def _gaussian_controls(seed: int, device: torch.device) -> dict[str, widgets.ValueWidget]:
     """p's mean and scale, the sample count and the seed: the controls of panels (a) and (c)."""
     counts = _CUDA_SAMPLE_COUNTS if device.type == "cuda" else _SAMPLE_COUNTS
     return {
-        "mu": widgets.FloatSlider(value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ",
-                                  style=_STYLE, continuous_update=True),
-        "sigma": widgets.FloatSlider(value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ",
-                                     style=_STYLE, continuous_update=True),
-        "num_samples": widgets.SelectionSlider(options=list(counts),
-                                               value=panel_sample_count(device, cpu=100_000, cuda=1_000_000),
-                                               description="samples N", style=_STYLE, continuous_update=False),
-        "seed": widgets.BoundedIntText(value=seed, min=0, max=2**31 - 1, description="seed",
-                                       layout=widgets.Layout(width="140px")),
+        "mu": widgets.FloatSlider(
+            value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ", style=_STYLE, continuous_update=True
+        ),
+        "sigma": widgets.FloatSlider(
+            value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ", style=_STYLE, continuous_update=True
+        ),
+        "num_samples": widgets.SelectionSlider(
+            options=list(counts),
+            value=panel_sample_count(device, cpu=100_000, cuda=1_000_000),
+            description="samples N",
+            style=_STYLE,
+            continuous_update=False,
+        ),
+        "seed": widgets.BoundedIntText(
+            value=seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+        ),
     }
 
 
@@ -132,7 +140,7 @@ class GaussianEstimatorsPanel(Panel):
 
     def __init__(self, seed: int = 0, device: str | torch.device | None = None) -> None:
         self.seed = seed
-        super().__init__(resolve_device(device))   # the GPU when there is one (see the module docstring)
+        super().__init__(resolve_device(device))  # the GPU when there is one (see the module docstring)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return _gaussian_controls(self.seed, self.device)
@@ -141,9 +149,9 @@ class GaussianEstimatorsPanel(Panel):
         fig, axes = panel_figure(9.6, 3.4, ncols=2, gridspec_kw={"width_ratios": [1, 2]})
         ax_d = axes[0]
         self.xs = np.linspace(-7.0, 7.0, 400)
-        q = np.exp(-0.5 * self.xs ** 2) / math.sqrt(2 * math.pi)
+        q = np.exp(-0.5 * self.xs**2) / math.sqrt(2 * math.pi)
         ax_d.plot(self.xs, q, color=COLORS["q"], lw=2, label="sampler q = N(0,1)")
-        self.p_line, = ax_d.plot(self.xs, q, color=COLORS["p"], lw=2, label="target p = N(μ,σ²)")
+        (self.p_line,) = ax_d.plot(self.xs, q, color=COLORS["p"], lw=2, label="target p = N(μ,σ²)")
         ax_d.set_xlim(-7, 7)
         ax_d.set_xlabel("x")
         ax_d.set_ylabel("density")
@@ -156,16 +164,18 @@ class GaussianEstimatorsPanel(Panel):
         labels = {"k1": "k1 = −log r", "k2": "k2 = ½(log r)² ≥ 0", "k3": "k3 = (r − 1) − log r ≥ 0"}
         for name in ESTIMATORS:
             # a light fill and a solid outline per estimator: the three overlap, and each stays visible
-            self.hist[name] = ax.stairs(np.full(_BINS, _FLOOR), edges, fill=True, color=COLORS[name], alpha=0.18,
-                                        baseline=_FLOOR)
-            self.outline[name] = ax.stairs(np.full(_BINS, _FLOOR), edges, color=COLORS[name], lw=1.6,
-                                           baseline=_FLOOR, label=labels[name])
+            self.hist[name] = ax.stairs(
+                np.full(_BINS, _FLOOR), edges, fill=True, color=COLORS[name], alpha=0.18, baseline=_FLOOR
+            )
+            self.outline[name] = ax.stairs(
+                np.full(_BINS, _FLOOR), edges, color=COLORS[name], lw=1.6, baseline=_FLOOR, label=labels[name]
+            )
         for name in ESTIMATORS:
             self.mean_lines[name] = ax.axvline(0.0, color=COLORS[name], lw=1.4, ls=":")
         self.kl_line = ax.axvline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label="true KL(q‖p)")
         ax.axvline(0.0, color="black", lw=0.6)
         ax.set_yscale("log")
-        ax.set_ylim(_FLOOR, 10.0)                # a decade above the highest bar: room for the legend
+        ax.set_ylim(_FLOOR, 10.0)  # a decade above the highest bar: room for the legend
         ax.set_xlabel("value of one sample  [nats]  (central 99.8 % of the samples, one x axis for all three)")
         ax.set_ylabel("fraction of samples per bin")
         ax.legend(loc="upper right", title="dotted: sample means", frameon=True, framealpha=0.9, edgecolor="none")
@@ -183,22 +193,31 @@ class GaussianEstimatorsPanel(Panel):
         # the same seed gives the same x ~ q whatever p is: only the effect of moving p shows (and the
         # draws of the current seed and N are kept, so moving p does not draw them again)
         if getattr(self, "_z_key", None) != (int(seed), n):
-            self._z = torch.randn(n, generator=make_generator(int(seed), self.device), device=self.device,
-                                  dtype=torch.float64)
+            self._z = torch.randn(
+                n, generator=make_generator(int(seed), self.device), device=self.device, dtype=torch.float64
+            )
             self._z_key = (int(seed), n)
         log_r = sample_log_ratio(q, p, n, z=self._z)
         mc, hists = {}, {}
         all_edges = _all_edges(log_r)
         for name in ESTIMATORS:
-            v = _KERNEL[name](log_r)                      # log_r is the panel's own finite sample: no checks
+            v = _KERNEL[name](log_r)  # log_r is the panel's own finite sample: no checks
             mc[name] = mean_std_with_se(v)
             edges = all_edges[name]
             counts = torch.histc(v, bins=_BINS, min=float(edges[0]), max=float(edges[-1])).cpu().numpy()
-            hists[name] = (counts / n, edges)               # fraction of the samples in each bin
+            hists[name] = (counts / n, edges)  # fraction of the samples in each bin
         density_p = np.exp(-0.5 * ((self.xs - mu) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
-        return {"mu": float(mu), "sigma": float(sigma), "n": n, "exact": exact, "mc": mc, "hists": hists,
-                "density_p": density_p, "frac_neg_mc": float((log_r > 0).double().mean()),
-                "frac_neg_exact": k1_negative_probability(0.0, 1.0, float(mu), float(sigma))}
+        return {
+            "mu": float(mu),
+            "sigma": float(sigma),
+            "n": n,
+            "exact": exact,
+            "mc": mc,
+            "hists": hists,
+            "density_p": density_p,
+            "frac_neg_mc": float((log_r > 0).double().mean()),
+            "frac_neg_exact": k1_negative_probability(0.0, 1.0, float(mu), float(sigma)),
+        }
 
     def draw(self, data: dict[str, Any]) -> None:
         self.p_line.set_ydata(data["density_p"])
@@ -206,7 +225,7 @@ class GaussianEstimatorsPanel(Panel):
         exact: EstimatorMoments = data["exact"]
         for name in ESTIMATORS:
             frac, edges = data["hists"][name]
-            shown = np.maximum(frac, _FLOOR)                  # empty bins sit on the floor of the log axis
+            shown = np.maximum(frac, _FLOOR)  # empty bins sit on the floor of the log axis
             self.hist[name].set_data(shown, edges)
             self.outline[name].set_data(shown, edges)
             m = data["mc"][name]["mean"]
@@ -228,21 +247,25 @@ class GaussianEstimatorsPanel(Panel):
                 + _cell(_rel(m["mean"] - kl, kl), _rel(m["se"], kl), signed=True)
                 + _cell(exact.bias_rel(name) if kl > 0 else math.nan, signed=True)
                 + _cell(_rel(m["std"], kl), _rel(m["se_std"], kl))
-                + _cell(exact.std_rel(name) if kl > 0 else math.nan) + "</tr>")
+                + _cell(exact.std_rel(name) if kl > 0 else math.nan)
+                + "</tr>"
+            )
         notes = []
         if kl == 0:
             notes.append("p = q: the KL is 0 and every estimator is exactly 0; relative numbers are undefined (—).")
         if "k3" in exact.notes:
-            notes.append(html.escape(exact.notes["k3"]) + " The Monte Carlo std shown for k3 is therefore "
-                         "not an estimate of anything: rerun with a larger N and watch it grow.")
+            notes.append(
+                html.escape(exact.notes["k3"]) + " The Monte Carlo std shown for k3 is therefore "
+                "not an estimate of anything: rerun with a larger N and watch it grow."
+            )
         return (
-            _TABLE
-            + f"<tr>{_TH}</th>{_TH}bias/true: Monte Carlo ± 2 SE</th>{_TH}exact</th>"
+            _TABLE + f"<tr>{_TH}</th>{_TH}bias/true: Monte Carlo ± 2 SE</th>{_TH}exact</th>"
             f"{_TH}std/true: Monte Carlo ± 2 SE</th>{_TH}exact</th></tr>" + "".join(rows) + "</table>"
             f"<div style='font-size:90%'>true KL(q‖p) = <b class='klviz-exact'>{kl:.5g}</b> nats · N = {data['n']:,} · "
             f"k1 &lt; 0 for {100 * data['frac_neg_mc']:.1f} % of the samples (exact "
             f"{100 * data['frac_neg_exact']:.1f} %): wherever p(x) &gt; q(x).</div>"
-            + "".join(f"<div style='font-size:90%;color:#8a4b00'>{n}</div>" for n in notes))
+            + "".join(f"<div style='font-size:90%;color:#8a4b00'>{n}</div>" for n in notes)
+        )
 
 
 class TokenEstimatorsPanel(Panel):
@@ -252,23 +275,47 @@ class TokenEstimatorsPanel(Panel):
     css_class = "klviz-lesson02-tokens"
 
     def __init__(self, seed: int = 0) -> None:
-        self.q_logp = torch.log_softmax(toy_sampler_logits().double(), -1)   # renormalised in float64
+        self.q_logp = torch.log_softmax(toy_sampler_logits().double(), -1)  # renormalised in float64
         self.seed = seed
-        super().__init__("cpu")   # twelve tokens: see the module docstring
+        super().__init__("cpu")  # twelve tokens: see the module docstring
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         names = [t.strip() for t in TOY_VOCAB]
         return {
-            "temperature": widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.05, description="p temperature",
-                                               style=_STYLE, continuous_update=True),
-            "push": widgets.FloatSlider(value=1.5, min=-6.0, max=6.0, step=0.1, description="push p toward",
-                                        style=_STYLE, continuous_update=True),
-            "push_token": widgets.Dropdown(options=list(zip(names, range(len(names)))), value=9,
-                                           description="token", layout=widgets.Layout(width="160px")),
-            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=10_000,
-                                                   description="tokens N", style=_STYLE, continuous_update=False),
-            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
-                                           layout=widgets.Layout(width="140px")),
+            "temperature": widgets.FloatSlider(
+                value=1.0,
+                min=0.25,
+                max=4.0,
+                step=0.05,
+                description="p temperature",
+                style=_STYLE,
+                continuous_update=True,
+            ),
+            "push": widgets.FloatSlider(
+                value=1.5,
+                min=-6.0,
+                max=6.0,
+                step=0.1,
+                description="push p toward",
+                style=_STYLE,
+                continuous_update=True,
+            ),
+            "push_token": widgets.Dropdown(
+                options=list(zip(names, range(len(names)))),
+                value=9,
+                description="token",
+                layout=widgets.Layout(width="160px"),
+            ),
+            "num_samples": widgets.SelectionSlider(
+                options=list(_SAMPLE_COUNTS),
+                value=10_000,
+                description="tokens N",
+                style=_STYLE,
+                continuous_update=False,
+            ),
+            "seed": widgets.BoundedIntText(
+                value=self.seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+            ),
         }
 
     def make_figure(self) -> Figure:
@@ -285,8 +332,9 @@ class TokenEstimatorsPanel(Panel):
         self.ax_pol = ax_pol
         self.est_bars = {}
         for j, name in enumerate(ESTIMATORS):
-            self.est_bars[name] = ax_est.bar(x + (j - 1) * 0.27, np.zeros(len(x)), width=0.27,
-                                             color=COLORS[name], label=name)
+            self.est_bars[name] = ax_est.bar(
+                x + (j - 1) * 0.27, np.zeros(len(x)), width=0.27, color=COLORS[name], label=name
+            )
         self.kl_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.3, label="exact KL(q‖p)")
         ax_est.axhline(0.0, color="black", lw=0.6)
         ax_est.set_xticks(x, labels, rotation=45, ha="right")
@@ -296,8 +344,7 @@ class TokenEstimatorsPanel(Panel):
         self.ax_est = ax_est
         return fig
 
-    def compute(self, temperature: float, push: float, push_token: int, num_samples: int,
-                seed: int) -> dict[str, Any]:
+    def compute(self, temperature: float, push: float, push_token: int, num_samples: int, seed: int) -> dict[str, Any]:
         n = int(num_samples)
         log_p = move_policy(self.q_logp, temperature=float(temperature), push=float(push), push_token=int(push_token))
         q, p = self.q_logp.exp(), log_p.exp()
@@ -306,9 +353,16 @@ class TokenEstimatorsPanel(Panel):
         per_token = {name: fn(log_r).numpy() for name, fn in _FNS.items()}
         counts = categorical_counts(q, n, generator=make_generator(int(seed), "cpu"))
         mc = {name: mean_std_with_se(torch.from_numpy(vals), counts) for name, vals in per_token.items()}
-        return {"p": p.numpy(), "exact": exact, "mc": mc, "per_token": per_token, "n": n,
-                "exact_kl_check": float(categorical_kl(q, p)),
-                "frac_neg_mc": float(counts[log_r > 0].sum()) / n, "frac_neg_exact": float(q[log_r > 0].sum())}
+        return {
+            "p": p.numpy(),
+            "exact": exact,
+            "mc": mc,
+            "per_token": per_token,
+            "n": n,
+            "exact_kl_check": float(categorical_kl(q, p)),
+            "frac_neg_mc": float(counts[log_r > 0].sum()) / n,
+            "frac_neg_exact": float(q[log_r > 0].sum()),
+        }
 
     def draw(self, data: dict[str, Any]) -> None:
         for bar, h in zip(self.bars_p, data["p"]):
@@ -324,8 +378,14 @@ class TokenEstimatorsPanel(Panel):
         sticky_limits(self.ax_est, "y", lo - pad, hi + 3 * pad)
         self.kl_line.set_ydata([data["exact"].true_kl] * 2)
         self.readout.value = GaussianEstimatorsPanel._table(
-            {"exact": data["exact"], "mc": data["mc"], "n": data["n"], "frac_neg_mc": data["frac_neg_mc"],
-             "frac_neg_exact": data["frac_neg_exact"]}).replace("of the samples", "of the tokens drawn")
+            {
+                "exact": data["exact"],
+                "mc": data["mc"],
+                "n": data["n"],
+                "frac_neg_mc": data["frac_neg_mc"],
+                "frac_neg_exact": data["frac_neg_exact"],
+            }
+        ).replace("of the samples", "of the tokens drawn")
 
 
 _LAMBDAS = np.linspace(-0.5, 1.5, 201)
@@ -341,34 +401,44 @@ class ControlVariatePanel(Panel):
 
     def __init__(self, seed: int = 0, device: str | torch.device | None = None) -> None:
         self.seed = seed
-        super().__init__(resolve_device(device))   # the GPU when there is one (see the module docstring)
+        super().__init__(resolve_device(device))  # the GPU when there is one (see the module docstring)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return _gaussian_controls(self.seed, self.device)
 
     def make_figure(self) -> Figure:
         fig, (ax_v, ax_n) = panel_figure(9.6, 3.7, ncols=2)
-        self.exact_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["exact"], lw=2,
-                                      label="exact")
-        self.mc_curve, = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["mu"], lw=1.2, ls="--",
-                                   label="Monte Carlo (same samples)")
-        self.mark_k1, = ax_v.plot([0], [1], "o", color=COLORS["k1"], ms=8, label="λ = 0: k1")
-        self.mark_k3, = ax_v.plot([1], [1], "s", color=COLORS["k3"], ms=8, label="λ = 1: k3")
-        self.mark_star, = ax_v.plot([1], [1], "*", color="black", ms=13, label="λ* exact")
+        (self.exact_curve,) = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["exact"], lw=2, label="exact")
+        (self.mc_curve,) = ax_v.plot(
+            _LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["mu"], lw=1.2, ls="--", label="Monte Carlo (same samples)"
+        )
+        (self.mark_k1,) = ax_v.plot([0], [1], "o", color=COLORS["k1"], ms=8, label="λ = 0: k1")
+        (self.mark_k3,) = ax_v.plot([1], [1], "s", color=COLORS["k3"], ms=8, label="λ = 1: k3")
+        (self.mark_star,) = ax_v.plot([1], [1], "*", color="black", ms=13, label="λ* exact")
         self.mark_star_mc = ax_v.axvline(1.0, color=COLORS["mu"], lw=1, ls=":", label="λ* measured")
-        self.note = ax_v.text(0.5, 0.6, "", transform=ax_v.transAxes, ha="center", va="center", fontsize=8.5,
-                              bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85},
-                              color="#8a4b00")
+        self.note = ax_v.text(
+            0.5,
+            0.6,
+            "",
+            transform=ax_v.transAxes,
+            ha="center",
+            va="center",
+            fontsize=8.5,
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85},
+            color="#8a4b00",
+        )
         ax_v.set_xlabel("λ")
         ax_v.set_ylabel("std / true KL of one sample")
         ax_v.set_title("spread of k1 + λ (r − 1)")
         ax_v.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
         fig.legend(handles=ax_v.get_legend_handles_labels()[0], loc="outside lower left", ncols=6)
         self.ax_v = ax_v
-        self.neg_line, = ax_n.plot(_LAMBDAS_NEG, np.zeros_like(_LAMBDAS_NEG), "o-", ms=3, color=COLORS["mu"],
-                                   label="Monte Carlo")
-        self.neg_exact, = ax_n.plot([0, 1], [0.5, 0.0], "D", color=COLORS["exact"], ms=6,
-                                    label="exact (λ = 0 and λ = 1)")
+        (self.neg_line,) = ax_n.plot(
+            _LAMBDAS_NEG, np.zeros_like(_LAMBDAS_NEG), "o-", ms=3, color=COLORS["mu"], label="Monte Carlo"
+        )
+        (self.neg_exact,) = ax_n.plot(
+            [0, 1], [0.5, 0.0], "D", color=COLORS["exact"], ms=6, label="exact (λ = 0 and λ = 1)"
+        )
         ax_n.axvline(1.0, color=COLORS["k3"], lw=0.8)
         ax_n.set_xlabel("λ")
         ax_n.set_ylabel("fraction of samples < 0")
@@ -384,18 +454,25 @@ class ControlVariatePanel(Panel):
         q = Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
         p = Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
         log_r = sample_log_ratio(q, p, n, generator=make_generator(int(seed), self.device))
-        a, c = k1(log_r), torch.expm1(log_r)           # k1 and r - 1
+        a, c = k1(log_r), torch.expm1(log_r)  # k1 and r - 1
         mom = sample_moments(a, c)
         var_a, var_c, cov = mom["var_a"], mom["var_c"], mom["cov"]
-        mc_var = np.maximum(var_a + 2 * _LAMBDAS * cov + _LAMBDAS ** 2 * var_c, 0.0)
+        mc_var = np.maximum(var_a + 2 * _LAMBDAS * cov + _LAMBDAS**2 * var_c, 0.0)
         lam_mc = control_variate_lambda(cov, var_c)
         # how often each member is negative: from the first 20,000 samples (SE of a fraction ≤ 0.0036)
-        sub_a, sub_c = a[:_N_FRAC], c[:_N_FRAC]          # float64: at lambda = 1 the sum must not round below 0
+        sub_a, sub_c = a[:_N_FRAC], c[:_N_FRAC]  # float64: at lambda = 1 the sum must not round below 0
         lam_t = torch.from_numpy(_LAMBDAS_NEG).to(log_r.device)[:, None]
         frac_neg = (torch.addcmul(sub_a, lam_t, sub_c) < 0).sum(1).cpu().numpy() / sub_a.numel()
-        return {"exact": exact, "exact_var": exact.cv_variance(_LAMBDAS), "mc_var": mc_var, "lambda_mc": lam_mc,
-                "frac_neg": frac_neg, "frac_neg_k1": k1_negative_probability(0.0, 1.0, float(mu), float(sigma)),
-                "n": n, "n_frac": int(sub_a.numel())}
+        return {
+            "exact": exact,
+            "exact_var": exact.cv_variance(_LAMBDAS),
+            "mc_var": mc_var,
+            "lambda_mc": lam_mc,
+            "frac_neg": frac_neg,
+            "frac_neg_k1": k1_negative_probability(0.0, 1.0, float(mu), float(sigma)),
+            "n": n,
+            "n_frac": int(sub_a.numel()),
+        }
 
     def draw(self, data: dict[str, Any]) -> None:
         exact: EstimatorMoments = data["exact"]
@@ -416,21 +493,23 @@ class ControlVariatePanel(Panel):
         sticky_limits(self.ax_v, "y", 0, max(top, 1e-9) * 1.15)
         self.ax_v.set_ylabel("std / true KL of one sample" if kl > 0 else "std of one sample (KL = 0)")
         infinite = not math.isfinite(exact.var_r)
-        self.note.set_text("exact variance is infinite for every λ ≠ 0:\nVar(r) diverges (see the note below)"
-                           if infinite else "")
+        self.note.set_text(
+            "exact variance is infinite for every λ ≠ 0:\nVar(r) diverges (see the note below)" if infinite else ""
+        )
         self.neg_line.set_ydata(data["frac_neg"])
         self.neg_exact.set_ydata([data["frac_neg_k1"], 0.0])
         std_at = {lbl: math.sqrt(exact.cv_variance(v)) * scale for lbl, v in (("0", 0.0), ("star", lam), ("1", 1.0))}
         rel = "std/true" if kl > 0 else "std"
-        note = ("<div style='font-size:90%;color:#8a4b00'>" + html.escape(exact.notes["k3"]) + "</div>"
-                if infinite else "")
+        note = (
+            "<div style='font-size:90%;color:#8a4b00'>" + html.escape(exact.notes["k3"]) + "</div>" if infinite else ""
+        )
         self.readout.value = (
-            _TABLE
-            + f"<tr>{_TH}</th>{_TH}λ</th>{_TH}{rel} (exact)</th></tr>"
+            _TABLE + f"<tr>{_TH}</th>{_TH}λ</th>{_TH}{rel} (exact)</th></tr>"
             f"<tr>{_TD}k1</td>{_TD}0</td>{_cell(std_at['0'])}</tr>"
             f"<tr>{_TD}<b>best</b></td><td class='klviz-lambda-star' style='padding-right:12px'>{lam:.4f} (exact) · "
             f"{data['lambda_mc']:.4f} (measured)</td>{_cell(std_at['star'])}</tr>"
             f"<tr>{_TD}k3</td>{_TD}1</td>{_cell(std_at['1'])}</tr></table>"
             "<div style='font-size:90%'>λ* = (KL(q‖p) + KL(p‖q)) / χ²(p‖q) = −Cov(k1, r) / Var(r). "
             "Only λ = 1 is never negative: −log r + λ (r − 1) &lt; 0 at r = 1/λ for every other λ &gt; 0. "
-            f"N = {data['n']:,} (fraction negative from the first {data['n_frac']:,}).</div>" + note)
+            f"N = {data['n']:,} (fraction negative from the first {data['n_frac']:,}).</div>" + note
+        )

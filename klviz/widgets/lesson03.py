@@ -5,6 +5,7 @@ at t = r, which is the per-sample estimator f(r) - f'(1)(r - 1) (k3 for f = -log
 for f = t log t). Right: that estimator for every r on a log axis, with the region where f'' < 0
 (f not convex) shaded.
 """
+
 from __future__ import annotations
 
 import html
@@ -31,7 +32,7 @@ F_CHOICES = (
     ("(t − 1)²  → χ²", "chi2"),
     ("(√t − 1)²  → Hellinger", "hellinger"),
 )
-_R_MIN, _R_MAX = 10 ** -1.5, 10 ** 1.3
+_R_MIN, _R_MAX = 10**-1.5, 10**1.3
 _GRID_LOG = np.linspace(math.log(_R_MIN), math.log(_R_MAX), 400)
 
 
@@ -43,12 +44,21 @@ class BregmanPanel(Panel):
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
-            "f": widgets.ToggleButtons(options=list(F_CHOICES), value="-log t", description="f(t)",
-                                       style={"button_width": "165px"}),
-            "r": widgets.FloatLogSlider(value=2.5, base=10, min=-1.5, max=1.3, step=0.01,
-                                        description="r = p(x)/q(x)", readout_format=".3g",
-                                        style={"description_width": "initial"},
-                                        layout=widgets.Layout(width="520px"), continuous_update=True),
+            "f": widgets.ToggleButtons(
+                options=list(F_CHOICES), value="-log t", description="f(t)", style={"button_width": "165px"}
+            ),
+            "r": widgets.FloatLogSlider(
+                value=2.5,
+                base=10,
+                min=-1.5,
+                max=1.3,
+                step=0.01,
+                description="r = p(x)/q(x)",
+                readout_format=".3g",
+                style={"description_width": "initial"},
+                layout=widgets.Layout(width="520px"),
+                continuous_update=True,
+            ),
         }
 
     def layout_controls(self) -> widgets.Widget:
@@ -56,12 +66,11 @@ class BregmanPanel(Panel):
 
     def make_figure(self) -> Figure:
         fig, (ax_f, ax_g) = panel_figure(8.4, 3.6, ncols=2)
-        self.curve, = ax_f.plot([], [], color=COLORS["k3"], lw=2.0, label="f(t)")
-        self.tangent, = ax_f.plot([], [], color=COLORS["exact"], ls="--", lw=1.2, label="tangent at t = 1")
-        self.gap_line, = ax_f.plot([], [], color=COLORS["mu"], lw=3.0, solid_capstyle="butt",
-                                   label="gap = estimator")
-        self.point, = ax_f.plot([], [], "o", color=COLORS["mu"], ms=6)
-        self.one, = ax_f.plot([1.0], [0.0], "o", color=COLORS["exact"], ms=5)
+        (self.curve,) = ax_f.plot([], [], color=COLORS["k3"], lw=2.0, label="f(t)")
+        (self.tangent,) = ax_f.plot([], [], color=COLORS["exact"], ls="--", lw=1.2, label="tangent at t = 1")
+        (self.gap_line,) = ax_f.plot([], [], color=COLORS["mu"], lw=3.0, solid_capstyle="butt", label="gap = estimator")
+        (self.point,) = ax_f.plot([], [], "o", color=COLORS["mu"], ms=6)
+        (self.one,) = ax_f.plot([1.0], [0.0], "o", color=COLORS["exact"], ms=5)
         ax_f.axhline(0, color="black", lw=0.6)
         ax_f.set_xlabel("t  (a ratio p/q)")
         ax_f.set_ylabel("f(t)")
@@ -70,11 +79,13 @@ class BregmanPanel(Panel):
 
         grid = np.exp(_GRID_LOG)
         self.shade = ax_g.axvspan(math.e, _R_MAX, color=COLORS["mu"], alpha=0.08, lw=0, label="f'' < 0: not convex")
-        self.est_curve, = ax_g.plot(grid, np.zeros_like(grid), color=COLORS["k3"], lw=2.0,
-                                    label="f(r) − f′(1)(r − 1)")
-        self.naive_curve, = ax_g.plot(grid, np.zeros_like(grid), color=COLORS["q"], lw=1.2, ls=":",
-                                      label="f(r) alone (same mean)")
-        self.est_point, = ax_g.plot([], [], "o", color=COLORS["mu"], ms=6)
+        (self.est_curve,) = ax_g.plot(
+            grid, np.zeros_like(grid), color=COLORS["k3"], lw=2.0, label="f(r) − f′(1)(r − 1)"
+        )
+        (self.naive_curve,) = ax_g.plot(
+            grid, np.zeros_like(grid), color=COLORS["q"], lw=1.2, ls=":", label="f(r) alone (same mean)"
+        )
+        (self.est_point,) = ax_g.plot([], [], "o", color=COLORS["mu"], ms=6)
         ax_g.axhline(0, color="black", lw=0.6)
         ax_g.axvline(1.0, color=COLORS["q"], lw=0.6, ls=":")
         ax_g.set_xscale("log")
@@ -105,10 +116,20 @@ class BregmanPanel(Panel):
         gap = float(bregman_gap(gen, log_r))
         curvature = float(f_second(gen, log_r))
         return {
-            "f": gen.name, "r": r, "log_r": math.log(r), "t": t, "curve": curve, "tangent": tangent,
-            "f_r": value, "tangent_r": tan_r, "gap": gap, "curvature": curvature,
-            "estimator": bregman_gap(gen, grid).numpy(), "naive": f_value(gen, grid).numpy(),
-            "k3": float(k3(log_r)), "t_max": t_max,
+            "f": gen.name,
+            "r": r,
+            "log_r": math.log(r),
+            "t": t,
+            "curve": curve,
+            "tangent": tangent,
+            "f_r": value,
+            "tangent_r": tan_r,
+            "gap": gap,
+            "curvature": curvature,
+            "estimator": bregman_gap(gen, grid).numpy(),
+            "naive": f_value(gen, grid).numpy(),
+            "k3": float(k3(log_r)),
+            "t_max": t_max,
         }
 
     def draw(self, data: dict[str, Any]) -> None:
@@ -134,7 +155,7 @@ class BregmanPanel(Panel):
         self.naive_curve.set_visible(gen.df1 != 0)
         self.est_point.set_data([r], [gap])
         self.shade.set_visible(not gen.convex)
-        if gen.name != self._legend_f:          # legends list only what is shown: one pair per f
+        if gen.name != self._legend_f:  # legends list only what is shown: one pair per f
             self.curve.set_label(f"f(t) = {gen.formula}")
             self.show_legend(self.ax_f, gen.name, loc="upper center", fontsize=8)
             self.shade.set_label("_f'' < 0" if gen.convex else "f'' < 0: not convex")
@@ -149,15 +170,18 @@ class BregmanPanel(Panel):
 
         what = {
             "-log t": f"= k3 = (r − 1) − log r, one sample's estimate of KL(q‖p) (klviz.k3 gives "
-                      f"<span class='klviz-k3'>{data['k3']:.6g}</span>)",
+            f"<span class='klviz-k3'>{data['k3']:.6g}</span>)",
             "t log t": "= r log r − (r − 1), one sample's estimate of KL(p‖q), from q's samples",
             "k2": "= k2 = ½ (log r)²: f′(1) = 0, the tangent is flat and the gap is f itself",
             "chi2": "= (r − 1)²: f′(1) = 0, already non-negative",
             "hellinger": "= (√r − 1)²: f′(1) = 0, already non-negative",
         }[gen.name]
-        convex_note = ("" if data["curvature"] >= 0 else
-                       f"<br><b style='color:#b00020'>f″(r) = {data['curvature']:.3g} &lt; 0:</b> at r &gt; e "
-                       "½(log t)² bends the wrong way, so E<sub>q</sub>[k2] is not an f-divergence.")
+        convex_note = (
+            ""
+            if data["curvature"] >= 0
+            else f"<br><b style='color:#b00020'>f″(r) = {data['curvature']:.3g} &lt; 0:</b> at r &gt; e "
+            "½(log t)² bends the wrong way, so E<sub>q</sub>[k2] is not an f-divergence."
+        )
         self.readout.value = (
             f"<div style='font-size:92%'>r = <b>{r:.4g}</b> (log r = {data['log_r']:+.3f}) · "
             f"f(r) = {fr:.4g} · tangent f′(1)(r − 1) = {tr:.4g} · "

@@ -1,5 +1,6 @@
 """Lesson 04's panel: a real response as a strip of tokens, coloured by k1, k2, k3 or the exact KL,
 while the policy drifts away from the one that sampled it, update step by update step."""
+
 from __future__ import annotations
 
 import html
@@ -53,7 +54,7 @@ class WorkedTokensPanel(Panel):
 
     # -- data, computed once --------------------------------------------------------------------
     def _precompute(self) -> None:
-        with single_thread():         # tiny tensors: one thread avoids contention on a busy machine
+        with single_thread():  # tiny tensors: one thread avoids contention on a busy machine
             self._score_path()
 
     def _score_path(self) -> None:
@@ -68,17 +69,23 @@ class WorkedTokensPanel(Panel):
         old_full = ro.response_layout(lm.next_token_logprobs(old, ro))
         per_step: dict[str, list[torch.Tensor]] = {q: [] for q in ("delta", "exact")}
         for model in path:
-            full = ro.response_layout(lm.next_token_logprobs(model, ro))     # [B, R, V], scored once
+            full = ro.response_layout(lm.next_token_logprobs(model, ro))  # [B, R, V], scored once
             lp = full.gather(-1, self.ids.unsqueeze(-1)).squeeze(-1)
-            per_step["delta"].append((lp - old_lp) * mask)          # log r = log π_θ − log π_old
+            per_step["delta"].append((lp - old_lp) * mask)  # log r = log π_θ − log π_old
             per_step["exact"].append(exact_kl(old_full, full) * mask)
-        delta = torch.stack(per_step["delta"])                          # [S, B, R]
-        self.token_values = {"k1": k1(delta) * mask, "k2": k2(delta) * mask, "k3": k3(delta) * mask,
-                       "exact": torch.stack(per_step["exact"])}
+        delta = torch.stack(per_step["delta"])  # [S, B, R]
+        self.token_values = {
+            "k1": k1(delta) * mask,
+            "k2": k2(delta) * mask,
+            "k3": k3(delta) * mask,
+            "exact": torch.stack(per_step["exact"]),
+        }
         self.old_logprob = old_lp
         self.new_logprob = old_lp + delta
-        self.curves = {q: np.array([float(masked_mean(v[s], mask)) for s in range(v.shape[0])])
-                       for q, v in self.token_values.items()}
+        self.curves = {
+            q: np.array([float(masked_mean(v[s], mask)) for s in range(v.shape[0])])
+            for q, v in self.token_values.items()
+        }
         self.num_steps = delta.shape[0] - 1
         # fixed colour scales (the same colour means the same value at every step): k1 symmetric
         # around 0, the others from 0 to their 99th percentile over all steps and tokens
@@ -92,17 +99,45 @@ class WorkedTokensPanel(Panel):
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         style = {"description_width": "initial"}
         return {
-            "step": widgets.IntSlider(value=4, min=0, max=self.num_steps, step=1, description="update step",
-                                      style=style, continuous_update=True),
-            "color_by": widgets.ToggleButtons(options=[("k1", "k1"), ("k2", "k2"), ("k3", "k3"),
-                                                       ("exact", "exact")], value="k2",
-                                              description="colour by", style={"button_width": "72px"},
-                                              tooltips=["k1 = −log r (signed)", "k2 = ½(log r)², MiniMind's approx_kl",
-                                                        "k3 = (r − 1) − log r", "exact KL(π_old‖π_θ) at the position"]),
-            "row": widgets.IntSlider(value=1, min=0, max=self.rollouts.batch_size - 1, step=1,
-                                     description="response #", style=style, continuous_update=True),
-            "threshold": widgets.FloatSlider(value=0.25, min=0.01, max=1.0, step=0.01,
-                                             description="early_stop_kl", style=style, continuous_update=True),
+            "step": widgets.IntSlider(
+                value=4,
+                min=0,
+                max=self.num_steps,
+                step=1,
+                description="update step",
+                style=style,
+                continuous_update=True,
+            ),
+            "color_by": widgets.ToggleButtons(
+                options=[("k1", "k1"), ("k2", "k2"), ("k3", "k3"), ("exact", "exact")],
+                value="k2",
+                description="colour by",
+                style={"button_width": "72px"},
+                tooltips=[
+                    "k1 = −log r (signed)",
+                    "k2 = ½(log r)², MiniMind's approx_kl",
+                    "k3 = (r − 1) − log r",
+                    "exact KL(π_old‖π_θ) at the position",
+                ],
+            ),
+            "row": widgets.IntSlider(
+                value=1,
+                min=0,
+                max=self.rollouts.batch_size - 1,
+                step=1,
+                description="response #",
+                style=style,
+                continuous_update=True,
+            ),
+            "threshold": widgets.FloatSlider(
+                value=0.25,
+                min=0.01,
+                max=1.0,
+                step=0.01,
+                description="early_stop_kl",
+                style=style,
+                continuous_update=True,
+            ),
         }
 
     def layout_controls(self) -> widgets.Widget:
@@ -112,14 +147,26 @@ class WorkedTokensPanel(Panel):
     def make_figure(self) -> Figure:
         fig, (ax_c, ax_t) = panel_figure(8.4, 3.3, ncols=2, gridspec_kw={"width_ratios": [1, 1.35]})
         steps = np.arange(self.num_steps + 1)
-        names = {"k2": "approx_kl: ½Δ² (MiniMind, TRL)", "k1": "ppo_kl: k1 (verl)", "k3": "k3 (CleanRL, SB3)",
-                 "exact": "exact KL(π_old‖π_θ)"}
+        names = {
+            "k2": "approx_kl: ½Δ² (MiniMind, TRL)",
+            "k1": "ppo_kl: k1 (verl)",
+            "k3": "k3 (CleanRL, SB3)",
+            "exact": "exact KL(π_old‖π_θ)",
+        }
         for q in ("k2", "k1", "k3", "exact"):
-            ax_c.plot(steps, self.curves[q], marker="o", ms=3, color=COLORS[q], lw=1.6 if q != "exact" else 2.2,
-                      ls="--" if q == "exact" else "-", label=names[q])
+            ax_c.plot(
+                steps,
+                self.curves[q],
+                marker="o",
+                ms=3,
+                color=COLORS[q],
+                lw=1.6 if q != "exact" else 2.2,
+                ls="--" if q == "exact" else "-",
+                label=names[q],
+            )
         self.thr_line = ax_c.axhline(0.25, color="#b00020", lw=1.2, ls=":", label="early-stop threshold")
         self.step_line = ax_c.axvline(0, color="#555", lw=1.0)
-        self.stop_marker, = ax_c.plot([], [], "X", color="#b00020", ms=10, zorder=5, label="MiniMind stops here")
+        (self.stop_marker,) = ax_c.plot([], [], "X", color="#b00020", ms=10, zorder=5, label="MiniMind stops here")
         ax_c.set_xlabel("update step on the rollout batch")
         ax_c.set_ylabel("token mean over the batch [nats]")
         ax_c.set_title("π_θ drifts from π_old: batch averages")
@@ -131,9 +178,15 @@ class WorkedTokensPanel(Panel):
         x = np.arange(width)
         self.tok_lines = {}
         for q in ("k1", "k2", "k3", "exact"):
-            self.tok_lines[q], = ax_t.plot(x, np.zeros(width), "-o" if q != "exact" else "--", ms=2.5,
-                                           color=COLORS[q], lw=1.3 if q != "exact" else 1.8,
-                                           label={"k1": "k1", "k2": "k2 = ½Δ²", "k3": "k3", "exact": "exact KL"}[q])
+            (self.tok_lines[q],) = ax_t.plot(
+                x,
+                np.zeros(width),
+                "-o" if q != "exact" else "--",
+                ms=2.5,
+                color=COLORS[q],
+                lw=1.3 if q != "exact" else 1.8,
+                label={"k1": "k1", "k2": "k2 = ½Δ²", "k3": "k3", "exact": "exact KL"}[q],
+            )
         ax_t.axhline(0, color="black", lw=0.6)
         ax_t.set_xlabel("position in the response (the token strip below, left to right)")
         ax_t.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -155,13 +208,22 @@ class WorkedTokensPanel(Panel):
         above = np.nonzero(self.curves["k2"] > thr)[0]
         stop_step = int(above[0]) if above.size else None
         return {
-            "step": s, "row": b, "threshold": thr, "color_by": color_by, "n": n,
-            "tokens": lm.token_strings(self.ids[b, :n]), "per_token": per_token,
-            "old_logprob": self.old_logprob[b, :n].numpy(), "new_logprob": self.new_logprob[s, b, :n].numpy(),
-            "approx_kl": float(self.curves["k2"][s]), "ppo_kl": float(self.curves["k1"][s]),
-            "k3_mean": float(self.curves["k3"][s]), "exact_mean": float(self.curves["exact"][s]),
+            "step": s,
+            "row": b,
+            "threshold": thr,
+            "color_by": color_by,
+            "n": n,
+            "tokens": lm.token_strings(self.ids[b, :n]),
+            "per_token": per_token,
+            "old_logprob": self.old_logprob[b, :n].numpy(),
+            "new_logprob": self.new_logprob[s, b, :n].numpy(),
+            "approx_kl": float(self.curves["k2"][s]),
+            "ppo_kl": float(self.curves["k1"][s]),
+            "k3_mean": float(self.curves["k3"][s]),
+            "exact_mean": float(self.curves["exact"][s]),
             "row_means": {q: float(v.mean()) if n else 0.0 for q, v in per_token.items()},
-            "stop_step": stop_step, "stopped": stop_step is not None and s >= stop_step,
+            "stop_step": stop_step,
+            "stopped": stop_step is not None and s >= stop_step,
             "prompt": self.rollouts.prompts[b],
         }
 
@@ -209,25 +271,33 @@ class WorkedTokensPanel(Panel):
         colours = self._colour(q, pt[q])
         spans = []
         for i, tok in enumerate(data["tokens"]):
-            tip = (f"token {i} {tok!r}: log π_old {data['old_logprob'][i]:.3f}, log π_θ {data['new_logprob'][i]:.3f}; "
-                   f"k1 {pt['k1'][i]:+.4f}, k2 {pt['k2'][i]:.4f}, k3 {pt['k3'][i]:.4f}, exact {pt['exact'][i]:.4f}")
-            spans.append(f"<span class='klviz-token' title='{html.escape(tip, quote=True)}' "
-                         f"style='background:{colours[i]};padding:2px 1px;margin:0 1px;border-radius:3px;"
-                         f"font-family:monospace;font-size:15px'>{html.escape(tok)}</span>")
-        return (f"<div class='klviz-strip' style='margin:4px 0;line-height:2'>"
-                f"<span style='color:#666;font-family:monospace;font-size:15px'>{html.escape(data['prompt'])}</span>"
-                f"{''.join(spans)}</div>"
-                f"<div style='font-size:85%;color:#555'>colour: {html.escape(_QUANTITIES[q])}"
-                f"{' (blue: π_θ likes the token more than π_old, red: less)' if q == 'k1' else ''}; "
-                "hover a token for all its numbers.</div>")
+            tip = (
+                f"token {i} {tok!r}: log π_old {data['old_logprob'][i]:.3f}, log π_θ {data['new_logprob'][i]:.3f}; "
+                f"k1 {pt['k1'][i]:+.4f}, k2 {pt['k2'][i]:.4f}, k3 {pt['k3'][i]:.4f}, exact {pt['exact'][i]:.4f}"
+            )
+            spans.append(
+                f"<span class='klviz-token' title='{html.escape(tip, quote=True)}' "
+                f"style='background:{colours[i]};padding:2px 1px;margin:0 1px;border-radius:3px;"
+                f"font-family:monospace;font-size:15px'>{html.escape(tok)}</span>"
+            )
+        return (
+            f"<div class='klviz-strip' style='margin:4px 0;line-height:2'>"
+            f"<span style='color:#666;font-family:monospace;font-size:15px'>{html.escape(data['prompt'])}</span>"
+            f"{''.join(spans)}</div>"
+            f"<div style='font-size:85%;color:#555'>colour: {html.escape(_QUANTITIES[q])}"
+            f"{' (blue: π_θ likes the token more than π_old, red: less)' if q == 'k1' else ''}; "
+            "hover a token for all its numbers.</div>"
+        )
 
     def _summary_html(self, data: dict[str, Any]) -> str:
         stop = data["stop_step"]
         if stop is None:
             verdict = f"approx_kl never exceeds {data['threshold']:.2f} within {self.num_steps} steps: no early stop."
         elif data["stopped"]:
-            verdict = (f"<b style='color:#b00020'>stopped</b>: approx_kl first exceeded {data['threshold']:.2f} at step "
-                       f"{stop}; MiniMind zeroes the loss from there on for this batch.")
+            verdict = (
+                f"<b style='color:#b00020'>stopped</b>: approx_kl first exceeded {data['threshold']:.2f} at step "
+                f"{stop}; MiniMind zeroes the loss from there on for this batch."
+            )
         else:
             verdict = f"still updating; approx_kl will first exceed {data['threshold']:.2f} at step {stop}."
         rm = data["row_means"]
@@ -235,7 +305,9 @@ class WorkedTokensPanel(Panel):
             "<style>.klviz-lesson04 .klviz-table td, .klviz-lesson04 .klviz-table th {padding:1px 10px;"
             "text-align:right} .klviz-lesson04 .klviz-table td:first-child {text-align:left}</style>"
             "<table class='klviz-table' style='font-size:90%;border-collapse:collapse;margin-top:4px'>"
-            "<tr><th style='text-align:left'>step " + str(data["step"]) + "</th><th>approx_kl ½Δ²</th><th>ppo_kl k1</th>"
+            "<tr><th style='text-align:left'>step "
+            + str(data["step"])
+            + "</th><th>approx_kl ½Δ²</th><th>ppo_kl k1</th>"
             "<th>k3</th><th>exact KL(π_old‖π_θ)</th></tr>"
             f"<tr><td>batch token mean</td><td class='klviz-approx-kl'>{data['approx_kl']:.4f}</td>"
             f"<td>{data['ppo_kl']:+.4f}</td><td>{data['k3_mean']:.4f}</td><td>{data['exact_mean']:.4f}</td></tr>"

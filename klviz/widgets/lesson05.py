@@ -9,6 +9,7 @@
 The lesson's tokens, reference policy, rewards and beta grid, and the bandit's solutions, live in
 :mod:`klviz.bandit` (``THREE_TOKENS``, ``REF_PROBS``, ``REWARDS``, ``BETA_GRID``, ``bandit_table``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -61,7 +62,7 @@ def _fields(resolution: int, ref: tuple[float, ...]) -> tuple[np.ndarray, dict[s
     out = {}
     for flow in ALL_FLOWS:
         g = field_gradient(grid.log(), ref_logits, flow)
-        out[flow] = to_xy(probability_velocity(grid, -g)).numpy()   # to_xy is linear: it maps velocities too
+        out[flow] = to_xy(probability_velocity(grid, -g)).numpy()  # to_xy is linear: it maps velocities too
     return xy, out
 
 
@@ -79,14 +80,34 @@ class SimplexFlowPanel(Panel):
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         controls: dict[str, widgets.ValueWidget] = {
-            "flow": widgets.Dropdown(options=list(CHOICES), value="k3 in loss", description="KL choice",
-                                     style=_STYLE, layout=widgets.Layout(width="240px")),
-            "start_mat": widgets.FloatSlider(value=0.08, min=0.01, max=0.98, step=0.01, style=_STYLE,
-                                             description="start π(mat)", continuous_update=False),
-            "start_sofa": widgets.FloatSlider(value=0.12, min=0.01, max=0.98, step=0.01, style=_STYLE,
-                                              description="start π(sofa)", continuous_update=False),
-            "steps": widgets.IntSlider(value=60, min=5, max=400, step=5, description="descent steps",
-                                       style=_STYLE, continuous_update=False),
+            "flow": widgets.Dropdown(
+                options=list(CHOICES),
+                value="k3 in loss",
+                description="KL choice",
+                style=_STYLE,
+                layout=widgets.Layout(width="240px"),
+            ),
+            "start_mat": widgets.FloatSlider(
+                value=0.08,
+                min=0.01,
+                max=0.98,
+                step=0.01,
+                style=_STYLE,
+                description="start π(mat)",
+                continuous_update=False,
+            ),
+            "start_sofa": widgets.FloatSlider(
+                value=0.12,
+                min=0.01,
+                max=0.98,
+                step=0.01,
+                style=_STYLE,
+                description="start π(sofa)",
+                continuous_update=False,
+            ),
+            "steps": widgets.IntSlider(
+                value=60, min=5, max=400, step=5, description="descent steps", style=_STYLE, continuous_update=False
+            ),
         }
         self._link_start_sliders(controls)
         return controls
@@ -110,6 +131,7 @@ class SimplexFlowPanel(Panel):
         def follow(target: widgets.FloatSlider) -> Any:
             def on_change(change: dict[str, Any]) -> None:
                 target.max = room(change["new"])
+
             return on_change
 
         mat.max, sofa.max = room(sofa.value), room(mat.value)
@@ -120,21 +142,31 @@ class SimplexFlowPanel(Panel):
         fig, (ax, ax_kl) = panel_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.2, 1]})
         _draw_triangle(ax)
         xy = self.grid_xy
-        self.quiver = ax.quiver(xy[:, 0], xy[:, 1], np.zeros(len(xy)), np.zeros(len(xy)), angles="xy",
-                                scale_units="xy", scale=1.0, width=0.004, color="#888888", alpha=0.8)
-        self.path_rev, = ax.plot([], [], CHOICE_STYLES["reverse KL"], color=CHOICE_COLORS["reverse KL"], lw=2.2)
-        self.path_fwd, = ax.plot([], [], CHOICE_STYLES["forward KL"], color=CHOICE_COLORS["forward KL"], lw=2.2)
-        self.path_sel, = ax.plot([], [], "-", lw=2.0)
-        self.end_sel, = ax.plot([], [], "o", ms=6, mfc="white", mew=2)
-        self.start_dot, = ax.plot([], [], "o", color="black", ms=6)
+        self.quiver = ax.quiver(
+            xy[:, 0],
+            xy[:, 1],
+            np.zeros(len(xy)),
+            np.zeros(len(xy)),
+            angles="xy",
+            scale_units="xy",
+            scale=1.0,
+            width=0.004,
+            color="#888888",
+            alpha=0.8,
+        )
+        (self.path_rev,) = ax.plot([], [], CHOICE_STYLES["reverse KL"], color=CHOICE_COLORS["reverse KL"], lw=2.2)
+        (self.path_fwd,) = ax.plot([], [], CHOICE_STYLES["forward KL"], color=CHOICE_COLORS["forward KL"], lw=2.2)
+        (self.path_sel,) = ax.plot([], [], "-", lw=2.0)
+        (self.end_sel,) = ax.plot([], [], "o", ms=6, mfc="white", mew=2)
+        (self.start_dot,) = ax.plot([], [], "o", color="black", ms=6)
         ref_xy = to_xy(self.ref).numpy()
         ax.plot(ref_xy[0], ref_xy[1], "*", color="#9467bd", ms=14, mec="black")
-        self.ax = ax       # the key of this plot is HTML under the figure: legends are slow to redraw
+        self.ax = ax  # the key of this plot is HTML under the figure: legends are slow to redraw
         ax.set_title("expected-gradient field (arrows) and descent paths", fontsize=9.5)
 
-        self.kl_rev, = ax_kl.plot([], [], ":", color=CHOICE_COLORS["reverse KL"], lw=2.2, label="reverse-KL path")
-        self.kl_fwd, = ax_kl.plot([], [], ":", color=CHOICE_COLORS["forward KL"], lw=2.2, label="forward-KL path")
-        self.kl_sel, = ax_kl.plot([], [], "-", lw=2.0, label="selected choice")
+        (self.kl_rev,) = ax_kl.plot([], [], ":", color=CHOICE_COLORS["reverse KL"], lw=2.2, label="reverse-KL path")
+        (self.kl_fwd,) = ax_kl.plot([], [], ":", color=CHOICE_COLORS["forward KL"], lw=2.2, label="forward-KL path")
+        (self.kl_sel,) = ax_kl.plot([], [], "-", lw=2.0, label="selected choice")
         ax_kl.set_xlabel("gradient-descent step t")
         ax_kl.set_ylabel("KL(π_t ‖ π_ref)  [nats]")
         ax_kl.set_title("the KL a penalty is meant to shrink")
@@ -145,13 +177,22 @@ class SimplexFlowPanel(Panel):
     def compute(self, flow: str, start_mat: float, start_sofa: float, steps: int) -> dict[str, Any]:
         moon = 1.0 - start_mat - start_sofa
         if moon < 0.01:
-            raise ValueError(f"start π(mat) + start π(sofa) = {start_mat + start_sofa:.2f} leaves "
-                             f"π(moon) = {moon:.2f}; keep the sum at most 0.99")
+            raise ValueError(
+                f"start π(mat) + start π(sofa) = {start_mat + start_sofa:.2f} leaves "
+                f"π(moon) = {moon:.2f}; keep the sum at most 0.99"
+            )
         start = check_probs(torch.tensor([start_mat, start_sofa, moon], dtype=torch.float64), "start")
         paths = _paths(tuple(start.tolist()), flow, int(steps), self.lr)
         kl = {f: categorical_kl(p, self.ref.expand_as(p)).numpy() for f, p in paths.items()}
-        return {"flow": flow, "start": start.numpy(), "paths": {f: to_xy(p).numpy() for f, p in paths.items()},
-                "end": paths[flow][-1].numpy(), "kl": kl, "field": self.fields[flow], "steps": int(steps)}
+        return {
+            "flow": flow,
+            "start": start.numpy(),
+            "paths": {f: to_xy(p).numpy() for f, p in paths.items()},
+            "end": paths[flow][-1].numpy(),
+            "kl": kl,
+            "field": self.fields[flow],
+            "steps": int(steps),
+        }
 
     def draw(self, data: dict[str, Any]) -> None:
         flow = data["flow"]
@@ -190,7 +231,8 @@ class SimplexFlowPanel(Panel):
             "<span style='color:#222'>⋯ black</span> true reverse-KL path; <span style='color:#d62728'>⋯ red</span> "
             "true forward-KL path; ● start; ○ end; <span style='color:#9467bd'>★</span> π_ref.</div>"
             f"<div style='font-size:90%'><b style='color:{CHOICE_COLORS[flow]}'>{html.escape(flow)}</b>: "
-            f"start π = (<span class='klviz-start'>{start[0]:.2f}, {start[1]:.2f}, {start[2]:.2f}</span>) → after {data['steps']} steps "
+            f"start π = (<span class='klviz-start'>{start[0]:.2f}, {start[1]:.2f}, {start[2]:.2f}</span>) "
+            f"→ after {data['steps']} steps "
             f"π = (<span class='klviz-end'>{end[0]:.3f}, {end[1]:.3f}, {end[2]:.3f}</span>); "
             f"KL(π‖π_ref) = <b>{kl_end:.4f}</b> (the true reverse-KL gradient reaches {kl_rev_end:.4f}; "
             f"start {float(data['kl'][flow][0]):.4f}).</div>"
@@ -200,8 +242,13 @@ class SimplexFlowPanel(Panel):
 @functools.lru_cache(maxsize=64)
 def _paths(start: tuple[float, ...], flow: str, steps: int, lr: float) -> dict[str, torch.Tensor]:
     flows = tuple(dict.fromkeys((flow, "reverse KL", "forward KL")))
-    return descent_paths(torch.tensor(start, dtype=torch.float64), torch.tensor(REF_PROBS, dtype=torch.float64),
-                         flows, steps=steps, lr=lr)
+    return descent_paths(
+        torch.tensor(start, dtype=torch.float64),
+        torch.tensor(REF_PROBS, dtype=torch.float64),
+        flows,
+        steps=steps,
+        lr=lr,
+    )
 
 
 #: Choices that share one expected gradient are drawn as one curve in the bandit panel.
@@ -226,10 +273,16 @@ class BanditPanel(Panel):
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
-            "beta": widgets.SelectionSlider(options=list(BETA_GRID), value=BETA_GRID[12], description="β",
-                                            style=_STYLE, continuous_update=True),
-            "flow": widgets.Dropdown(options=list(CHOICES), value="k3 in loss", description="highlight",
-                                     style=_STYLE, layout=widgets.Layout(width="240px")),
+            "beta": widgets.SelectionSlider(
+                options=list(BETA_GRID), value=BETA_GRID[12], description="β", style=_STYLE, continuous_update=True
+            ),
+            "flow": widgets.Dropdown(
+                options=list(CHOICES),
+                value="k3 in loss",
+                description="highlight",
+                style=_STYLE,
+                layout=widgets.Layout(width="240px"),
+            ),
         }
 
     def make_figure(self) -> Figure:
@@ -241,10 +294,10 @@ class BanditPanel(Panel):
         ax.plot(*fwd_xy.T, "-", color=CHOICE_COLORS["forward KL"], lw=1.2, alpha=0.6)
         ref_xy = to_xy(torch.tensor(REF_PROBS)).numpy()
         ax.plot(*ref_xy, "*", color="#9467bd", ms=13, mec="black")
-        self.star, = ax.plot([], [], "P", color=CHOICE_COLORS["reverse KL"], ms=11)
-        self.fwd, = ax.plot([], [], "D", color=CHOICE_COLORS["forward KL"], ms=8, mfc="none", mew=2)
+        (self.star,) = ax.plot([], [], "P", color=CHOICE_COLORS["reverse KL"], ms=11)
+        (self.fwd,) = ax.plot([], [], "D", color=CHOICE_COLORS["forward KL"], ms=8, mfc="none", mew=2)
         self.points = {flow: ax.plot([], [], "o", color=CHOICE_COLORS[flow], ms=5, alpha=0.9)[0] for flow in CHOICES}
-        self.sel, = ax.plot([], [], "o", ms=11, mfc="none", mew=2.2)
+        (self.sel,) = ax.plot([], [], "o", ms=11, mfc="none", mew=2.2)
         # the key of the triangle is HTML under the figure (legends are the slowest part of a redraw)
         ax.set_title(f"rewards R = {REWARDS} for ({', '.join(t.strip() for t in THREE_TOKENS)})", fontsize=9)
         self.ax = ax
@@ -254,8 +307,14 @@ class BanditPanel(Panel):
         for label, members in _GROUPS.items():
             flow = members[0]
             tv = tv_distance(self.data["fixed"][flow]["policy"], star).numpy()
-            ax_tv.plot(betas, tv, CHOICE_STYLES[flow], color=CHOICE_COLORS[flow] if len(members) == 1 else "#222222",
-                       lw=1.8, label=label)
+            ax_tv.plot(
+                betas,
+                tv,
+                CHOICE_STYLES[flow],
+                color=CHOICE_COLORS[flow] if len(members) == 1 else "#222222",
+                lw=1.8,
+                label=label,
+            )
         self.beta_line = ax_tv.axvline(betas[12], color="#999999", lw=1)
         ax_tv.set_xscale("log")
         ax_tv.set_ylim(-0.02, 1.0)
@@ -270,8 +329,14 @@ class BanditPanel(Panel):
         if beta not in BETA_GRID:
             raise ValueError(f"beta must be one of the precomputed values {BETA_GRID}, got {beta!r}")
         i = BETA_GRID.index(beta)
-        return {"beta": beta, "index": i, "flow": flow, "rows": bandit_table(i),
-                "star": self.data["reverse"][i].numpy(), "forward": self.data["forward"][i].numpy()}
+        return {
+            "beta": beta,
+            "index": i,
+            "flow": flow,
+            "rows": bandit_table(i),
+            "star": self.data["reverse"][i].numpy(),
+            "forward": self.data["forward"][i].numpy(),
+        }
 
     def draw(self, data: dict[str, Any]) -> None:
         rows = {r["choice"]: r for r in data["rows"]}
@@ -290,7 +355,8 @@ class BanditPanel(Panel):
             f"<td style='color:{CHOICE_COLORS[f]}'><b>{html.escape(f)}</b></td>"
             f"<td>({r['policy'][0]:.3f}, {r['policy'][1]:.3f}, {r['policy'][2]:.3f})</td>"
             f"<td>{r['tv_to_optimum']:.3f}</td><td>{r['reward']:.3f}</td><td>{r['kl']:.3f}</td></tr>"
-            for f, r in rows.items())
+            for f, r in rows.items()
+        )
         self.readout.value = (
             "<div style='font-size:85%;color:#444'>Key (triangle): <span style='color:#222'>—</span> π* ∝ "
             "π_ref·exp(R/β) for every β, <b>✚</b> at this β; <span style='color:#d62728'>—</span> forward-KL "

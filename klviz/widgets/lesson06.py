@@ -9,6 +9,7 @@ own file via :func:`klviz.diagnose.load_rollouts`) and shows
   sequences (bootstrap: batches drawn with replacement from the dump), for k1, k2 and k3, beside the
   whole-dump value; the readout gives each spread and how often k1's batch value comes out negative.
 """
+
 from __future__ import annotations
 
 import html
@@ -29,7 +30,11 @@ from .base import Panel, html_table
 __all__ = ["RolloutPanel", "BATCH_SIZES", "STORAGE_DTYPES", "AGGREGATIONS"]
 
 BATCH_SIZES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256)
-STORAGE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STORAGE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 _NUM_BATCHES = 400
 _STYLE = {"description_width": "initial"}
@@ -50,14 +55,19 @@ class RolloutPanel(Panel):
     title = "Your rollouts: the KL a trainer would log from B sequences of this dump"
     css_class = "klviz-rollouts"
 
-    def __init__(self, rollouts: RolloutDump | None = None, device: str | torch.device | None = "cpu",
-                 seed: int = 0) -> None:
+    def __init__(
+        self, rollouts: RolloutDump | None = None, device: str | torch.device | None = "cpu", seed: int = 0
+    ) -> None:
         r = load_rollouts(sample_rollouts_path()) if rollouts is None else rollouts
         if not isinstance(r, RolloutDump):
-            raise ValueError(f"rollouts must be a klviz.diagnose.RolloutDump (from load_rollouts), got {type(r).__name__}")
+            raise ValueError(
+                f"rollouts must be a klviz.diagnose.RolloutDump (from load_rollouts), got {type(r).__name__}"
+            )
         if r.old_logprob is not None and bool(((r.old_logprob - r.logprob).abs() > 1e-6)[r.mask].any()):
-            raise ValueError("rollouts holds off-policy tokens (old_logprob differs from logprob); this panel "
-                             "shows on-policy estimates: pass logprob=old_logprob for the sampler's view")
+            raise ValueError(
+                "rollouts holds off-policy tokens (old_logprob differs from logprob); this panel "
+                "shows on-policy estimates: pass logprob=old_logprob for the sampler's view"
+            )
         keep = r.mask.any(-1)
         self.mask = r.mask[keep]
         finite = torch.isfinite(r.logprob[keep]) & torch.isfinite(r.ref_logprob[keep])
@@ -78,18 +88,43 @@ class RolloutPanel(Panel):
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
-            "batch_sequences": widgets.SelectionSlider(options=list(BATCH_SIZES), value=16, description="batch B (sequences)",
-                                                       style=_STYLE, continuous_update=True),
-            "estimator": widgets.ToggleButtons(options=["k1", "k2", "k3"], value="k3", description="left: tokens of",
-                                               style={"button_width": "48px", "description_width": "initial"}),
-            "clamp": widgets.Dropdown(options=list(CLAMP_RULES), value="none", description="clamp", style=_STYLE,
-                                      layout=widgets.Layout(width="230px")),
-            "precision": widgets.Dropdown(options=list(STORAGE_DTYPES), value="float32", description="log-probs stored in",
-                                          style=_STYLE, layout=widgets.Layout(width="230px")),
-            "aggregation": widgets.Dropdown(options=list(AGGREGATIONS), value="token-mean", description="aggregation",
-                                            style=_STYLE, layout=widgets.Layout(width="270px")),
-            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
-                                           layout=widgets.Layout(width="140px")),
+            "batch_sequences": widgets.SelectionSlider(
+                options=list(BATCH_SIZES),
+                value=16,
+                description="batch B (sequences)",
+                style=_STYLE,
+                continuous_update=True,
+            ),
+            "estimator": widgets.ToggleButtons(
+                options=["k1", "k2", "k3"],
+                value="k3",
+                description="left: tokens of",
+                style={"button_width": "48px", "description_width": "initial"},
+            ),
+            "clamp": widgets.Dropdown(
+                options=list(CLAMP_RULES),
+                value="none",
+                description="clamp",
+                style=_STYLE,
+                layout=widgets.Layout(width="230px"),
+            ),
+            "precision": widgets.Dropdown(
+                options=list(STORAGE_DTYPES),
+                value="float32",
+                description="log-probs stored in",
+                style=_STYLE,
+                layout=widgets.Layout(width="230px"),
+            ),
+            "aggregation": widgets.Dropdown(
+                options=list(AGGREGATIONS),
+                value="token-mean",
+                description="aggregation",
+                style=_STYLE,
+                layout=widgets.Layout(width="270px"),
+            ),
+            "seed": widgets.BoundedIntText(
+                value=self.seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+            ),
         }
 
     def make_figure(self) -> Figure:
@@ -109,13 +144,21 @@ class RolloutPanel(Panel):
         ax_boot.axvline(0.0, color="black", lw=0.6)
         ax_boot.set_xlabel("logged batch value [nats]")
         ax_boot.set_ylabel("fraction of batches")
-        ax_boot.legend(loc="upper right", title="dotted: whole dump", fontsize=8, title_fontsize=8, frameon=True,
-                       framealpha=0.85, edgecolor="none")
+        ax_boot.legend(
+            loc="upper right",
+            title="dotted: whole dump",
+            fontsize=8,
+            title_fontsize=8,
+            frameon=True,
+            framealpha=0.85,
+            edgecolor="none",
+        )
         self.ax_boot = ax_boot
         return fig
 
-    def compute(self, batch_sequences: int, estimator: str, clamp: str, precision: str, aggregation: str,
-                seed: int) -> dict[str, Any]:
+    def compute(
+        self, batch_sequences: int, estimator: str, clamp: str, precision: str, aggregation: str, seed: int
+    ) -> dict[str, Any]:
         if precision not in STORAGE_DTYPES:
             raise ValueError(f"precision must be one of {', '.join(STORAGE_DTYPES)}, got {precision!r}")
         if aggregation not in AGGREGATIONS:
@@ -126,17 +169,27 @@ class RolloutPanel(Panel):
         gen = make_generator(int(seed), "cpu")
         idx = torch.randint(0, self.mask.shape[0], (_NUM_BATCHES, B), generator=gen)
         n_boot = self.seq_n[idx]
-        out: dict[str, Any] = {"batch_sequences": B, "estimator": estimator, "clamp": clamp, "precision": precision,
-                               "aggregation": aggregation, "stats": {}}
+        out: dict[str, Any] = {
+            "batch_sequences": B,
+            "estimator": estimator,
+            "clamp": clamp,
+            "precision": precision,
+            "aggregation": aggregation,
+            "stats": {},
+        }
         for k in ("k1", "k2", "k3"):
             tokens, seq_sum, hit = self._per_token(k, clamp, precision)
             _, raw32, _ = self._per_token(k, "none", "float32")
             boot = _aggregate(seq_sum[idx], n_boot, aggregation)
-            out["stats"][k] = {"full": float(_aggregate(seq_sum, self.seq_n, aggregation)),
-                               "unclamped_float32": float(_aggregate(raw32, self.seq_n, aggregation)),
-                               "boot_std": float(boot.std()), "boot_mean": float(boot.mean()),
-                               "frac_negative": float((boot < 0).double().mean()), "hit_fraction": hit,
-                               "boot": boot.numpy()}
+            out["stats"][k] = {
+                "full": float(_aggregate(seq_sum, self.seq_n, aggregation)),
+                "unclamped_float32": float(_aggregate(raw32, self.seq_n, aggregation)),
+                "boot_std": float(boot.std()),
+                "boot_mean": float(boot.mean()),
+                "frac_negative": float((boot < 0).double().mean()),
+                "hit_fraction": hit,
+                "boot": boot.numpy(),
+            }
             if k == estimator:
                 out["tokens"] = tokens
         return out
@@ -159,7 +212,7 @@ class RolloutPanel(Panel):
         if hi - lo < 1e-9:
             lo, hi = lo - 0.5, hi + 0.5
         counts, edges = np.histogram(tok, bins=40, range=(lo, hi))
-        self.tok_hist.set_data(np.maximum(counts, 0.5), edges)   # 0.5: empty bins stay below the log axis's 1
+        self.tok_hist.set_data(np.maximum(counts, 0.5), edges)  # 0.5: empty bins stay below the log axis's 1
         self.tok_hist.set_facecolor(COLORS[k])
         self.tok_hist.set_edgecolor(COLORS[k])
         self.tok_mean.set_xdata([float(tok.mean())] * 2)
@@ -183,12 +236,29 @@ class RolloutPanel(Panel):
         sticky_limits(self.ax_boot, "y", 0, top * 1.15)
         self.ax_boot.set_title(f"{_NUM_BATCHES} batches of B = {data['batch_sequences']}: {data['aggregation']}")
 
-        rows = [[f"<b style='color:{COLORS[e]}'>{e}</b>", f"<span class='klviz-full-{e}'>{s['full']:.4f}</span>",
-                 f"{s['unclamped_float32']:.4f}", f"<span class='klviz-spread-{e}'>{s['boot_std']:.4f}</span>",
-                 f"{100 * s['frac_negative']:.1f}%", f"{100 * s['hit_fraction']:.2f}%"] for e, s in stats.items()]
+        rows = [
+            [
+                f"<b style='color:{COLORS[e]}'>{e}</b>",
+                f"<span class='klviz-full-{e}'>{s['full']:.4f}</span>",
+                f"{s['unclamped_float32']:.4f}",
+                f"<span class='klviz-spread-{e}'>{s['boot_std']:.4f}</span>",
+                f"{100 * s['frac_negative']:.1f}%",
+                f"{100 * s['hit_fraction']:.2f}%",
+            ]
+            for e, s in stats.items()
+        ]
         self.readout.value = (
-            html_table(["", "whole dump", "no clamp, float32", "spread of one batch (std)", "batches &lt; 0",
-                        "tokens clamped"], rows)
+            html_table(
+                [
+                    "",
+                    "whole dump",
+                    "no clamp, float32",
+                    "spread of one batch (std)",
+                    "batches &lt; 0",
+                    "tokens clamped",
+                ],
+                rows,
+            )
             + f"<div style='font-size:90%'>Source: {html.escape(Path(str(self.source)).name)} · "
             f"{int(self.mask.sum()):,} counted tokens in {self.mask.shape[0]} sequences. "
             "The estimate is of KL(π ‖ π_ref) per token (per sequence for seq-mean-token-sum).</div>"

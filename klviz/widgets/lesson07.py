@@ -12,6 +12,7 @@ marked as training), the kernel stays free, the curves grow every five steps, an
 stops an older run that is still training. ``panel.set(...)`` in code trains in the foreground and
 returns when the run is there; ``panel.wait()`` waits for a background run.
 """
+
 from __future__ import annotations
 
 import html
@@ -41,8 +42,16 @@ class RLHFLabPanel(Panel):
     #: train in a background thread when the reader moves a control (see the module docstring)
     background_training: bool = True
 
-    def __init__(self, device: str | torch.device | None = "cpu", *, steps: int = 40, lr: float = 1e-3,
-                 prompts: int = 4, group_size: int = 8, max_new_tokens: int = 24) -> None:
+    def __init__(
+        self,
+        device: str | torch.device | None = "cpu",
+        *,
+        steps: int = 40,
+        lr: float = 1e-3,
+        prompts: int = 4,
+        group_size: int = 8,
+        max_new_tokens: int = 24,
+    ) -> None:
         self.fixed = {"lr": lr, "prompts": prompts, "group_size": group_size, "max_new_tokens": max_new_tokens}
         self.default_steps = steps
         super().__init__(device)
@@ -57,15 +66,16 @@ class RLHFLabPanel(Panel):
     def start_background(self, **values: Any) -> bool:
         cfg = self._config(**values)
         if not self.background_training or trained_history(cfg, self.device) is not None:
-            return False                        # nothing to train: answer in the foreground
-        self.show_progress((cfg, None))         # answer at once: an empty run, marked as training
+            return False  # nothing to train: answer in the foreground
+        self.show_progress((cfg, None))  # answer at once: an empty run, marked as training
 
         def train(run: BackgroundRun) -> TrainingHistory:
             def progress(step: int, hist: TrainingHistory) -> None:
                 if step % 5 == 4:
-                    run.report((cfg, hist))     # the curves grow every five steps
+                    run.report((cfg, hist))  # the curves grow every five steps
                 else:
-                    run.check()                 # a newer setting stops this run after its current step
+                    run.check()  # a newer setting stops this run after its current step
+
             return lab_history(cfg, self.device, callback=progress)
 
         self.run_in_background(train, what=cfg)  # when done: the ordinary update finds the run kept
@@ -74,65 +84,100 @@ class RLHFLabPanel(Panel):
     def draw_progress(self, progress: tuple[LabConfig, TrainingHistory | None]) -> str:
         """Draw a run that is still training: its curves so far and where it stands."""
         cfg, hist = progress
-        m = ({k: np.asarray(v) for k, v in hist.metrics.items()} if hist is not None
-             else {k: np.zeros(0) for k in ("reward", "true_kl", "reported_kl", "entropy")})
+        m = (
+            {k: np.asarray(v) for k, v in hist.metrics.items()}
+            if hist is not None
+            else {k: np.zeros(0) for k in ("reward", "true_kl", "reported_kl", "entropy")}
+        )
         self._draw_curves(m, cfg.steps)
         done = len(m["reward"])
         self.readout.value = (
             f"<div style='font-size:90%' class='klviz-training'><b style='color:{PLACEMENT_COLORS[cfg.placement]}'>"
             f"{html.escape(cfg.placement)}</b>, β = {cfg.beta:g}, {cfg.steps} steps: training in the background, "
-            f"step {done} of {cfg.steps} … (move any control to start another run)</div>")
+            f"step {done} of {cfg.steps} … (move any control to start another run)</div>"
+        )
         return f" · training step {done} of {cfg.steps}"
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
-            "placement": widgets.Dropdown(options=list(PLACEMENTS), value="k1 in reward", description="KL placement",
-                                          style=_STYLE, layout=widgets.Layout(width="250px")),
-            "beta": widgets.FloatSlider(value=0.2, min=0.0, max=1.0, step=0.05, description="β",
-                                        style=_STYLE, continuous_update=False),
-            "steps": widgets.IntSlider(value=self.default_steps, min=5, max=200, step=5, description="steps",
-                                       style=_STYLE, continuous_update=False),
-            "epochs": widgets.IntSlider(value=1, min=1, max=4, description="epochs per batch", style=_STYLE,
-                                        continuous_update=False),
-            "early_stop_kl": widgets.FloatSlider(value=0.0, min=0.0, max=0.2, step=0.01, readout_format=".2f",
-                                                 description="early stop at approx_kl", style=_STYLE,
-                                                 continuous_update=False, tooltip="0 = no early stopping",
-                                                 layout=widgets.Layout(width="380px")),
-            "seed": widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="seed",
-                                           layout=widgets.Layout(width="140px")),
+            "placement": widgets.Dropdown(
+                options=list(PLACEMENTS),
+                value="k1 in reward",
+                description="KL placement",
+                style=_STYLE,
+                layout=widgets.Layout(width="250px"),
+            ),
+            "beta": widgets.FloatSlider(
+                value=0.2, min=0.0, max=1.0, step=0.05, description="β", style=_STYLE, continuous_update=False
+            ),
+            "steps": widgets.IntSlider(
+                value=self.default_steps,
+                min=5,
+                max=200,
+                step=5,
+                description="steps",
+                style=_STYLE,
+                continuous_update=False,
+            ),
+            "epochs": widgets.IntSlider(
+                value=1, min=1, max=4, description="epochs per batch", style=_STYLE, continuous_update=False
+            ),
+            "early_stop_kl": widgets.FloatSlider(
+                value=0.0,
+                min=0.0,
+                max=0.2,
+                step=0.01,
+                readout_format=".2f",
+                description="early stop at approx_kl",
+                style=_STYLE,
+                continuous_update=False,
+                tooltip="0 = no early stopping",
+                layout=widgets.Layout(width="380px"),
+            ),
+            "seed": widgets.BoundedIntText(
+                value=0, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+            ),
         }
 
     def make_figure(self) -> Figure:
         fig, axes = panel_figure(8.4, 3.2, ncols=3)
         ax_r, ax_kl, ax_h = axes
-        self.line_r, = ax_r.plot([], [], color="#222222", lw=1.8)
+        (self.line_r,) = ax_r.plot([], [], color="#222222", lw=1.8)
         ax_r.set_title("reward R (batch mean)")
         ax_r.set_xlabel("training step")
-        self.line_true, = ax_kl.plot([], [], color="#d62728", lw=1.8, label="true KL(π‖π_ref)")
-        self.line_rep, = ax_kl.plot([], [], "--", color="#1f77b4", lw=1.4, label="what the estimator reports")
+        (self.line_true,) = ax_kl.plot([], [], color="#d62728", lw=1.8, label="true KL(π‖π_ref)")
+        (self.line_rep,) = ax_kl.plot([], [], "--", color="#1f77b4", lw=1.4, label="what the estimator reports")
         ax_kl.set_title("KL per response  [nats]")
         ax_kl.set_xlabel("training step")
         ax_kl.legend(loc="upper left", fontsize=7.5)
-        self.line_h, = ax_h.plot([], [], color="#2ca02c", lw=1.8)
+        (self.line_h,) = ax_h.plot([], [], color="#2ca02c", lw=1.8)
         ax_h.set_title("entropy per token  [nats]")
         ax_h.set_xlabel("training step")
         self.axes = axes
         return fig
 
-    def _config(self, placement: str, beta: float, steps: int, epochs: int, early_stop_kl: float,
-                seed: int) -> LabConfig:
-        return LabConfig(placement=placement, beta=float(beta), steps=int(steps), epochs=int(epochs),
-                         early_stop_kl=float(early_stop_kl) if early_stop_kl > 0 else None, seed=int(seed),
-                         **self.fixed)
+    def _config(
+        self, placement: str, beta: float, steps: int, epochs: int, early_stop_kl: float, seed: int
+    ) -> LabConfig:
+        return LabConfig(
+            placement=placement,
+            beta=float(beta),
+            steps=int(steps),
+            epochs=int(epochs),
+            early_stop_kl=float(early_stop_kl) if early_stop_kl > 0 else None,
+            seed=int(seed),
+            **self.fixed,
+        )
 
-    def compute(self, placement: str, beta: float, steps: int, epochs: int, early_stop_kl: float,
-                seed: int) -> dict[str, Any]:
+    def compute(
+        self, placement: str, beta: float, steps: int, epochs: int, early_stop_kl: float, seed: int
+    ) -> dict[str, Any]:
         cfg = self._config(placement, beta, steps, epochs, early_stop_kl, seed)
         t0 = time.perf_counter()
 
-        def live(step: int, hist: TrainingHistory) -> None:   # the curves grow while this update trains
+        def live(step: int, hist: TrainingHistory) -> None:  # the curves grow while this update trains
             if step % 5 == 4:
-                self.show_progress((cfg, hist), since=t0)      # (nothing while the panel is built)
+                self.show_progress((cfg, hist), since=t0)  # (nothing while the panel is built)
 
         hist = lab_history(cfg, self.device, callback=live)
         return {"config": cfg, "history": hist, "metrics": {k: np.asarray(v) for k, v in hist.metrics.items()}}
@@ -146,7 +191,7 @@ class RLHFLabPanel(Panel):
         for ax, series in zip(self.axes, ((m["reward"],), (m["true_kl"], m["reported_kl"]), (m["entropy"],))):
             ax.set_xlim(0, max(total_steps - 1, 1))
             if not len(t):
-                continue                        # a run that has just started: keep the y ranges
+                continue  # a run that has just started: keep the y ranges
             lo = min(float(np.min(s)) for s in series)
             hi = max(float(np.max(s)) for s in series)
             pad = 0.08 * (hi - lo) if hi > lo else 0.5
@@ -155,9 +200,13 @@ class RLHFLabPanel(Panel):
     def draw(self, data: dict[str, Any]) -> None:
         m, cfg, hist = data["metrics"], data["config"], data["history"]
         self._draw_curves(m, cfg.steps)
-        self.line_rep.set_label(f"reported ({'k1' if cfg.placement in ('k1 in reward', 'none') else cfg.placement.split()[0]})")
-        samples = "".join(f"<li><code>{html.escape(p)}</code>→<code>{html.escape(s)}</code></li>"
-                          for p, s in zip(_first_prompts(cfg), hist.samples[-1]))
+        self.line_rep.set_label(
+            f"reported ({'k1' if cfg.placement in ('k1 in reward', 'none') else cfg.placement.split()[0]})"
+        )
+        samples = "".join(
+            f"<li><code>{html.escape(p)}</code>→<code>{html.escape(s)}</code></li>"
+            for p, s in zip(_first_prompts(cfg), hist.samples[-1])
+        )
         stopped = int(np.sum(m["epochs_run"] < cfg.epochs))
         self.readout.value = (
             f"<div style='font-size:90%'><b style='color:{PLACEMENT_COLORS[cfg.placement]}'>"
@@ -165,8 +214,11 @@ class RLHFLabPanel(Panel):
             f"reward <b class='klviz-final-reward'>{hist.last('reward'):.2f}</b>, true KL "
             f"<b class='klviz-final-kl'>{hist.last('true_kl'):.2f}</b> nats, reported {hist.last('reported_kl'):.2f}, "
             f"entropy {hist.last('entropy'):.2f} (means of the last 5 steps)"
-            + (f"; early stopping cut {stopped} of {cfg.steps} batches short" if cfg.early_stop_kl
-               else "; early stopping off (0)")
+            + (
+                f"; early stopping cut {stopped} of {cfg.steps} batches short"
+                if cfg.early_stop_kl
+                else "; early stopping off (0)"
+            )
             + f".<br>Last samples:<ul style='margin:0'>{samples}</ul></div>"
         )
 

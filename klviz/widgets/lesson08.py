@@ -11,6 +11,7 @@ shows, for the chosen setting,
 - the readout: the mismatch metrics of :func:`klviz.mismatch.mismatch_metrics` and what the chosen
   correction does to the batch (tokens and responses it changes, effective sample size).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,14 +43,15 @@ class EngineMismatchPanel(Panel):
     title = "Sampler vs trainer: the engine samples, the trainer rescores, a correction reweights"
     css_class = "klviz-lesson08"
 
-    def __init__(self, device: str | torch.device | None = "cpu", repeats: int = 6, max_new_tokens: int = 40,
-                 seed: int = 8) -> None:
+    def __init__(
+        self, device: str | torch.device | None = "cpu", repeats: int = 6, max_new_tokens: int = 40, seed: int = 8
+    ) -> None:
         self.model = lm.load_tiny_lm("old")
         self.prompts = [p for p in lm.PROMPTS for _ in range(int(repeats))]
         self.max_new_tokens = int(max_new_tokens)
         self.seed = int(seed)
         self._batches: dict[tuple[str, float], dict[str, Any]] = {}
-        for precision in PRECISION_CHOICES:       # every engine samples once, here: updates only reweight
+        for precision in PRECISION_CHOICES:  # every engine samples once, here: updates only reweight
             for top_p in TOP_P_CHOICES:
                 self._batch(precision, top_p)
         super().__init__(device)
@@ -68,22 +70,40 @@ class EngineMismatchPanel(Panel):
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
-            "precision": widgets.ToggleButtons(options=list(PRECISION_CHOICES), value="bfloat16",
-                                               description="engine runs in", style=_STYLE),
-            "top_p": widgets.SelectionSlider(options=list(TOP_P_CHOICES), value=0.9, description="engine top_p",
-                                             style=_STYLE, continuous_update=True),
-            "trainer": widgets.Dropdown(options=list(TRAINER_CHOICES), value="recompute as is",
-                                        description="trainer", style=_STYLE, layout=widgets.Layout(width="300px")),
-            "correction": widgets.Dropdown(options=list(mm.CORRECTIONS), value="token_tis", description="correction",
-                                           style=_STYLE, layout=widgets.Layout(width="230px")),
-            "cap": widgets.SelectionSlider(options=[1.2, 1.5, 2.0, 3.0, 5.0], value=2.0, description="cap C / band",
-                                           style=_STYLE, continuous_update=True),
+            "precision": widgets.ToggleButtons(
+                options=list(PRECISION_CHOICES), value="bfloat16", description="engine runs in", style=_STYLE
+            ),
+            "top_p": widgets.SelectionSlider(
+                options=list(TOP_P_CHOICES), value=0.9, description="engine top_p", style=_STYLE, continuous_update=True
+            ),
+            "trainer": widgets.Dropdown(
+                options=list(TRAINER_CHOICES),
+                value="recompute as is",
+                description="trainer",
+                style=_STYLE,
+                layout=widgets.Layout(width="300px"),
+            ),
+            "correction": widgets.Dropdown(
+                options=list(mm.CORRECTIONS),
+                value="token_tis",
+                description="correction",
+                style=_STYLE,
+                layout=widgets.Layout(width="230px"),
+            ),
+            "cap": widgets.SelectionSlider(
+                options=[1.2, 1.5, 2.0, 3.0, 5.0],
+                value=2.0,
+                description="cap C / band",
+                style=_STYLE,
+                continuous_update=True,
+            ),
         }
 
     def make_figure(self) -> Figure:
         fig, (ax_tok, ax_seq) = panel_figure(9.0, 3.5, ncols=2)
-        self.hist = ax_tok.stairs(np.ones(len(_BINS) - 1), _BINS, color=COLORS["k1"], fill=True, alpha=0.6,
-                                  label="sampled tokens")
+        self.hist = ax_tok.stairs(
+            np.ones(len(_BINS) - 1), _BINS, color=COLORS["k1"], fill=True, alpha=0.6, label="sampled tokens"
+        )
         self.log_s = ax_tok.axvline(0.0, color=COLORS["mu"], ls="--", lw=1.4, label="mean log S (kept mass)")
         ax_tok.axvline(0.0, color="black", lw=0.6)
         ax_tok.set_yscale("log")
@@ -94,8 +114,9 @@ class EngineMismatchPanel(Panel):
         ax_tok.legend(loc="upper left")
         self.ax_tok = ax_tok
         self.kept = ax_seq.scatter(np.zeros(1), np.zeros(1), s=12, color=COLORS["k3"], label="kept by the correction")
-        self.dropped = ax_seq.scatter(np.zeros(1), np.zeros(1), s=14, color=COLORS["mu"], marker="x",
-                                      label="dropped or capped")
+        self.dropped = ax_seq.scatter(
+            np.zeros(1), np.zeros(1), s=14, color=COLORS["mu"], marker="x", label="dropped or capped"
+        )
         (self.band_hi,) = ax_seq.plot([0, 60], [0, 0], color="black", ls=":", lw=1.2, label="correction's bound")
         (self.band_lo,) = ax_seq.plot([0, 60], [0, 0], color="black", ls=":", lw=1.2)
         ax_seq.axhline(0.0, color="black", lw=0.6)
@@ -106,8 +127,7 @@ class EngineMismatchPanel(Panel):
         self.ax_seq = ax_seq
         return fig
 
-    def compute(self, precision: str, top_p: float, trainer: str, correction: str,
-                cap: float) -> dict[str, Any]:
+    def compute(self, precision: str, top_p: float, trainer: str, correction: str, cap: float) -> dict[str, Any]:
         if trainer not in TRAINER_CHOICES:
             raise ValueError(f"trainer must be one of {', '.join(TRAINER_CHOICES)}, got {trainer!r}")
         b = self._batch(precision, top_p)
@@ -133,12 +153,20 @@ class EngineMismatchPanel(Panel):
         log_w = log_r.sum(-1)[rows]
         counts, _ = np.histogram(np.clip(log_r[mask].numpy(), _BINS[0], _BINS[-1]), bins=_BINS)
         return {
-            "spec": er.spec.describe(), "trainer": trainer, "correction": correction, "cap": cap,
-            "metrics": metrics, "kept_mass": float(er.kept_mass[mask].mean()),
+            "spec": er.spec.describe(),
+            "trainer": trainer,
+            "correction": correction,
+            "cap": cap,
+            "metrics": metrics,
+            "kept_mass": float(er.kept_mass[mask].mean()),
             "log_kept_mass": float(er.kept_mass[mask].log().mean()),
-            "counts": counts, "lengths": lengths.numpy(), "log_w": log_w.numpy(), "seq_changed": seq_changed.numpy(),
+            "counts": counts,
+            "lengths": lengths.numpy(),
+            "log_w": log_w.numpy(),
+            "seq_changed": seq_changed.numpy(),
             "token_changed_fraction": float(changed[mask].double().mean()),
-            "seq_changed_fraction": float(seq_changed.double().mean()), "ess": ess,
+            "seq_changed_fraction": float(seq_changed.double().mean()),
+            "ess": ess,
         }
 
     def draw(self, data: dict[str, Any]) -> None:
@@ -167,17 +195,22 @@ class EngineMismatchPanel(Panel):
         self.ax_seq.set_title(f"{len(lw)} responses: {corr} (C = {data['cap']:g})")
         m = data["metrics"]
         rows = [
-            ["mean ratio E[π_old/π_rollout]", f"<span class='klviz-mean-ratio'>{m['mean_ratio']:.4f}</span> "
-             f"± {2 * m['mean_ratio_se']:.4f}"],
+            [
+                "mean ratio E[π_old/π_rollout]",
+                f"<span class='klviz-mean-ratio'>{m['mean_ratio']:.4f}</span> ± {2 * m['mean_ratio_se']:.4f}",
+            ],
             ["mean kept mass S", f"<span class='klviz-kept-mass'>{data['kept_mass']:.4f}</span>"],
             ["k1 / k3 per token (KL(π_rollout‖π_old))", f"{m['k1']:.2e} / <span class='klviz-k3'>{m['k3']:.2e}</span>"],
             ["χ² token / sequence", f"{m['chi2_token']:+.2e} / {m['chi2_seq']:+.2e}"],
             ["token_mult_prob_error · ppl ratio", f"{m['token_mult_prob_error']:.4f} · {m['ppl_ratio']:.4f}"],
             ["max |log r|", f"{m['abs_diff_max']:.3f}"],
-            [f"{corr}: tokens / responses changed", f"{100 * data['token_changed_fraction']:.1f}% / "
-             f"{100 * data['seq_changed_fraction']:.1f}%"],
+            [
+                f"{corr}: tokens / responses changed",
+                f"{100 * data['token_changed_fraction']:.1f}% / {100 * data['seq_changed_fraction']:.1f}%",
+            ],
             ["effective sample size of the weights", f"{data['ess']:.3f}"],
         ]
         self.readout.value = html_table(["", "value"], rows) + (
             "<div style='font-size:90%'>Tokens sampled by the engine (π_rollout), rescored by the float32 trainer "
-            "(π_old, same weights). Without a mismatch: ratio 1, S 1, k3 0, error 1.</div>")
+            "(π_old, same weights). Without a mismatch: ratio 1, S 1, k3 0, error 1.</div>"
+        )

@@ -1,4 +1,5 @@
 """Lesson 00's first panel: move a target policy p away from a sampler q over twelve named tokens."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,18 +42,39 @@ class StartHerePanel(Panel):
         style = {"description_width": "initial"}
         names = [t.strip() for t in TOY_VOCAB]
         return {
-            "temperature": widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.05, description="p temperature",
-                                               style=style, continuous_update=True),
-            "push": widgets.FloatSlider(value=1.0, min=-4.0, max=4.0, step=0.1, description="push p toward",
-                                        style=style, continuous_update=True),
-            "push_token": widgets.Dropdown(options=list(zip(names, range(len(names)))), value=1,
-                                           description="token", layout=widgets.Layout(width="160px")),
-            "mix": widgets.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.02, description="mix p with uniform",
-                                       style=style, continuous_update=True),
-            "num_samples": widgets.SelectionSlider(options=list(_SAMPLE_COUNTS), value=1_000,
-                                                   description="tokens N", style=style, continuous_update=False),
-            "seed": widgets.BoundedIntText(value=self.seed, min=0, max=2**31 - 1, description="seed",
-                                           layout=widgets.Layout(width="140px")),
+            "temperature": widgets.FloatSlider(
+                value=1.0,
+                min=0.25,
+                max=4.0,
+                step=0.05,
+                description="p temperature",
+                style=style,
+                continuous_update=True,
+            ),
+            "push": widgets.FloatSlider(
+                value=1.0, min=-4.0, max=4.0, step=0.1, description="push p toward", style=style, continuous_update=True
+            ),
+            "push_token": widgets.Dropdown(
+                options=list(zip(names, range(len(names)))),
+                value=1,
+                description="token",
+                layout=widgets.Layout(width="160px"),
+            ),
+            "mix": widgets.FloatSlider(
+                value=0.0,
+                min=0.0,
+                max=1.0,
+                step=0.02,
+                description="mix p with uniform",
+                style=style,
+                continuous_update=True,
+            ),
+            "num_samples": widgets.SelectionSlider(
+                options=list(_SAMPLE_COUNTS), value=1_000, description="tokens N", style=style, continuous_update=False
+            ),
+            "seed": widgets.BoundedIntText(
+                value=self.seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+            ),
         }
 
     def make_figure(self) -> Figure:
@@ -61,7 +83,7 @@ class StartHerePanel(Panel):
         q = self.q_logp.exp().numpy()
         self.bars_q = ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label="sampler q (fixed)")
         self.bars_p = ax_pol.bar(x + 0.2, q, width=0.4, color=COLORS["p"], label="target p (move me)")
-        self.freq_line, = ax_pol.plot(x - 0.2, q, "_", color="black", ms=9, mew=2, label="draw frequency")
+        (self.freq_line,) = ax_pol.plot(x - 0.2, q, "_", color="black", ms=9, mew=2, label="draw frequency")
         ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
         ax_pol.set_ylabel("probability")
         ax_pol.set_title('next token after "The cat sat on the"')
@@ -70,8 +92,9 @@ class StartHerePanel(Panel):
         self.ax_pol = ax_pol
 
         pos = np.arange(3)
-        self.est_bars = ax_est.bar(pos, [0, 0, 0], width=0.6,
-                                   color=[COLORS["k1"], COLORS["k2"], COLORS["k3"]], alpha=0.85)
+        self.est_bars = ax_est.bar(
+            pos, [0, 0, 0], width=0.6, color=[COLORS["k1"], COLORS["k2"], COLORS["k3"]], alpha=0.85
+        )
         self.err = ax_est.errorbar(pos, [0, 0, 0], yerr=[0, 0, 0], fmt="none", ecolor="black", capsize=5, lw=1.2)
         self.exact_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label="exact KL(q‖p)")
         ax_est.axhline(0.0, color="black", lw=0.6)
@@ -82,21 +105,29 @@ class StartHerePanel(Panel):
         self.ax_est = ax_est
         return fig
 
-    def compute(self, temperature: float, push: float, push_token: int, mix: float, num_samples: int,
-                seed: int) -> dict[str, Any]:
+    def compute(
+        self, temperature: float, push: float, push_token: int, mix: float, num_samples: int, seed: int
+    ) -> dict[str, Any]:
         log_p = move_policy(self.q_logp, temperature=temperature, push=push, push_token=push_token, mix=mix)
         # the same seed draws the same tokens whatever p is: only the effect of moving p shows
         counts = categorical_counts(self.q_logp.exp(), int(num_samples), generator=make_generator(seed, "cpu"))
-        log_r = log_p - self.q_logp                       # log p(x) - log q(x), per token
+        log_r = log_p - self.q_logp  # log p(x) - log q(x), per token
         exact = float(categorical_kl(self.q_logp.exp(), log_p.exp()))
         stats = summarize(moments_from_counts(counts, log_r), exact)
         frac_neg_k1 = float(counts[log_r > 0].sum() / num_samples)
         # exact E_q[k], summed over the 12 tokens in float64 (renormalised: E_q[r] = 1 to the last digit)
         moments = categorical_moments(torch.softmax(self.q_logp.double(), -1), torch.softmax(log_p.double(), -1))
-        return {"p": log_p.exp().numpy(), "freq": (counts / num_samples).numpy(), "exact": exact,
-                "stats": stats, "frac_negative_k1": frac_neg_k1, "num_samples": int(num_samples),
-                "exact_mean": dict(moments.mean), "exact_bias": {k: moments.bias(k) for k in moments.mean},
-                "frac_negative_k1_exact": float(self.q_logp.exp()[log_r > 0].sum())}
+        return {
+            "p": log_p.exp().numpy(),
+            "freq": (counts / num_samples).numpy(),
+            "exact": exact,
+            "stats": stats,
+            "frac_negative_k1": frac_neg_k1,
+            "num_samples": int(num_samples),
+            "exact_mean": dict(moments.mean),
+            "exact_bias": {k: moments.bias(k) for k in moments.mean},
+            "frac_negative_k1_exact": float(self.q_logp.exp()[log_r > 0].sum()),
+        }
 
     def draw(self, data: dict[str, Any]) -> None:
         for bar, h in zip(self.bars_p, data["p"]):
@@ -117,19 +148,38 @@ class StartHerePanel(Panel):
         kl = data["exact"]
 
         def bias(k: str) -> str:
-            b = data["exact_bias"][k]                 # float64 sums over the vocabulary
+            b = data["exact_bias"][k]  # float64 sums over the vocabulary
             if abs(b) < 1e-12 + 1e-9 * kl:
                 return "0 (unbiased)" if k != "k2" else "0"
             return f"{b:+.4f} ({100 * b / kl:+.1f} % of KL)"
 
-        rows = [[f"<b style='color:{COLORS[k]}'>{k}</b>", f"{stats[k]['mean']:.4f}", f"± {2 * stats[k]['se']:.4f}",
-                 f"{data['exact_mean'][k]:.4f}", bias(k), f"{stats[k]['std']:.4f}"] for k in ("k1", "k2", "k3")]
-        rows.append(["<b>exact KL</b>", f"<span class='klviz-exact'>{kl:.4f}</span>", "", "",
-                     "KL(q‖p), sum over 12 tokens", ""])
+        rows = [
+            [
+                f"<b style='color:{COLORS[k]}'>{k}</b>",
+                f"{stats[k]['mean']:.4f}",
+                f"± {2 * stats[k]['se']:.4f}",
+                f"{data['exact_mean'][k]:.4f}",
+                bias(k),
+                f"{stats[k]['std']:.4f}",
+            ]
+            for k in ("k1", "k2", "k3")
+        ]
+        rows.append(
+            ["<b>exact KL</b>", f"<span class='klviz-exact'>{kl:.4f}</span>", "", "", "KL(q‖p), sum over 12 tokens", ""]
+        )
         self.readout.value = (
-            html_table(["", "sample mean", "±2 SE", "exact mean E<sub>q</sub>[k]", "bias = exact mean − KL",
-                        "std of one sample"], rows) +
-            f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q. Sample mean − exact mean is "
+            html_table(
+                [
+                    "",
+                    "sample mean",
+                    "±2 SE",
+                    "exact mean E<sub>q</sub>[k]",
+                    "bias = exact mean − KL",
+                    "std of one sample",
+                ],
+                rows,
+            )
+            + f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q. Sample mean − exact mean is "
             "noise (about ±2 SE); exact mean − KL is bias (only k2 has one). "
             f"k1 is negative for <b>{100 * data['frac_negative_k1']:.1f}%</b> of the draws "
             f"(exactly P<sub>q</sub>(p &gt; q) = {100 * data['frac_negative_k1_exact']:.1f}%: the tokens p likes "
@@ -144,6 +194,3 @@ def _set_errorbars(container: Any, x: np.ndarray, y: list[float], half: list[flo
     if caps:
         caps[0].set_data(x, np.asarray(y) - np.asarray(half))
         caps[1].set_data(x, np.asarray(y) + np.asarray(half))
-
-
-

@@ -7,6 +7,7 @@ with the readout beside it, and a small inline script whose slider swaps them. E
 panel's own composed frame, what a live reader would see at that setting. The site builder
 (:mod:`klviz.site`) moves the frames into files of their own.
 """
+
 from __future__ import annotations
 
 import base64
@@ -15,15 +16,22 @@ import itertools
 import json
 from typing import Any
 
-__all__ = ["STATIC_CONTROLS", "PRECOMPUTED_NOTE", "MAX_FRAMES", "control_positions", "static_frames",
-           "static_panel_html"]
+__all__ = [
+    "STATIC_CONTROLS",
+    "PRECOMPUTED_NOTE",
+    "MAX_FRAMES",
+    "control_positions",
+    "static_frames",
+    "static_panel_html",
+]
 
 #: What every page says about its panels.
 PRECOMPUTED_NOTE = (
     "The panels on this page are precomputed: their sliders step through positions rendered when the site "
     "was built, with no kernel behind them. For the live panels (every control, any value), run the lesson: "
     "<code>klviz lab</code> after <code>pip install .</code> in a checkout (or from a wheel), or "
-    "<code>make lab</code> in a checkout.")
+    "<code>make lab</code> in a checkout."
+)
 
 
 #: Panel class name -> the controls the static site sweeps, in order (main control first), each with
@@ -79,9 +87,8 @@ def control_positions(w: Any, spec: int | list[Any]) -> tuple[list[Any], list[st
     lo, hi = w.min, w.max
     log = type(w).__name__ == "FloatLogSlider"
     if isinstance(spec, int):
-        if log:   # evenly spaced exponents, 3 significant digits, inside the range
-            values = [min(max(float(f"{w.base ** e:.3g}"), w.base ** lo), w.base ** hi)
-                      for e in np.linspace(lo, hi, spec)]
+        if log:  # evenly spaced exponents, 3 significant digits, inside the range
+            values = [min(max(float(f"{w.base**e:.3g}"), w.base**lo), w.base**hi) for e in np.linspace(lo, hi, spec)]
         else:
             step = w.step or 1
             values = [min(lo + round((v - lo) / step) * step, hi) for v in np.linspace(lo, hi, spec)]
@@ -89,7 +96,7 @@ def control_positions(w: Any, spec: int | list[Any]) -> tuple[list[Any], list[st
     else:
         values = list(spec)
     if log:
-        lo, hi = w.base ** lo, w.base ** hi
+        lo, hi = w.base**lo, w.base**hi
     values = [v for v in values if lo - 1e-9 <= v <= hi + 1e-9]
     if current not in values:
         values.append(current)
@@ -121,8 +128,11 @@ def static_frames(panel: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     combination (the last control varies fastest) the PNG as a data URI and the readout HTML; and
     the index of the frame of the lesson's own setting. The panel ends at the lesson's setting.
     """
-    spec = STATIC_CONTROLS.get(type(panel).__name__) or getattr(panel, "static_controls", None) \
+    spec = (
+        STATIC_CONTROLS.get(type(panel).__name__)
+        or getattr(panel, "static_controls", None)
         or {next(iter(panel.controls)): 12}
+    )
     unknown = set(spec) - set(panel.controls)
     if unknown:
         raise ValueError(f"STATIC_CONTROLS[{type(panel).__name__!r}]: no control(s) {sorted(unknown)}")
@@ -195,17 +205,21 @@ def static_panel_html(panel: Any) -> str:
         f'data-control="{html.escape(a["name"])}" min="0" max="{len(a["values"]) - 1}" step="1" value="{i}" '
         f'aria-label="{html.escape(a["description"])}">'
         f'<output data-axis="{k}">{html.escape(a["labels"][i])}</output></label>'
-        for k, (a, i) in enumerate(zip(axes, index)))
-    note = (f"{len(frames)} precomputed positions"
-            + (f"; the other controls stay at {'; '.join(others)}" if others else "")
-            + ". For the live panel run the lesson with <code>klviz lab</code> (or <code>make lab</code>).")
-    data = {"axes": [{"name": a["name"], "labels": a["labels"]} for a in axes],
-            "frames": frames}
+        for k, (a, i) in enumerate(zip(axes, index))
+    )
+    note = (
+        f"{len(frames)} precomputed positions"
+        + (f"; the other controls stay at {'; '.join(others)}" if others else "")
+        + ". For the live panel run the lesson with <code>klviz lab</code> (or <code>make lab</code>)."
+    )
+    data = {"axes": [{"name": a["name"], "labels": a["labels"]} for a in axes], "frames": frames}
     first = frames[start]
-    return (f'<div class="klviz-live" data-frames="{len(frames)}" data-frame="{start}">'
-            f'<b>{html.escape(panel.title)}</b><br><span class="klviz-live-note">{note}</span>'
-            f'<div class="klviz-live-controls">{sliders}</div>'
-            f'<img class="klviz-live-figure" src="{first["src"]}" alt="{html.escape(panel.title)}">'
-            f'<div class="klviz-live-readout">{first["readout"]}</div>'
-            f'<script type="application/json" class="klviz-live-data">{_json_for_html(data)}</script>'
-            f'<script>{_LIVE_JS}</script></div>')
+    return (
+        f'<div class="klviz-live" data-frames="{len(frames)}" data-frame="{start}">'
+        f'<b>{html.escape(panel.title)}</b><br><span class="klviz-live-note">{note}</span>'
+        f'<div class="klviz-live-controls">{sliders}</div>'
+        f'<img class="klviz-live-figure" src="{first["src"]}" alt="{html.escape(panel.title)}">'
+        f'<div class="klviz-live-readout">{first["readout"]}</div>'
+        f'<script type="application/json" class="klviz-live-data">{_json_for_html(data)}</script>'
+        f"<script>{_LIVE_JS}</script></div>"
+    )

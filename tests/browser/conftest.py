@@ -5,6 +5,7 @@ folder (Jupyter, IPython, matplotlib and Chromium write there), serves a copy of
 and is stopped, with its kernels, when the session ends. Chromium is Debian's package
 (``make test`` finds or installs one with ``scripts/ensure_browser.py`` and passes it as ``KLVIZ_CHROMIUM``).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,17 +27,18 @@ def chromium_path() -> str:
     """The Chromium binary, or a clear failure that says how to install it."""
     path = find_chromium()
     if not path:
-        pytest.fail("Chromium is missing: the browser tests need it. Install it with "
-                    "`sudo apt-get install -y chromium` (Debian/Ubuntu) or set KLVIZ_CHROMIUM=/path/to/chrome.",
-                    pytrace=False)
+        pytest.fail(
+            "Chromium is missing: the browser tests need it. Install it with "
+            "`sudo apt-get install -y chromium` (Debian/Ubuntu) or set KLVIZ_CHROMIUM=/path/to/chrome.",
+            pytrace=False,
+        )
     return path
 
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     # Playwright's launch() gives every browser a fresh temporary profile of its own
-    return {**browser_type_launch_args, "executable_path": chromium_path(), "headless": True,
-            "args": CHROMIUM_FLAGS}
+    return {**browser_type_launch_args, "executable_path": chromium_path(), "headless": True, "args": CHROMIUM_FLAGS}
 
 
 @pytest.fixture(scope="session")

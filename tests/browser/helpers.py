@@ -1,4 +1,5 @@
 """Helpers for driving JupyterLab notebooks and ipywidgets from Playwright."""
+
 from __future__ import annotations
 
 import sys

@@ -1,6 +1,7 @@
 """Presenter mode in headless Chromium: lesson 00 served by Voila shows prose and a live panel, no
 code; a slider moved in the browser changes the readout; the server wants its token.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -32,13 +33,21 @@ def presenter(tmp_path_factory):
     env.pop("MPLBACKEND", None)
     log_path = home / "present.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "klviz.present", "00", "--no-browser", "--notebooks", str(NOTEBOOKS)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "klviz.present", "00", "--no-browser", "--notebooks", str(NOTEBOOKS)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         url = None
         while url is None:
-            match = re.search(r"klviz present: (http://127\.0\.0\.1:\d+/voila/render/\S+\?token=\S+)", log_path.read_text())
+            match = re.search(
+                r"klviz present: (http://127\.0\.0\.1:\d+/voila/render/\S+\?token=\S+)", log_path.read_text()
+            )
             if match:
                 url = match.group(1)
             elif proc.poll() is not None or time.time() > deadline:
@@ -82,9 +91,10 @@ def test_presenter_shows_panel_without_code_and_slider_moves(page, presenter, ar
     handle.focus()
     for _ in range(8):
         page.keyboard.press("ArrowRight")
-    page.wait_for_function("([el, old]) => el.innerText !== old", arg=[readout.element_handle(), before_text],
-                           timeout=30_000)
+    page.wait_for_function(
+        "([el, old]) => el.innerText !== old", arg=[readout.element_handle(), before_text], timeout=30_000
+    )
     assert readout.inner_text() != before_text
-    changed_screenshot(page, figure, before_png)      # fails if the figure never changes
+    changed_screenshot(page, figure, before_png)  # fails if the figure never changes
     assert panel.locator(".klviz-error").inner_text().strip() == ""
     page.screenshot(path=str(artifacts / "present_00.png"), full_page=True)

@@ -6,6 +6,7 @@ images decoded to a nonzero size. Then moves the panel's precomputed slider with
 reader would, and sees the figure (its ``src``) and the readout change with no kernel. No request may
 fail: MathJax and its fonts come from the site's ``_static/`` folder.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,14 @@ def site(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("site-home")
     env = dict(os.environ, HOME=str(home))
     env.pop("MPLBACKEND", None)
-    proc = subprocess.run([sys.executable, "-m", "klviz.site", str(lessons[0]), "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "klviz.site", str(lessons[0]), "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"site build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return out
 
@@ -86,8 +93,11 @@ def test_site_opens_from_disk_and_shows_figures(page, site, artifacts):
 
 def test_site_slider_moves_figure_and_readout_from_disk(page, site, artifacts):
     requested, failed = _watch(page)
-    page.goto((site / "00_start_here.html").as_uri() if (site / "00_start_here.html").exists()
-              else next(site.glob("0*.html")).as_uri())
+    page.goto(
+        (site / "00_start_here.html").as_uri()
+        if (site / "00_start_here.html").exists()
+        else next(site.glob("0*.html")).as_uri()
+    )
     panel = page.locator(".klviz-live").first
     panel.scroll_into_view_if_needed()
     figure, readout = panel.locator("img.klviz-live-figure"), panel.locator(".klviz-live-readout")
@@ -96,7 +106,7 @@ def test_site_slider_moves_figure_and_readout_from_disk(page, site, artifacts):
     src0, text0, label0 = figure.get_attribute("src"), readout.inner_text(), label.inner_text()
     assert src0 and not src0.startswith("data:") and text0.strip()
     slider.focus()
-    for key in ("Home", "ArrowRight"):   # to the first position, then one step: never the lesson's own
+    for key in ("Home", "ArrowRight"):  # to the first position, then one step: never the lesson's own
         page.keyboard.press(key)
         if figure.get_attribute("src") != src0:
             break
@@ -106,8 +116,9 @@ def test_site_slider_moves_figure_and_readout_from_disk(page, site, artifacts):
     assert label1 != label0, "the slider's value label did not change"
     page.wait_for_function("img => img.complete && img.naturalWidth > 50", arg=figure.element_handle())
     # MathJax typeset the page with the fonts it ships (no 404s), with no network at all
-    page.wait_for_function("() => document.querySelectorAll('.MathJax, .MathJax_CHTML, .MathJax_SVG').length > 0",
-                           timeout=20_000)
+    page.wait_for_function(
+        "() => document.querySelectorAll('.MathJax, .MathJax_CHTML, .MathJax_SVG').length > 0", timeout=20_000
+    )
     page.wait_for_timeout(1000)
     assert not requested, f"the page asked the network for {requested}"
     # MathJax 2 declares a blank fallback font at about:blank on purpose; every other request must work
