@@ -693,8 +693,9 @@ assert frac - 4 * se > 0.5
 #   "in on-policy settings: (1) estimator configurations with biased gradients can result in training instabilities; and
 #   (2) using estimator configurations resulting in unbiased gradients leads to better performance"; §3 ("Inspecting KL
 #   estimators") adds that none of the four common configurations gives an unbiased sequence-level gradient off-policy.
-#   Their main target is the configuration most libraries ship, k3 in the loss (GRPO's, verl's `use_kl_loss`), against
-#   k1 in the reward. *Agrees:* k1 in the reward is exact on-policy; k3 in the loss is biased (it is exactly the
+#   The configurations they compare include the one most libraries ship, k3 in the loss (GRPO's, verl's `use_kl_loss`),
+#   and k1 in the reward; summaries of the paper list k1 in the loss and k3 in the reward among the biased ones (only the
+#   abstract was read here, not the full text). *Agrees:* k1 in the reward is exact on-policy; k3 in the loss is biased (it is exactly the
 #   forward-KL gradient, section 1) and converges to the forward-KL optimum (section 4); k1 in the loss and k3 in the
 #   reward are biased, and k3 in the reward even *increases* the KL from a start near a corner (section 3). *Adds:*
 #   off-policy, the frozen k1 reward that PPO-style trainers use is biased too (section 6), consistent with their §3

@@ -376,8 +376,8 @@ assert lab.final(BIG["k3·ρ in loss"], "true_kl").max() < lab.final(OFF["none"]
 #   vs k1 in the reward with reward-to-go, section 4); lesson 05 §5 shows it exactly.
 # - **Shah et al., "A Comedy of Estimators" (arXiv 2512.21852).** Abstract: "in on-policy settings: (1) estimator
 #   configurations with biased gradients can result in training instabilities; and (2) using estimator configurations
-#   resulting in unbiased gradients leads to better performance". Their main target is k3 in the loss, the configuration
-#   most libraries ship, against k1 in the reward. *Here:* on-policy, k3 in the loss is stable; it ends with **less** KL
+#   resulting in unbiased gradients leads to better performance". The configurations they compare include k3 in the loss,
+#   the one most libraries ship, and k1 in the reward (only the abstract was read here, not the full text). *Here:* on-policy, k3 in the loss is stable; it ends with **less** KL
 #   and **less** reward than k1 in the reward (section 4, resolved): biased, as they say, towards a stronger restraint at
 #   this β rather than towards instability. The instability we do see is k1 in the loss off-policy (section 6), which
 #   they list among the biased configurations. Their downstream accuracy claims cannot be tested at this scale.
