@@ -11,8 +11,11 @@ animation frame, at most 16 ms later.
 
 The baseline, measured in the same run and the same kernel, is the plain round trip of the widget
 machinery: a slider whose observer writes its value into an HTML widget, timed from keydown to
-the moment the new text appears. Printed per panel: median and p95 in ms, and the median as a
-ratio to the baseline's median. Target (2-core CPU): median <= 50 ms, p95 <= 100 ms.
+the moment the page changes the text (seen by a MutationObserver, as exactly as an image's load
+event; polling at animation frames added up to 16 ms to the baseline alone). Printed per panel:
+median and p95 in ms, and the median as a ratio to the baseline's median. Target: median <= 1.6x
+the baseline's median (same run), p95 <= 100 ms.
+``--breakdown`` also prints where each press's time went, from the timestamps of the kernel messages.
 
     python benchmarks/browser_panels.py                         # every panel, 30 presses each
     python benchmarks/browser_panels.py --only BregmanPanel --changes 10
@@ -21,6 +24,7 @@ ratio to the baseline's median. Target (2-core CPU): median <= 50 ms, p95 <= 100
 Needs Chromium (``apt-get install -y chromium``) and the test extra (Playwright). Screenshots of
 each panel after its last press go to ``build/browser-bench/`` with ``--screenshots``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +40,9 @@ from common import median, p95, positive_int, print_table  # noqa: E402
 from labserver import CHROMIUM_FLAGS, find_chromium, running_lab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_MEDIAN_MS = 50.0
+#: target: each panel's median within this many times the plain round trip's median, p95 within 100 ms
+TARGET_RATIO = 1.6
+BASELINE = "(baseline) slider -> kernel -> HTML"
 TARGET_P95_MS = 100.0
 #: the slider moved in each panel, when it is not the panel's first one (none: every panel's first
 #: slider; the RLHF lab's first, beta, starts a training run in the background and answers at once)
@@ -46,6 +52,7 @@ RECORD_FRAMES = """
 (() => {
   if (window.__klvizFrames) return;
   window.__klvizFrames = [];
+  window.__klvizEcho = [];
   window.__klvizKeyAt = null;
   const draw = CanvasRenderingContext2D.prototype.drawImage;
   CanvasRenderingContext2D.prototype.drawImage = function (...args) {
@@ -57,6 +64,59 @@ RECORD_FRAMES = """
     if (e.target && e.target.tagName === 'IMG') window.__klvizFrames.push({t: performance.now(), canvas: e.target});
   }, true);
   window.addEventListener('keydown', () => { window.__klvizKeyAt = performance.now(); }, true);
+  // the baseline's text, timed when the page changes it (as exactly as an image's load event)
+  new MutationObserver((records) => {
+    const t = performance.now();
+    for (const r of records) {
+      const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+      const echo = el && el.closest && el.closest('.klviz-echo');
+      if (echo) window.__klvizEcho.push({t, el: echo, text: echo.textContent});
+    }
+  }).observe(document, {subtree: true, childList: true, characterData: true});
+})();
+"""
+
+# The kernel messages as the page sends and receives them (for --breakdown): a WebSocket that
+# notes the time, size, type, kernel timestamp and parent of each Jupyter message (v1 protocol).
+RECORD_WIRE = """
+(() => {
+  if (window.__klvizWire) return;
+  window.__klvizWire = [];
+  const dec = new TextDecoder();
+  const kernelMs = (date) => {              // ISO date of the kernel's header -> performance.now() scale
+    const m = /^(.*T[0-9][0-9]:[0-9][0-9]:[0-9][0-9])([.][0-9]+)?(.*)$/.exec(date || '');
+    if (!m) return null;
+    const ms = Date.parse(m[1] + (m[3] || 'Z')) + (m[2] ? parseFloat(m[2]) * 1000 : 0);
+    return ms - performance.timeOrigin;
+  };
+  const note = (dir, data) => {
+    const t = performance.now();
+    try {
+      let header, parent, content, bytes, nbuf = 0;
+      if (typeof data === 'string') {
+        const msg = JSON.parse(data);
+        header = msg.header; parent = msg.parent_header; content = msg.content; bytes = data.length;
+      } else {
+        const buf = data instanceof ArrayBuffer ? data : data.buffer;
+        const dv = new DataView(buf);
+        const n = Number(dv.getBigUint64(0, true));
+        const off = [];
+        for (let i = 0; i < n; i++) off.push(Number(dv.getBigUint64(8 * (i + 1), true)));
+        const part = (i) => JSON.parse(dec.decode(new Uint8Array(buf, off[i], off[i + 1] - off[i])));
+        header = part(1); parent = part(2); content = part(4); bytes = buf.byteLength; nbuf = n - 6;
+      }
+      const data_ = (content && content.data) || {};
+      window.__klvizWire.push({t, dir, bytes, nbuf, type: header.msg_type, id: header.msg_id,
+        parent: parent && parent.msg_id, kt: kernelMs(header.date), state: content && content.execution_state,
+        method: data_.method, keys: data_.state ? Object.keys(data_.state).join(',') : ''});
+    } catch (err) { /* not a kernel message */ }
+  };
+  const Native = window.WebSocket;
+  class Recorded extends Native {
+    constructor(...args) { super(...args); this.addEventListener('message', (e) => note('in', e.data)); }
+    send(data) { note('out', data); return super.send(data); }
+  }
+  window.WebSocket = Recorded;
 })();
 """
 
@@ -73,13 +133,33 @@ async ([selector, before, timeoutMs]) => {
         const f = window.__klvizFrames.find(f => f.t >= t0 && panel.contains(f.canvas));
         if (f) return f.t - t0;
       } else {
-        const echo = panel.querySelector('.klviz-echo');
-        if (echo && echo.textContent !== before) return performance.now() - t0;
+        const e = window.__klvizEcho.find(e => e.t >= t0 && panel.contains(e.el) && e.text !== before);
+        if (e) return e.t - t0;
       }
     }
     await new Promise(r => requestAnimationFrame(r));
   }
   return null;
+}
+"""
+
+# Where one press's time went, from the messages RECORD_WIRE noted (ms, performance.now() scale).
+BREAKDOWN = """
+([selector, total]) => {
+  const t0 = window.__klvizKeyAt, wire = window.__klvizWire;
+  const outs = wire.filter(m => m.dir === 'out' && m.t >= t0 && m.type === 'comm_msg');
+  if (!outs.length) return null;
+  const ids = new Set(outs.map(m => m.id));
+  const replies = wire.filter(m => m.dir === 'in' && ids.has(m.parent));
+  const busy = replies.find(m => m.type === 'status' && m.state === 'busy');
+  const updates = replies.filter(m => m.type === 'comm_msg' && m.method === 'update');
+  // the frame: the update carrying a binary buffer (the PNG); the baseline: the HTML's new value
+  const main = updates.find(m => m.nbuf > 0) || updates.find(m => m.keys === 'value');
+  if (!busy || !main) return null;
+  const end = t0 + total;
+  return {slider: outs[0].t - t0, to_kernel: busy.kt - outs[0].t, kernel: main.kt - busy.kt,
+          to_page: main.t - main.kt, in_page: end - main.t, kb: main.bytes / 1024,
+          messages: replies.filter(m => m.type === 'comm_msg').length};
 }
 """
 
@@ -115,44 +195,98 @@ def write_notebook(folder: Path, names: list[str], device: str | None) -> Path:
         takes_device = device is not None and "device" in inspect.signature(getattr(W, name)).parameters
         args = f"device={device!r}" if takes_device else ""
         cells.append(f"_p{i} = W.{name}({args})\n_p{i}.widget.add_class('klviz-bench-{i}')\n_p{i}")
-    nb = {"nbformat": 4, "nbformat_minor": 5,
-          "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-          "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [],
-                     "source": src} for i, src in enumerate(cells)]}
+    nb = {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "cells": [
+            {"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None, "outputs": [], "source": src}
+            for i, src in enumerate(cells)
+        ],
+    }
     path = folder / "panel_latency.ipynb"
     path.write_text(json.dumps(nb, indent=1))
     return path
 
 
-def measure(page, selector: str, handle_selector: str, changes: int, echo: bool, timeout_ms: int) -> list[float]:
+def measure(
+    page,
+    selector: str,
+    handle_selector: str,
+    changes: int,
+    echo: bool,
+    timeout_ms: int,
+    parts: list[dict] | None = None,
+) -> list[float]:
+    """Press the arrow keys ``changes`` times; ms from each keydown to its frame (or the new text).
+
+    With ``parts`` (a list), where each press's time went is appended to it (see BREAKDOWN)."""
     handle = page.locator(f"{selector} {handle_selector}").first
     handle.scroll_into_view_if_needed()
     handle.focus()
     page.wait_for_timeout(300)
     out = []
     for i in range(changes):
-        before = page.locator(f"{selector} .klviz-echo").inner_text() if echo else None
+        before = (
+            page.evaluate("s => document.querySelector(s + ' .klviz-echo').textContent", selector) if echo else None
+        )
         page.evaluate("window.__klvizKeyAt = null")
         page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")
         ms = page.evaluate(WAIT_FOR_FRAME, [selector, before, timeout_ms])
         if ms is None:
             raise RuntimeError(f"{selector}: press {i + 1} drew no frame within {timeout_ms} ms")
         out.append(ms)
-        page.wait_for_timeout(150)         # let the kernel go idle before the next press
+        page.wait_for_timeout(150)  # let the kernel go idle before the next press
+        if parts is not None:
+            part = page.evaluate(BREAKDOWN, [selector, ms])
+            if part:
+                parts.append(part)
     return out
 
 
+#: the columns of --breakdown: (key in BREAKDOWN's result, heading)
+PARTS = [
+    ("slider", "key->sent"),
+    ("to_kernel", "->kernel"),
+    ("kernel", "kernel"),
+    ("to_page", "->page"),
+    ("in_page", "page"),
+    ("kb", "kB"),
+    ("messages", "msgs"),
+]
+
+
+def breakdown_row(name: str, parts: list[dict]) -> list[str]:
+    if not parts:
+        return [name] + [""] * len(PARTS)
+    return [name] + [f"{median([p[k] for p in parts]):.1f}" for k, _ in PARTS]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--device", default=None,
-                        help="build the panels on this device (default: the notebook's, the GPU when there is one)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="build the panels on this device (default: the notebook's, the GPU when there is one)",
+    )
     parser.add_argument("--changes", type=positive_int, default=30, help="key presses per panel")
     parser.add_argument("--only", nargs="*", default=None, metavar="CLASS", help="only these panels")
-    parser.add_argument("--control", nargs="*", default=[], metavar="PANEL=CONTROL",
-                        help="the slider to move in a panel (default: its first)")
+    parser.add_argument(
+        "--control",
+        nargs="*",
+        default=[],
+        metavar="PANEL=CONTROL",
+        help="the slider to move in a panel (default: its first)",
+    )
     parser.add_argument("--timeout", type=positive_int, default=30_000, help="ms to wait for one frame")
     parser.add_argument("--screenshots", action="store_true", help="save each panel to build/browser-bench/")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also print where each press's time went (from the kernel messages' timestamps)",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     controls = dict(DEFAULT_CONTROLS)
@@ -170,8 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     names = panel_names(args.only)
     shots = ROOT / "build" / "browser-bench"
     print("== panels in a real browser: key press on a slider -> the new frame drawn")
-    print(f"   JupyterLab + headless Chromium · {os.cpu_count()} CPUs · load average "
-          + " ".join(f"{v:.2f}" for v in os.getloadavg()))
+    print(
+        f"   JupyterLab + headless Chromium · {os.cpu_count()} CPUs · load average "
+        + " ".join(f"{v:.2f}" for v in os.getloadavg())
+    )
     print(f"   changes {args.changes} per panel · panels {len(names)}")
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         root, home = Path(tmp) / "root", Path(tmp) / "home"
@@ -182,40 +318,84 @@ def main(argv: list[str] | None = None) -> int:
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS)
             page = browser.new_context(viewport={"width": 1280, "height": 1100}).new_page()
             page.add_init_script(RECORD_FRAMES)
+            if args.breakdown:
+                page.add_init_script(RECORD_WIRE)
             t0 = time.perf_counter()
             sys.path.insert(0, str(ROOT / "tests" / "browser"))
             from helpers import open_and_run
 
             open_and_run(page, lab, nb.name)
             print(f"   notebook ran in {time.perf_counter() - t0:.1f} s")
-            baseline = measure(page, ".klviz-baseline", ".noUi-handle", args.changes, True, args.timeout)
+            parts: dict[str, list[dict]] = {}
+            baseline = measure(
+                page,
+                ".klviz-baseline",
+                ".noUi-handle",
+                args.changes,
+                True,
+                args.timeout,
+                parts.setdefault(BASELINE, []) if args.breakdown else None,
+            )
             base_med = median(baseline)
-            rows = [["(baseline) slider -> kernel -> HTML", f"{base_med:.1f}", f"{p95(baseline):.1f}", "1.00",
-                     "-", ""]]
+            rows = [[BASELINE, f"{base_med:.1f}", f"{p95(baseline):.1f}", "1.00", "-", ""]]
             missed = False
             for i, name in enumerate(names):
                 selector = f".klviz-bench-{i}"
                 control = controls.get(name)
-                handle = (f".klviz-{control.replace('_', '-')} .noUi-handle" if control else ".noUi-handle")
+                handle = f".klviz-{control.replace('_', '-')} .noUi-handle" if control else ".noUi-handle"
                 if page.locator(f"{selector} {handle}").count() == 0:
                     rows.append([name, "no slider", "", "", control or "", ""])
                     continue
                 try:
-                    times = measure(page, selector, handle, args.changes, False, args.timeout)
+                    times = measure(
+                        page,
+                        selector,
+                        handle,
+                        args.changes,
+                        False,
+                        args.timeout,
+                        parts.setdefault(name, []) if args.breakdown else None,
+                    )
                 except RuntimeError as err:
                     rows.append([name, "NO FRAME", "", "", control or "first slider", str(err)[:40]])
                     missed = True
                     continue
-                ok = median(times) <= TARGET_MEDIAN_MS and p95(times) <= TARGET_P95_MS
+                ok = median(times) <= TARGET_RATIO * base_med and p95(times) <= TARGET_P95_MS
                 missed = missed or not ok
-                rows.append([name, f"{median(times):.1f}", f"{p95(times):.1f}", f"{median(times) / base_med:.2f}",
-                             control or "first slider", "ok" if ok else "OVER TARGET"])
+                rows.append(
+                    [
+                        name,
+                        f"{median(times):.1f}",
+                        f"{p95(times):.1f}",
+                        f"{median(times) / base_med:.2f}",
+                        control or "first slider",
+                        "ok" if ok else "OVER TARGET",
+                    ]
+                )
                 if args.screenshots:
                     shots.mkdir(parents=True, exist_ok=True)
                     page.locator(selector).screenshot(path=str(shots / f"{name}.png"))
             browser.close()
-    print_table(["panel", "median ms", "p95 ms", "median / baseline", "slider moved",
-                 f"<= {TARGET_MEDIAN_MS:.0f}/{TARGET_P95_MS:.0f}"], rows)
+    print_table(
+        [
+            "panel",
+            "median ms",
+            "p95 ms",
+            "median / baseline",
+            "slider moved",
+            f"<= {TARGET_RATIO:g}x / {TARGET_P95_MS:.0f} ms",
+        ],
+        rows,
+    )
+    if args.breakdown:
+        print(
+            "\n== where the time went (medians, ms): key->sent = the slider's own handling until the"
+            " message leaves the page;\n   ->kernel = until the kernel starts on it; kernel = until it sends"
+            " the frame (the HTML text for the\n   baseline); ->page = until that message reaches the page;"
+            " page = until the frame has loaded (the text is shown)"
+        )
+        print_table(["panel"] + [h for _, h in PARTS], [breakdown_row(n, v) for n, v in parts.items()])
+    print("   load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     return 1 if args.strict and missed else 0
 
 

@@ -29,6 +29,7 @@ CPU: median <= 50 ms and p95 <= 100 ms.
     python benchmarks/panels.py                      # every panel, 30 changes each
     python benchmarks/panels.py --only StartHerePanel --changes 10
 """
+
 from __future__ import annotations
 
 import importlib
@@ -84,9 +85,14 @@ def discover_panels() -> tuple[list[type], list[str]]:
             problems.append(f"{module_name}: import failed: {type(err).__name__}: {err}")
             continue
         for obj in vars(module).values():
-            if (inspect.isclass(obj) and issubclass(obj, Panel) and obj is not Panel
-                    and obj.__module__ == module_name and not inspect.isabstract(obj)
-                    and _buildable_without_arguments(obj)):
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, Panel)
+                and obj is not Panel
+                and obj.__module__ == module_name
+                and not inspect.isabstract(obj)
+                and _buildable_without_arguments(obj)
+            ):
                 found.append(obj)
     return found, problems
 
@@ -96,8 +102,7 @@ def _buildable_without_arguments(cls: type) -> bool:
         params = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):
         return False
-    return all(p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-               for p in params)
+    return all(p.default is not inspect.Parameter.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
 
 
 def neighbour_value(widget: Any) -> Any:
@@ -105,7 +110,7 @@ def neighbour_value(widget: Any) -> Any:
     from ipywidgets import FloatLogSlider
 
     value = widget.value
-    if hasattr(widget, "options") and hasattr(widget, "index"):          # dropdowns, selection sliders
+    if hasattr(widget, "options") and hasattr(widget, "index"):  # dropdowns, selection sliders
         n = len(widget.options)
         if n < 2 or widget.index is None or isinstance(widget.index, tuple):
             return None
@@ -114,8 +119,8 @@ def neighbour_value(widget: Any) -> Any:
     if isinstance(value, bool):
         return not value
     if isinstance(widget, FloatLogSlider):
-        up = value * widget.base ** widget.step
-        return up if up <= widget.base ** widget.max else value / widget.base ** widget.step
+        up = value * widget.base**widget.step
+        return up if up <= widget.base**widget.max else value / widget.base**widget.step
     if isinstance(value, (int, float)):
         step = getattr(widget, "step", None) or 1
         lo, hi = getattr(widget, "min", None), getattr(widget, "max", None)
@@ -161,14 +166,14 @@ def benchmark_panel(cls: type, device: Any, changes: int) -> PanelResult:
             result.errors.append(f"at defaults: {type(panel.last_error).__name__}: {panel.last_error}")
         for name, value in change_plan(panel, changes):
             result.changes.append(f"{name}={value!r}")
-            panel.controls[name].value = value     # as the reader's control does: its observer updates
+            panel.controls[name].value = value  # as the reader's control does: its observer updates
             if panel.last_error is not None:
                 result.errors.append(f"{name}={value!r}: {type(panel.last_error).__name__}: {panel.last_error}")
             result.compute_ms.append(panel.last_compute_ms)
             result.draw_ms.append(panel.last_draw_ms)
             frames = getattr(panel, "_frames", None)
             result.full_render.append(not getattr(frames, "last_was_blit", False))
-            if getattr(panel, "training", None) is not None:   # the lab answered and trains in the background
+            if getattr(panel, "training", None) is not None:  # the lab answered and trains in the background
                 t_bg = time.perf_counter()
                 panel.wait()
                 result.background_s.append(time.perf_counter() - t_bg)
@@ -187,7 +192,7 @@ def _threads_as_in_the_notebooks() -> None:
     """Use the torch thread count a lesson's kernel uses (``klviz.setup_notebook`` sets it)."""
     try:
         from klviz.notebook import use_one_thread_on_small_machines
-    except ImportError:   # older klviz: the kernel keeps torch's default
+    except ImportError:  # older klviz: the kernel keeps torch's default
         return
     use_one_thread_on_small_machines()
 
@@ -204,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     panels, problems = discover_panels()
     if args.only:
         panels = [cls for cls in panels if cls.__name__ in args.only]
-    print_header("panels: control change -> finished redraw (compute + draw)", args,
-                 changes=args.changes, panels=len(panels))
+    print_header(
+        "panels: control change -> finished redraw (compute + draw)", args, changes=args.changes, panels=len(panels)
+    )
     for line in problems:
         print(f"   ! {line}")
 
@@ -229,11 +235,35 @@ def main(argv: list[str] | None = None) -> int:
         ok = median(tot) <= TARGET_MEDIAN_MS and p95(tot) <= TARGET_P95_MS and not res.errors
         missed = missed or not ok
         full = [t for t, f in zip(tot, res.full_render) if f]
-        rows.append([res.name, f"{median(tot):.1f}", f"{p95(tot):.1f}", f"{median(comp):.1f}",
-                     f"{median(drw):.1f}", slowest, f"{len(full)}", f"{median(full):.1f}" if full else "-",
-                     "yes" if res.status_ok else "NO", "ok" if ok else ("ERRORS" if res.errors else "OVER TARGET")])
-    print_table(["panel", "median ms", "p95 ms", "compute ms", "draw ms", "slowest", "full renders",
-                 "their median", "status shows it", f"<= {TARGET_MEDIAN_MS:.0f}/{TARGET_P95_MS:.0f}"], rows)
+        rows.append(
+            [
+                res.name,
+                f"{median(tot):.1f}",
+                f"{p95(tot):.1f}",
+                f"{median(comp):.1f}",
+                f"{median(drw):.1f}",
+                slowest,
+                f"{len(full)}",
+                f"{median(full):.1f}" if full else "-",
+                "yes" if res.status_ok else "NO",
+                "ok" if ok else ("ERRORS" if res.errors else "OVER TARGET"),
+            ]
+        )
+    print_table(
+        [
+            "panel",
+            "median ms",
+            "p95 ms",
+            "compute ms",
+            "draw ms",
+            "slowest",
+            "full renders",
+            "their median",
+            "status shows it",
+            f"<= {TARGET_MEDIAN_MS:.0f}/{TARGET_P95_MS:.0f}",
+        ],
+        rows,
+    )
     for res in results:
         if res.failure:
             print(f"   ! {res.name} could not be benchmarked: {res.failure}")
@@ -242,12 +272,17 @@ def main(argv: list[str] | None = None) -> int:
         if not res.failure:
             worst = max(range(len(res.total_ms)), key=res.total_ms.__getitem__, default=None)
             if worst is not None:
-                print(f"   {res.name}: built in {res.build_ms:.0f} ms; slowest change {res.changes[worst]} "
-                      f"({res.compute_ms[worst]:.1f} + {res.draw_ms[worst]:.1f} ms)")
+                print(
+                    f"   {res.name}: built in {res.build_ms:.0f} ms; slowest change {res.changes[worst]} "
+                    f"({res.compute_ms[worst]:.1f} + {res.draw_ms[worst]:.1f} ms)"
+                )
             if res.background_s:
-                print(f"   {res.name}: {len(res.background_s)} changes started a training run in the background "
-                      f"(the panel answered at once, as timed above); the runs then took "
-                      f"{min(res.background_s):.1f}-{max(res.background_s):.1f} s (median {median(res.background_s):.1f} s)")
+                print(
+                    f"   {res.name}: {len(res.background_s)} changes started a training run in the background "
+                    f"(the panel answered at once, as timed above); the runs then took "
+                    f"{min(res.background_s):.1f}-{max(res.background_s):.1f} s "
+                    f"(median {median(res.background_s):.1f} s)"
+                )
     return 1 if args.strict and missed else 0
 
 

@@ -1,4 +1,5 @@
 """One visual language for the whole suite: colours per estimator, a quiet style, figure helpers."""
+
 from __future__ import annotations
 
 import math
@@ -12,29 +13,55 @@ __all__ = ["COLORS", "LABELS", "apply_style", "theme", "new_figure", "panel_figu
 
 #: The same colour means the same quantity in every lesson.
 COLORS: dict[str, str] = {
-    "k1": "#1f77b4", "k2": "#ff7f0e", "k3": "#2ca02c", "exact": "#222222",
-    "q": "#7f7f7f", "p": "#9467bd", "mu": "#d62728", "reverse": "#2ca02c", "forward": "#d62728",
+    "k1": "#1f77b4",
+    "k2": "#ff7f0e",
+    "k3": "#2ca02c",
+    "exact": "#222222",
+    "q": "#7f7f7f",
+    "p": "#9467bd",
+    "mu": "#d62728",
+    "reverse": "#2ca02c",
+    "forward": "#d62728",
 }
 LABELS: dict[str, str] = {
-    "k1": r"$k_1=-\log r$", "k2": r"$k_2=\frac{1}{2}(\log r)^2$", "k3": r"$k_3=(r-1)-\log r$",
+    "k1": r"$k_1=-\log r$",
+    "k2": r"$k_2=\frac{1}{2}(\log r)^2$",
+    "k3": r"$k_3=(r-1)-\log r$",
     "exact": "exact KL",
 }
 
 _STYLE: dict[str, Any] = {
-    "figure.dpi": 100, "savefig.dpi": 100, "font.size": 9.5, "axes.titlesize": 10.5,
-    "axes.labelsize": 9.5, "legend.fontsize": 8.5, "legend.frameon": False,
-    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.25, "grid.linewidth": 0.6, "figure.constrained_layout.use": True,
+    "figure.dpi": 100,
+    "savefig.dpi": 100,
+    "font.size": 9.5,
+    "axes.titlesize": 10.5,
+    "axes.labelsize": 9.5,
+    "legend.fontsize": 8.5,
+    "legend.frameon": False,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.25,
+    "grid.linewidth": 0.6,
+    "figure.constrained_layout.use": True,
 }
 
 
 #: Colours that change on a dark page (presenter mode with ``--theme dark``): text, axes and the
 #: near-black series become light; the estimator colours read on both.
 _DARK: dict[str, Any] = {
-    "figure.facecolor": "#111111", "axes.facecolor": "#111111", "savefig.facecolor": "#111111",
-    "text.color": "#e6e6e6", "axes.labelcolor": "#e6e6e6", "axes.edgecolor": "#9a9a9a",
-    "xtick.color": "#cfcfcf", "ytick.color": "#cfcfcf", "grid.color": "#bbbbbb", "grid.alpha": 0.2,
-    "legend.labelcolor": "#e6e6e6", "patch.edgecolor": "#e6e6e6",
+    "figure.facecolor": "#111111",
+    "axes.facecolor": "#111111",
+    "savefig.facecolor": "#111111",
+    "text.color": "#e6e6e6",
+    "axes.labelcolor": "#e6e6e6",
+    "axes.edgecolor": "#9a9a9a",
+    "xtick.color": "#cfcfcf",
+    "ytick.color": "#cfcfcf",
+    "grid.color": "#bbbbbb",
+    "grid.alpha": 0.2,
+    "legend.labelcolor": "#e6e6e6",
+    "patch.edgecolor": "#e6e6e6",
 }
 _DARK_COLORS = {"exact": "#e6e6e6", "q": "#b0b0b0"}
 _LIGHT_COLORS = {k: COLORS[k] for k in _DARK_COLORS}
@@ -79,8 +106,9 @@ def panel_figure(width: float = 9.0, height: float = 3.6, **subplot_kw: Any) -> 
     return fig, axes
 
 
-def sticky_limits(ax: Any, axis: str, lo: float, hi: float, *, keep_fraction: float = 0.35,
-                  headroom: float = 0.15) -> None:
+def sticky_limits(
+    ax: Any, axis: str, lo: float, hi: float, *, keep_fraction: float = 0.35, headroom: float = 0.15
+) -> None:
     """Set ``ax``'s x or y limits to show [lo, hi], changing them only when they must.
 
     The current limits are kept while they contain [lo, hi] and [lo, hi] fills at least
@@ -99,10 +127,10 @@ def sticky_limits(ax: Any, axis: str, lo: float, hi: float, *, keep_fraction: fl
     get, set_ = (ax.get_xlim, ax.set_xlim) if axis == "x" else (ax.get_ylim, ax.set_ylim)
     log = (ax.get_xscale if axis == "x" else ax.get_yscale)() == "log"
     cur_lo, cur_hi = get()
-    if log and (lo <= 0 or cur_lo <= 0):    # a log axis needs positive limits: show what was asked
+    if log and (lo <= 0 or cur_lo <= 0):  # a log axis needs positive limits: show what was asked
         set_(lo, hi)
         return
-    fwd, back = (math.log10, lambda v: 10.0 ** v) if log else (lambda v: v, lambda v: v)
+    fwd, back = (math.log10, lambda v: 10.0**v) if log else (lambda v: v, lambda v: v)
     lo_t, hi_t, cur_lo_t, cur_hi_t = fwd(lo), fwd(hi), fwd(cur_lo), fwd(cur_hi)
     if cur_lo_t <= lo_t and hi_t <= cur_hi_t and hi_t - lo_t >= keep_fraction * (cur_hi_t - cur_lo_t):
         return
@@ -122,7 +150,7 @@ def snapped_limits(lo: float, hi: float, *, headroom: float = 0.15, keep_zero: b
         raise ValueError(f"need finite lo < hi, got [{lo}, {hi}]")
     span = hi - lo
     exponent = math.floor(math.log10(span / 20))
-    step = next(m * 10.0 ** exponent for m in (1, 2, 5, 10) if m * 10.0 ** exponent >= span / 20)
+    step = next(m * 10.0**exponent for m in (1, 2, 5, 10) if m * 10.0**exponent >= span / 20)
     new_lo = 0.0 if (keep_zero and lo == 0) else math.floor((lo - headroom * span) / step) * step
     new_hi = 0.0 if (keep_zero and hi == 0) else math.ceil((hi + headroom * span) / step) * step
     return new_lo, new_hi

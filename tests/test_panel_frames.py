@@ -4,6 +4,7 @@ Panels redraw only the artists that changed over a cached background (klviz.widg
 panel in the suite, each control is moved in turn; after every update the composed frame is compared
 with a full Agg render of the same figure, pixel by pixel.
 """
+
 from __future__ import annotations
 
 import sys
@@ -18,7 +19,7 @@ import klviz.widgets as W
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from panels import change_plan  # noqa: E402  (the benchmark's own plan: each control one step and back)
 
-SKIP_SLOW_CONTROLS = {"RLHFLabPanel": {"steps", "epochs", "prompts", "group_size"}}   # each retrains (~1 s)
+SKIP_SLOW_CONTROLS = {"RLHFLabPanel": {"steps", "epochs", "prompts", "group_size"}}  # each retrains (~1 s)
 
 
 @pytest.mark.parametrize("name", list(W.PANELS))
@@ -58,9 +59,9 @@ def test_views_seen_before_come_back_blitted(name):
 def test_changed_axis_limits_force_a_full_render():
     panel = W.StartHerePanel()
     panel.set(seed=1)
-    panel.set(seed=2)                         # new tokens, same policies: only bars and error bars move
+    panel.set(seed=2)  # new tokens, same policies: only bars and error bars move
     assert panel._frames.last_was_blit and "(blitted)" in panel.status.value
-    panel.set(push=4.0)                       # the KL jumps: the estimate axis must grow
+    panel.set(push=4.0)  # the KL jumps: the estimate axis must grow
     assert not panel._frames.last_was_blit
     assert "(blitted)" not in panel.status.value
 
@@ -74,6 +75,7 @@ def test_blitting_can_be_turned_off(monkeypatch):
 
 
 # -- the pieces of the frame pipeline -------------------------------------------------------------
+
 
 def test_encode_png_round_trips_exactly():
     import io
@@ -101,8 +103,12 @@ def _legend_bbox_pixels(panel):
         lg = ax.get_legend()
         if lg is not None:
             x0, y0, x1, y1 = lg.get_window_extent(renderer).extents
-            boxes.append((slice(max(height - int(np.ceil(y1)), 0), height - int(np.floor(y0))),
-                          slice(max(int(np.floor(x0)), 0), int(np.ceil(x1)))))
+            boxes.append(
+                (
+                    slice(max(height - int(np.ceil(y1)), 0), height - int(np.floor(y0))),
+                    slice(max(int(np.floor(x0)), 0), int(np.ceil(x1))),
+                )
+            )
     return boxes
 
 
@@ -127,14 +133,17 @@ def test_composited_legends_match_agg_to_rounding(name):
 def test_backgrounds_come_back_for_views_seen_before():
     panel = W.BregmanPanel()
     first = panel.values()["f"]
-    other = next(o[1] if isinstance(o, tuple) else o for o in panel.controls["f"].options
-                 if (o[1] if isinstance(o, tuple) else o) != first)
+    other = next(
+        o[1] if isinstance(o, tuple) else o
+        for o in panel.controls["f"].options
+        if (o[1] if isinstance(o, tuple) else o) != first
+    )
     panel.set(f=other)
-    assert not panel._frames.last_was_blit            # a new view: full render
-    panel.set(f=first)                                # (its limits may still be the other view's)
+    assert not panel._frames.last_was_blit  # a new view: full render
+    panel.set(f=first)  # (its limits may still be the other view's)
     for _ in range(2):
         panel.set(f=other)
-        assert panel._frames.last_was_blit             # both views now come from their backgrounds
+        assert panel._frames.last_was_blit  # both views now come from their backgrounds
         panel.set(f=first)
         assert panel._frames.last_was_blit
 
@@ -157,19 +166,19 @@ def test_a_cached_background_is_dropped_when_an_artist_baked_into_it_changes():
     fig = Figure(figsize=(3, 2), dpi=50)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    moving, = ax.plot([0, 1], [0, 1])
+    (moving,) = ax.plot([0, 1], [0, 1])
     label = ax.text(0.1, 0.8, "static")
     frames = FrameComposer(fig)
-    frames.render()                                    # first frame
+    frames.render()  # first frame
     moving.set_ydata([1, 0])
-    frames.render()                                    # view A: 'moving' is dynamic, 'label' baked in
+    frames.render()  # view A: 'moving' is dynamic, 'label' baked in
     view_a = ax.get_ylim()
     ax.set_ylim(-1, 2)
-    frames.render()                                    # view B
-    label.set_text("changed")                          # changes while B is shown ...
+    frames.render()  # view B
+    label.set_text("changed")  # changes while B is shown ...
     frames.render()
     ax.set_ylim(view_a)
-    frames.render()                                    # ... so A's background cannot come back
+    frames.render()  # ... so A's background cannot come back
     composed = np.asarray(fig.canvas.buffer_rgba()).copy()
     FigureCanvasAgg.draw(fig.canvas)
     assert np.array_equal(composed, np.asarray(fig.canvas.buffer_rgba()))
@@ -179,8 +188,11 @@ def test_show_legend_reuses_the_legend_of_a_setting():
     panel = W.BregmanPanel()
     legend = panel.ax_f.get_legend()
     start = panel.values()["f"]
-    other = next(o[1] if isinstance(o, tuple) else o for o in panel.controls["f"].options
-                 if (o[1] if isinstance(o, tuple) else o) != start)
+    other = next(
+        o[1] if isinstance(o, tuple) else o
+        for o in panel.controls["f"].options
+        if (o[1] if isinstance(o, tuple) else o) != start
+    )
     panel.set(f=other)
     assert panel.ax_f.get_legend() is not legend
     panel.set(f=start)
@@ -200,7 +212,7 @@ def test_a_mode_switch_changes_legend_entries_not_the_axes():
     assert any("q/μ" in t for t in texts["weighted"][0]) and not any("q/μ" in t for t in texts["q"][0])
     assert any("plain mean over μ" in t for t in texts["mu"][1])
     assert not any("plain mean over μ" in t for t in texts["q"][1] + texts["weighted"][1])
-    assert panel._frames.last_was_blit                  # the third round of modes: all views seen
+    assert panel._frames.last_was_blit  # the third round of modes: all views seen
 
 
 def test_snapped_limits_depend_on_the_data_alone():
@@ -210,12 +222,12 @@ def test_snapped_limits_depend_on_the_data_alone():
 
     lo, hi = snapped_limits(-3.41, 10.99)
     assert lo <= -3.41 - 0.15 * 14.4 and hi >= 10.99 + 0.15 * 14.4
-    assert hi - lo <= 14.4 * (1 + 2 * 0.15 + 2 / 8)                   # a grid step is at most span / 8
-    step = 1.0                                                       # span / 20 = 0.72 -> 1
+    assert hi - lo <= 14.4 * (1 + 2 * 0.15 + 2 / 8)  # a grid step is at most span / 8
+    step = 1.0  # span / 20 = 0.72 -> 1
     assert math.isclose(lo / step, round(lo / step)) and math.isclose(hi / step, round(hi / step))
-    assert snapped_limits(0.0, 0.013)[0] == 0.0                       # a baseline at 0 stays
+    assert snapped_limits(0.0, 0.013)[0] == 0.0  # a baseline at 0 stays
     assert snapped_limits(-3.41, 10.99) == (lo, hi)
-    assert snapped_limits(-3.40, 11.0) == (lo, hi)                    # nearby data, same limits
+    assert snapped_limits(-3.40, 11.0) == (lo, hi)  # nearby data, same limits
     with pytest.raises(ValueError):
         snapped_limits(1.0, 1.0)
     with pytest.raises(ValueError):
@@ -238,8 +250,66 @@ def test_frames_are_images_and_can_be_sharper(monkeypatch):
     sharp = W.StartHerePanel()
     w2, h2 = Image.open(io.BytesIO(sharp._image.value)).size
     assert (w2, h2) == (2 * width, 2 * height)
-    assert sharp._image.layout.width == panel._image.layout.width      # same size on the page
+    assert sharp._image.layout.width == panel._image.layout.width  # same size on the page
     for bad in ("0.5", "4", "two"):
         monkeypatch.setenv("KLVIZ_PIXEL_RATIO", bad)
         with pytest.raises(ValueError, match="KLVIZ_PIXEL_RATIO"):
             pixel_ratio()
+
+
+def test_png_encoder_reuses_unchanged_bands_and_round_trips_exactly():
+    """Frames encoded one after another (only the changed bands of rows are compressed again)
+    decode to exactly the pixels given, whatever changed: a few rows, everything, transparency,
+    the size, a height that is not a multiple of the band."""
+    import io
+
+    from PIL import Image
+
+    from klviz.widgets.frames import PngEncoder
+
+    rng = np.random.default_rng(1)
+    encoder = PngEncoder()
+    frame = np.full((37, 53, 4), 255, dtype=np.uint8)
+    frame[..., :3] = rng.integers(0, 256, size=(37, 53, 3), dtype=np.uint8)
+    frames = [frame]
+    for r0 in (0, 15, 16, 36):  # one changed row per band, band edges included
+        f = frames[-1].copy()
+        f[r0, 3:9, :3] = rng.integers(0, 256, size=(6, 3), dtype=np.uint8)
+        frames.append(f)
+    frames.append(frames[-1].copy())  # nothing changed
+    see_through = frames[-1].copy()
+    see_through[5, 5, 3] = 7
+    frames.append(see_through)
+    frames.append(rng.integers(0, 256, size=(20, 11, 4), dtype=np.uint8))  # another size
+    frames.append(rng.integers(0, 256, size=(20, 11, 4), dtype=np.uint8))  # every pixel changed
+    for i, f in enumerate(frames):
+        decoded = np.asarray(Image.open(io.BytesIO(encoder.encode(f))))
+        assert decoded.shape == f.shape and np.array_equal(decoded, f), i
+    with pytest.raises(ValueError, match="rgba"):
+        encoder.encode(frames[0][..., :3])
+
+
+def test_panel_frames_decode_to_the_agg_buffer():
+    """The PNG a panel hands to its image widget is the composed Agg buffer, update after update."""
+    import io
+
+    from PIL import Image
+
+    panel = W.BregmanPanel()
+    for control, value in change_plan(panel, 4):
+        panel.set(**{control: value})
+        decoded = np.asarray(Image.open(io.BytesIO(bytes(panel._image.value))))
+        assert np.array_equal(decoded, np.asarray(panel.fig.canvas.buffer_rgba()))
+
+
+def test_readout_and_status_follow_the_frame():
+    """The readout's and status line's messages are held until the frame has been handed over."""
+    panel = W.BregmanPanel()
+    sent = []
+    for name, w in (("image", panel._image), ("readout", panel.readout), ("status", panel.status)):
+        w._send = lambda msg, buffers=None, _n=name: sent.append(_n)
+    panel.set(**dict([change_plan(panel, 1)[0]]))
+    assert "image" in sent and "status" in sent
+    assert sent.index("image") < sent.index("status")
+    if "readout" in sent:
+        assert sent.index("image") < sent.index("readout")

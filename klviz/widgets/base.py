@@ -16,8 +16,10 @@ the base cancels a run that a newer setting replaced, draws the progress the run
 Tests drive a panel without a browser: ``panel.set(name=value, ...)`` then read ``panel.last``
 (the numbers of the last update) or ``panel.readout.value`` (the HTML the reader sees).
 """
+
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import os
@@ -44,10 +46,13 @@ class Panel:
     css_class: str = "klviz-panel"
     #: compose frames by blitting when only artists that changed before have changed again
     blit: bool = True
+    #: the controls the static site sweeps, ``{name: positions}`` (see ``klviz.widgets.static.STATIC_CONTROLS``,
+    #: the table that sets them per panel and wins over this); None: the site's table, else the first control
+    static_controls: dict[str, Any] | None = None
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         self.device = resolve_device(device)
-        self._legends_by_key: dict[int, dict[Any, Any]] = {}   # see show_legend
+        self._legends_by_key: dict[int, dict[Any, Any]] = {}  # see show_legend
         self.controls: dict[str, widgets.ValueWidget] = self.make_controls()
         self.fig: Figure = self.make_figure()
         # Redraws are requested by the panel only: with pyplot's interactive mode on (as in a
@@ -61,9 +66,9 @@ class Panel:
         self.last_draw_ms = float("nan")
         self.updates = 0
         self._holding = False
-        self._lock = threading.RLock()          # one update or progress frame at a time (see run_in_background)
-        self._generation = 0                    # bumped by every new setting: older background runs stop
-        self._built = False                     # progress is shown once the panel has been built
+        self._lock = threading.RLock()  # one update or progress frame at a time (see run_in_background)
+        self._generation = 0  # bumped by every new setting: older background runs stop
+        self._built = False  # progress is shown once the panel has been built
         #: the latest background run (see :meth:`run_in_background`); None before the first
         self.background_run: BackgroundRun | None = None
         self.readout = widgets.HTML().add_class("klviz-readout")
@@ -73,10 +78,20 @@ class Panel:
         for name, w in self.controls.items():
             w.add_class(f"klviz-{name.replace('_', '-')}")
             w.observe(self._on_change, names="value")
-        self.widget = widgets.VBox(
-            [widgets.HTML(f"<b>{html.escape(self.title)}</b>"), self.layout_controls(), self._canvas,
-             self.readout, self.error, self.status],
-        ).add_class(self.css_class).add_class("klviz-panel")
+        self.widget = (
+            widgets.VBox(
+                [
+                    widgets.HTML(f"<b>{html.escape(self.title)}</b>"),
+                    self.layout_controls(),
+                    self._canvas,
+                    self.readout,
+                    self.error,
+                    self.status,
+                ],
+            )
+            .add_class(self.css_class)
+            .add_class("klviz-panel")
+        )
         self.update()
         self._prime_frames()
         self._built = True
@@ -147,7 +162,7 @@ class Panel:
         unknown = set(values) - set(self.controls)
         if unknown:
             raise ValueError(f"unknown control(s) {sorted(unknown)}; this panel has {sorted(self.controls)}")
-        self._generation += 1                   # code asks for a result: stop any background run
+        self._generation += 1  # code asks for a result: stop any background run
         self._holding = True
         try:
             for name, value in values.items():
@@ -160,7 +175,7 @@ class Panel:
     def _on_change(self, _change: dict[str, Any]) -> None:
         if self._holding:
             return
-        self._generation += 1                   # a run still working in the background is out of date
+        self._generation += 1  # a run still working in the background is out of date
         started = False
         if not static_mode():
             try:
@@ -172,7 +187,7 @@ class Panel:
 
     def update(self) -> None:
         """Recompute and redraw; any exception is shown in the panel and kept in ``last_error``."""
-        with self._lock:
+        with self._lock, self._frame_first():
             t0 = time.perf_counter()
             try:
                 data = self.compute(**self.values())
@@ -185,6 +200,19 @@ class Panel:
             self.updates += 1
             self._redraw()
             self._show_status()
+
+    def _frame_first(self) -> contextlib.ExitStack:
+        """Hold the readout, error and status messages until the block ends, so the frame leaves first.
+
+        Each widget's change is a message of its own, handled by the page in the order sent; the
+        readout's HTML used to go before the frame, so the page parsed it (and laid the page out)
+        before it could start loading the frame. Held, they follow the frame by a millisecond or
+        two. (Its share of the browser figure was not measured apart from the other changes.)
+        """
+        stack = contextlib.ExitStack()
+        for w in (self.readout, self.error, self.status):
+            stack.enter_context(w.hold_sync())
+        return stack
 
     def _show_error(self, err: BaseException, t0: float) -> None:
         """Show ``err`` (being handled) in the panel and keep it in ``last_error``."""
@@ -208,7 +236,7 @@ class Panel:
         """
         if not self._built or static_mode():
             return
-        with self._lock:
+        with self._lock, self._frame_first():
             self._show_progress(progress, time.perf_counter() if since is None else since)
 
     def _show_progress(self, progress: Any, t0: float) -> None:
@@ -218,8 +246,9 @@ class Panel:
         self._redraw()
         self._show_status(note)
 
-    def run_in_background(self, work: Callable[[BackgroundRun], Any], *, what: Any = None,
-                          on_done: Callable[[Any], None] | None = None) -> BackgroundRun:
+    def run_in_background(
+        self, work: Callable[[BackgroundRun], Any], *, what: Any = None, on_done: Callable[[Any], None] | None = None
+    ) -> BackgroundRun:
         """Run ``work(run)`` in a daemon thread for the current setting; returns the run.
 
         ``work`` reports as it goes with ``run.report(progress)`` (drawn by :meth:`draw_progress`,
@@ -233,13 +262,15 @@ class Panel:
         """
         run = BackgroundRun(self, self._generation, what)
         self.background_run = run
-        run.thread = threading.Thread(target=self._work_in_background, args=(run, work, on_done),
-                                      name=f"klviz-{type(self).__name__}", daemon=True)
+        run.thread = threading.Thread(
+            target=self._work_in_background, args=(run, work, on_done), name=f"klviz-{type(self).__name__}", daemon=True
+        )
         run.thread.start()
         return run
 
-    def _work_in_background(self, run: BackgroundRun, work: Callable[[BackgroundRun], Any],
-                            on_done: Callable[[Any], None] | None) -> None:
+    def _work_in_background(
+        self, run: BackgroundRun, work: Callable[[BackgroundRun], Any], on_done: Callable[[Any], None] | None
+    ) -> None:
         t0 = time.perf_counter()
         try:
             result = work(run)
@@ -255,7 +286,7 @@ class Panel:
             if run.current:
                 run.finished = True
                 if on_done is None:
-                    self.update()               # the result is there now (or its error is shown)
+                    self.update()  # the result is there now (or its error is shown)
                 else:
                     on_done(result)
 
@@ -278,17 +309,19 @@ class Panel:
         width_px = int(round(self.fig.get_figwidth() * self.fig.dpi))
         height_px = int(round(self.fig.get_figheight() * self.fig.dpi))
         if ratio != 1.0:
-            self.fig.set_dpi(self.fig.dpi * ratio)   # sharper on high-density screens, same size
+            self.fig.set_dpi(self.fig.dpi * ratio)  # sharper on high-density screens, same size
         # a fixed size: the page keeps its layout before the first frame has loaded and after
-        self._image = widgets.Image(format="png", layout=widgets.Layout(width=f"{width_px}px", height=f"{height_px}px",
-                                                                         min_height=f"{height_px}px"))
+        self._image = widgets.Image(
+            format="png",
+            layout=widgets.Layout(width=f"{width_px}px", height=f"{height_px}px", min_height=f"{height_px}px"),
+        )
         self._image.add_class("klviz-figure")
         return self._image
 
     def _freeze_layout(self) -> None:
         """Lay the figure out once, then keep the layout: constrained layout on every redraw is slow."""
         if not self._layout_frozen:
-            self.fig.draw_without_rendering()   # runs the layout engine
+            self.fig.draw_without_rendering()  # runs the layout engine
             self.fig.set_layout_engine("none")
             self._layout_frozen = True
 
@@ -305,7 +338,7 @@ class Panel:
         draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
         if self._frames.last_was_blit:
             draw += " (blitted)"
-        device = describe_device(self.device).replace("(1 threads)", "(1 thread)")   # grammar of one
+        device = describe_device(self.device).replace("(1 threads)", "(1 thread)")  # grammar of one
         self.status.value = (
             f"<span style='color:#666;font-size:85%'>device {html.escape(device)}"
             f" · compute {self.last_compute_ms:.1f} ms{draw}{note}</span>"
@@ -345,23 +378,39 @@ class Panel:
             self.display_snapshot()
 
     def display_snapshot(self) -> None:
-        """Show the panel as plain outputs: its settings, readout and figure as a PNG image.
+        """Show the panel as plain outputs for the static site (``KLVIZ_STATIC=1``).
 
-        The static site (``KLVIZ_STATIC=1``) needs this: an HTML page opened from disk has no
-        kernel and no widget renderer, so the widget itself shows nothing there.
+        An HTML page opened from disk has no kernel and no widget renderer, so the widget itself shows
+        nothing there. The panel is rendered at several positions of its main controls
+        (:func:`klviz.widgets.static.static_panel_html`): the page gets sliders that swap these precomputed
+        frames and readouts. Should that fail, one snapshot of the current setting is shown instead.
         """
         from IPython.display import HTML, Image, display
 
+        try:
+            from .static import static_panel_html
+
+            page = static_panel_html(self)
+        except Exception as err:  # noqa: BLE001 - the single snapshot below still shows the panel
+            page = None
+            failure = f"{type(err).__name__}: {err}"
+        if page is not None:
+            display(HTML(page))
+            return
         settings = []
         for name, w in self.controls.items():
             label = getattr(w, "label", None)
             shown = label if isinstance(label, str) else w.value
             settings.append(f"{html.escape(w.description or name)} = {html.escape(str(shown))}")
-        display(HTML(
-            f"<div class='klviz-snapshot'><b>{html.escape(self.title)}</b><br>"
-            f"<span style='color:#666;font-size:90%'>Snapshot at {'; '.join(settings)}. "
-            "Run the notebook to move the controls.</span>"
-            f"<div>{self.readout.value}</div>{self.error.value}</div>"))
+        display(
+            HTML(
+                f"<div class='klviz-snapshot'><b>{html.escape(self.title)}</b><br>"
+                f"<span style='color:#666;font-size:90%'>Snapshot at {'; '.join(settings)} "
+                f"(no precomputed positions: {html.escape(failure)}). "
+                "Run the lesson (<code>klviz lab</code> or <code>make lab</code>) to move the controls.</span>"
+                f"<div>{self.readout.value}</div>{self.error.value}</div>"
+            )
+        )
         display(Image(data=self.png(), format="png"))
 
 
@@ -401,7 +450,7 @@ class BackgroundRun:
         with an update right now (then this report is skipped); raises :class:`Cancelled` like :meth:`check`."""
         self.check()
         panel = self.panel
-        if panel._lock.acquire(blocking=False):   # never wait on the reader
+        if panel._lock.acquire(blocking=False):  # never wait on the reader
             try:
                 if self.current:
                     panel._show_progress(progress, time.perf_counter())
