@@ -306,7 +306,9 @@ def run_until_interrupted(server: Server, announce: list[str]) -> int:
     def stop(*_args: object) -> None:
         raise KeyboardInterrupt
 
-    handled = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    # SIGINT too: a command started in the background of a shell inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler of its own; Ctrl+C must stop the server all the same
+    handled = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     old = {s: signal.signal(s, stop) for s in handled}
     try:
         try:
