@@ -55,10 +55,14 @@ def test_every_control_at_both_ends(name):
         if control_name in SLOW.get(name, ()):
             continue
         for value in _ends(control):
-            panel.set(**default)
-            panel.set(**{control_name: value})
+            panel.set(**{control_name: value})  # the others at their defaults
             assert panel.last_error is None, (name, control_name, value, panel.error.value)
             assert panel.readout.value.strip(), (name, control_name, value)
             tried += 1
+        panel.set(**{control_name: default[control_name]})
     assert tried >= 2, name
+    for control_name, control in panel.controls.items():  # the corner: every control at its upper end
+        if control_name not in SLOW.get(name, ()) and _ends(control):
+            panel.set(**{control_name: _ends(control)[-1]})  # one after another, the earlier ones kept
+            assert panel.last_error is None, (name, "corner", control_name, panel.error.value)
     assert panel.png()[:8] == b"\x89PNG\r\n\x1a\n"
