@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from .devices import single_thread
-from .gradients import use_coefficient
+from .gradients import use_coefficient, weighted_coefficient
 from .usage import LESSON_USES, EstimatorUse
 from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
 
@@ -175,7 +175,12 @@ def field_gradient(logits: Tensor, ref_logits: Tensor, flow: str) -> Tensor:
     """
     log_pi, log_ref = _prepare(logits, ref_logits, flow)
     pi = log_pi.exp()
-    w = pi * _flow_coefficient(log_pi, log_ref, flow)
+    if flow == "reverse KL":
+        w = pi * (log_pi - log_ref)
+    elif flow == "forward KL":
+        w = -log_ref.exp().expand_as(pi)  # pi · (-ref/pi), without forming ref/pi
+    else:
+        w = weighted_coefficient(log_pi, log_ref, CHOICES[flow])  # pi · c, in log space (see gradients)
     return w - pi * w.sum(-1, keepdim=True)
 
 

@@ -154,6 +154,10 @@ def test_k3_expected_gradients_stay_finite_where_pi_times_r_would_overflow():
     for placement, weighting in (("loss", "none"), ("reward", "none"), ("loss", "rho")):
         g = klviz.expected_kl_gradient(theta, ref, "k3", placement, weighting)
         assert bool(torch.isfinite(g).all()), (placement, weighting, g)
+    from klviz import simplex
+
+    for flow in simplex.ALL_FLOWS:  # the same sums for a batch of policies (lesson 05's fields)
+        assert bool(torch.isfinite(simplex.field_gradient(theta[None], ref, flow)).all()), flow
     g64 = klviz.expected_kl_gradient(theta.double(), ref.double(), "k3", "loss")
     assert torch.allclose(klviz.expected_kl_gradient(theta, ref, "k3", "loss").double(), g64, atol=1e-6)
     assert torch.allclose(g64, klviz.forward_kl_gradient(theta.double(), ref.double()), atol=1e-12)
