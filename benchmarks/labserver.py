@@ -14,13 +14,14 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from klviz.servers import free_port
 
 __all__ = ["CHROMIUM_FLAGS", "find_chromium", "running_lab", "stop_process_group"]
 
@@ -44,12 +45,6 @@ def find_chromium() -> str | None:
     return os.environ.get("KLVIZ_CHROMIUM") or next(filter(None, map(shutil.which, names)), None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running_lab(root: Path, home: Path, timeout: float = 90.0) -> Iterator[dict]:
     """Run ``jupyter lab`` serving ``root``; yields ``{"base", "token", "root", "pid", "log"}``."""
@@ -59,7 +54,7 @@ def running_lab(root: Path, home: Path, timeout: float = 90.0) -> Iterator[dict]
         json.dumps({"fetchNews": "false", "checkForUpdates": False})
     )
     token = secrets.token_hex(16)
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"))
     env.pop("MPLBACKEND", None)
     env.pop("KLVIZ_STATIC", None)
