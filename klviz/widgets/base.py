@@ -36,7 +36,7 @@ from matplotlib.figure import Figure
 from ..devices import describe_device, resolve_device
 from .frames import FrameComposer, pixel_ratio
 
-__all__ = ["Panel", "BackgroundRun", "Cancelled", "html_table", "static_mode"]
+__all__ = ["Panel", "BackgroundRun", "Cancelled", "html_table", "move_policy_controls", "static_mode"]
 
 
 class Panel:
@@ -461,6 +461,35 @@ class BackgroundRun:
 def static_mode() -> bool:
     """True when the environment variable ``KLVIZ_STATIC`` asks for static output (the static site)."""
     return os.environ.get("KLVIZ_STATIC", "").strip().lower() in ("1", "true", "yes")
+
+
+def move_policy_controls(*, push: float, push_range: float, token: int) -> dict[str, widgets.ValueWidget]:
+    """The controls of :func:`klviz.policies.move_policy` over the toy vocabulary: ``temperature``,
+    ``push`` (in [-push_range, push_range]) and ``push_token``, for the panels that move the target p."""
+    from ..policies import TOY_VOCAB
+
+    style = {"description_width": "initial"}
+    names = [t.strip() for t in TOY_VOCAB]
+    return {
+        "temperature": widgets.FloatSlider(
+            value=1.0, min=0.25, max=4.0, step=0.05, description="p temperature", style=style, continuous_update=True
+        ),
+        "push": widgets.FloatSlider(
+            value=push,
+            min=-push_range,
+            max=push_range,
+            step=0.1,
+            description="push p toward",
+            style=style,
+            continuous_update=True,
+        ),
+        "push_token": widgets.Dropdown(
+            options=list(zip(names, range(len(names)))),
+            value=token,
+            description="token",
+            layout=widgets.Layout(width="160px"),
+        ),
+    }
 
 
 def html_table(header: list[str], rows: list[list[str]], css_class: str = "klviz-table") -> str:

@@ -43,7 +43,7 @@ from ..tables import (
     k1_negative_probability,
     sample_log_ratio,
 )
-from .base import Panel
+from .base import Panel, move_policy_controls
 
 __all__ = ["GaussianEstimatorsPanel", "TokenEstimatorsPanel", "ControlVariatePanel"]
 
@@ -280,32 +280,8 @@ class TokenEstimatorsPanel(Panel):
         super().__init__("cpu")  # twelve tokens: see the module docstring
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
-        names = [t.strip() for t in TOY_VOCAB]
         return {
-            "temperature": widgets.FloatSlider(
-                value=1.0,
-                min=0.25,
-                max=4.0,
-                step=0.05,
-                description="p temperature",
-                style=_STYLE,
-                continuous_update=True,
-            ),
-            "push": widgets.FloatSlider(
-                value=1.5,
-                min=-6.0,
-                max=6.0,
-                step=0.1,
-                description="push p toward",
-                style=_STYLE,
-                continuous_update=True,
-            ),
-            "push_token": widgets.Dropdown(
-                options=list(zip(names, range(len(names)))),
-                value=9,
-                description="token",
-                layout=widgets.Layout(width="160px"),
-            ),
+            **move_policy_controls(push=1.5, push_range=6.0, token=9),
             "num_samples": widgets.SelectionSlider(
                 options=list(_SAMPLE_COUNTS),
                 value=10_000,

@@ -15,7 +15,7 @@ from ..montecarlo import categorical_counts, moments_from_counts, summarize
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..tables import categorical_moments
-from .base import Panel, html_table
+from .base import Panel, html_table, move_policy_controls
 
 __all__ = ["StartHerePanel"]
 
@@ -40,26 +40,8 @@ class StartHerePanel(Panel):
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         style = {"description_width": "initial"}
-        names = [t.strip() for t in TOY_VOCAB]
         return {
-            "temperature": widgets.FloatSlider(
-                value=1.0,
-                min=0.25,
-                max=4.0,
-                step=0.05,
-                description="p temperature",
-                style=style,
-                continuous_update=True,
-            ),
-            "push": widgets.FloatSlider(
-                value=1.0, min=-4.0, max=4.0, step=0.1, description="push p toward", style=style, continuous_update=True
-            ),
-            "push_token": widgets.Dropdown(
-                options=list(zip(names, range(len(names)))),
-                value=1,
-                description="token",
-                layout=widgets.Layout(width="160px"),
-            ),
+            **move_policy_controls(push=1.0, push_range=4.0, token=1),
             "mix": widgets.FloatSlider(
                 value=0.0,
                 min=0.0,
