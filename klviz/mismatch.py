@@ -119,8 +119,14 @@ class EngineSpec:
 _ENGINE_COPIES: weakref.WeakKeyDictionary[nn.Module, dict[str, lm.TinyLM]] = weakref.WeakKeyDictionary()
 
 
-def engine_model(model: lm.TinyLM, precision: str = "bfloat16") -> lm.TinyLM:
-    """A copy of ``model`` with its weights in ``precision`` (cached per model): the engine's weights."""
+def engine_model(model: lm.TinyLM, precision: str = "bfloat16", *, sync: bool = False) -> lm.TinyLM:
+    """A copy of ``model`` with its weights in ``precision`` (cached per model): the engine's weights.
+
+    The copy is made once per model and precision. A model that trains changes its weights after the
+    copy was made: ``sync=True`` copies the current weights into the engine first (rounded to
+    ``precision``), as a training framework syncs its weights to the rollout engine before each
+    rollout. float32 engines are ``model`` itself.
+    """
     if not isinstance(model, lm.TinyLM):
         raise ValueError(f"model must be a klviz.lm.TinyLM, got {type(model).__name__}")
     check_choice(precision, "precision", tuple(PRECISIONS))
@@ -131,6 +137,10 @@ def engine_model(model: lm.TinyLM, precision: str = "bfloat16") -> lm.TinyLM:
         import copy
 
         copies[precision] = copy.deepcopy(model).to(PRECISIONS[precision]).eval().requires_grad_(False)
+    elif sync:
+        with torch.no_grad():
+            for dst, src in zip(copies[precision].state_dict().values(), model.state_dict().values()):
+                dst.copy_(src)
     return copies[precision]
 
 

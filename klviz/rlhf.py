@@ -45,13 +45,24 @@ import torch
 from torch import nn
 
 from . import kernel, lm
+from . import mismatch as mm
 from .devices import make_generator, resolve_device, single_thread
 from .divergences import exact_kl
 from .estimators import k3, kl_penalty
 from .usage import EstimatorUse, parse_use
 from .validation import check_choice, check_positive_int
 
-__all__ = ["PLACEMENTS", "LabConfig", "TrainingHistory", "TrainingRun", "train_policy", "run_placements", "METRICS"]
+__all__ = [
+    "PLACEMENTS",
+    "ENGINES",
+    "LAB_CORRECTIONS",
+    "LabConfig",
+    "TrainingHistory",
+    "TrainingRun",
+    "train_policy",
+    "run_placements",
+    "METRICS",
+]
 
 #: The uses of an estimator the lab trains with (:mod:`klviz.usage`). In the loss they are verl's
 #: ``kl_penalty`` kinds, its clamps included; k3·ρ is TRL's unclamped k3 times rho.
@@ -72,7 +83,33 @@ def _verl_kind(use: EstimatorUse) -> str:
     return use.estimator + ("+" if use.weighting == "straight-through" else "")
 
 
-#: What a history records at every step (one float each).
+#: The rollout engines the lab can sample with (lesson 08). "trainer": the policy samples itself, the
+#: ideal every other lesson assumes; the others are an engine of the same weights that differs the way
+#: real engines do, while the trainer recomputes log-probs in float32 at temperature 1 on the full
+#: vocabulary. Its weights are synced to the engine before every rollout.
+ENGINES: dict[str, mm.EngineSpec | None] = {
+    "trainer": None,
+    "bf16": mm.EngineSpec(precision="bfloat16"),
+    "T=0.7": mm.EngineSpec(temperature=0.7),
+    "top-p 0.8": mm.EngineSpec(top_p=0.8),
+}
+#: The corrections the lab can apply to the policy-gradient term (:func:`klviz.mismatch.correction_weights`,
+#: default cap 2 and band [0.5, 2]). As in verl (``compute_policy_loss_vanilla`` in
+#: ``verl/trainer/ppo/core_algos.py``: ``pg_losses = pg_losses * rollout_is_weights``) the weights multiply
+#: the clipped per-token policy loss only; the KL term is left as it is.
+#: ``"keep_mask"`` is of another kind: the trainer replays the engine's top-p/top-k sampling mask on
+#: π_old and π_θ (DeepSeek-V3.2's "keep sampling mask"), so that both score the truncated policy the
+#: engine sampled from (:func:`klviz.mismatch.trainer_logprobs` with ``replay_mask``).
+LAB_CORRECTIONS: tuple[str, ...] = ("none", "token_tis", "token_mask", "sequence_tis", "geo_reject", "keep_mask")
+
+#: What a history records at every step (one float each). ``mismatch_kl`` is the token mean of k3 of
+#: log π_old − log π_rollout on the engine's tokens, an estimate of KL(π_rollout ‖ π_old) per token
+#: (verl's ``rollout_corr/k3_kl``; about 0 with the "trainer" engine); ``rejected_tokens`` the fraction
+#: of response tokens the correction gives weight 0; ``trainer_reward`` and ``trainer_true_kl`` the mean
+#: reward and true KL(π_θ ‖ π_ref) of a second batch sampled by the trainer's policy itself (float32,
+#: T = 1, full vocabulary; its own generator, seeded from the run's seed): the two terms of the objective
+#: the update is meant to improve. With the "trainer" engine they are ``reward`` and ``true_kl`` (the
+#: batch is the same policy's).
 METRICS: tuple[str, ...] = (
     "reward",
     "true_kl",
@@ -82,6 +119,10 @@ METRICS: tuple[str, ...] = (
     "epochs_run",
     "response_length",
     "finished",
+    "mismatch_kl",
+    "rejected_tokens",
+    "trainer_reward",
+    "trainer_true_kl",
 )
 
 
@@ -100,9 +141,13 @@ class LabConfig:
     early_stop_kl: float | None = None  # stop a batch's epochs when approx_kl exceeds this
     clip: float | None = None  # PPO ratio clip epsilon (None: plain importance ratio)
     seed: int = 0
+    engine: str = "trainer"  # who samples: a key of ENGINES (lesson 08)
+    correction: str = "none"  # reweighting of the policy-gradient term: one of LAB_CORRECTIONS
 
     def __post_init__(self) -> None:
         check_choice(self.placement, "placement", PLACEMENTS)
+        check_choice(self.engine, "engine", tuple(ENGINES))
+        check_choice(self.correction, "correction", LAB_CORRECTIONS)
         for name in ("steps", "prompts", "group_size", "max_new_tokens", "epochs"):
             check_positive_int(getattr(self, name), name)
         for name in ("beta", "lr"):
@@ -140,11 +185,26 @@ class TrainingHistory:
         return {k: torch.tensor(v) for k, v in self.metrics.items()}
 
     def summary(self) -> dict[str, Any]:
-        return {"placement": self.config.placement, **{m: self.last(m) for m in METRICS}, "seconds": self.seconds}
+        return {
+            "placement": self.config.placement,
+            "engine": self.config.engine,
+            "correction": self.config.correction,
+            **{m: self.last(m) for m in METRICS},
+            "seconds": self.seconds,
+        }
 
 
 def _masked_row_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum(-1)
+
+
+def _replay(logp_all: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """The trainer's log-probs ``[B, T, V]`` restricted to the engine's sampling mask and renormalised
+    (DeepSeek-V3.2's "keep sampling mask"); unchanged when ``keep`` is None."""
+    if keep is None:
+        return logp_all
+    masked = logp_all.masked_fill(~keep, -math.inf)
+    return masked - torch.logsumexp(masked, -1, keepdim=True)
 
 
 def _batch_prompts(cfg: LabConfig) -> list[str]:
@@ -204,6 +264,8 @@ class TrainingRun:
         self.reward_fn = lm.reward if reward_fn is None else reward_fn
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=self.config.lr)
         self.generator = make_generator(self.config.seed, dev)
+        #: samples the trainer's own policy when an engine samples the training batch (``trainer_reward``)
+        self.eval_generator = make_generator(self.config.seed + 1_000_003, dev)
         self.history = TrainingHistory(self.config)
         #: wall-clock seconds from the start of the run to the end of each step
         self.seconds: list[float] = []
@@ -241,19 +303,33 @@ class TrainingRun:
         use = None if cfg.placement == "none" else parse_use(cfg.placement)
         in_loss = use is not None and use.placement == "loss"
         kind = _verl_kind(use) if in_loss else None
+        spec = ENGINES[cfg.engine]
+        eval_gen = self.eval_generator
         pol.train().requires_grad_(True)
         try:
             for step in range(self.steps_done, self.steps_done + steps):
                 t_step = time.perf_counter()
                 with torch.no_grad():
-                    ro = lm.sample_rollouts(pol, prompts, gen, max_new_tokens=cfg.max_new_tokens)
+                    if spec is None:  # the policy samples itself
+                        ro = lm.sample_rollouts(pol, prompts, gen, max_new_tokens=cfg.max_new_tokens)
+                        keep = None
+                        trainer_reward = trainer_true_kl = None
+                    else:  # an engine of the policy's current weights samples (lesson 08)
+                        mm.engine_model(pol, spec.precision, sync=True)
+                        er = mm.sample_engine(pol, prompts, gen, spec, max_new_tokens=cfg.max_new_tokens)
+                        ro = er.rollouts
+                        keep = er.keep.to(dev) if cfg.correction == "keep_mask" else None
+                        own = lm.sample_rollouts(pol, prompts, eval_gen, max_new_tokens=cfg.max_new_tokens)
+                        trainer_reward = float(reward_fn(own.responses, own.finished).float().mean())
+                        own_kl = exact_kl(lm.next_token_logprobs(pol, own), lm.next_token_logprobs(ref, own))
+                        trainer_true_kl = float(_masked_row_sum(own_kl, own.response_mask).mean())
                     mask = ro.response_mask
                     rewards = reward_fn(ro.responses, ro.finished).to(dev).float()
                     ref_logp_all = lm.next_token_logprobs(ref, ro)
                     old_logp_all = lm.next_token_logprobs(pol, ro)
                     ids = ro.input_ids.unsqueeze(-1)
                     ref_logp = ref_logp_all.gather(-1, ids).squeeze(-1)
-                    old_logp = old_logp_all.gather(-1, ids).squeeze(-1)
+                    old_logp = _replay(old_logp_all, keep).gather(-1, ids).squeeze(-1)
                     k1_tok = (old_logp - ref_logp) * mask
                     true_kl = _masked_row_sum(exact_kl(old_logp_all, ref_logp_all), mask).mean()
                     entropy = (-(old_logp_all.exp() * old_logp_all).sum(-1) * mask).sum() / mask.sum().clamp_min(1)
@@ -270,16 +346,27 @@ class TrainingRun:
                     first = torch.stack([returns[b, ro.response_slice(b).start] for b in range(ro.batch_size)])
                     base = first.view(cfg.prompts, cfg.group_size).mean(-1).repeat_interleave(cfg.group_size)
                     adv = (returns - base[:, None]) * mask
+                    # the engine's log-probs of its own tokens against the trainer's recompute (pi_old)
+                    log_r = (old_logp - ro.logprobs.to(dev)) * mask
+                    n_tok = mask.sum().clamp_min(1)
+                    mismatch_kl = (kernel.k3(log_r) * mask).sum() / n_tok
+                    weights = None
+                    rejected = 0.0
+                    if cfg.correction not in ("none", "keep_mask"):
+                        weights = mm.correction_weights(log_r, mask.bool(), cfg.correction)
+                        rejected = float(((weights == 0) & mask.bool()).sum() / n_tok)
                 approx = 0.0
                 epochs_run = 0
                 for _epoch in range(cfg.epochs):
                     logp_all = lm.next_token_logprobs(pol, ro)
-                    logp = logp_all.gather(-1, ids).squeeze(-1)
+                    logp = _replay(logp_all, keep).gather(-1, ids).squeeze(-1)
                     ratio = torch.exp(logp - old_logp)
                     if cfg.clip is None:
                         pg = -(ratio * adv)
                     else:
                         pg = -torch.minimum(ratio * adv, ratio.clamp(1 - cfg.clip, 1 + cfg.clip) * adv)
+                    if weights is not None:
+                        pg = pg * weights  # the rollout correction, on the policy-gradient term only
                     loss_tok = pg
                     if kind is not None and cfg.beta > 0:
                         if use.weighting == "rho":  # TRL / DeepSeek-V3.2: unclamped k3 times rho
@@ -306,6 +393,10 @@ class TrainingRun:
                 m["epochs_run"].append(float(epochs_run))
                 m["response_length"].append(float(ro.response_lengths.float().mean()))
                 m["finished"].append(float(ro.finished.float().mean()))
+                m["mismatch_kl"].append(float(mismatch_kl))
+                m["rejected_tokens"].append(rejected)
+                m["trainer_reward"].append(float(rewards.mean()) if trainer_reward is None else trainer_reward)
+                m["trainer_true_kl"].append(float(true_kl) if trainer_true_kl is None else trainer_true_kl)
                 hist.samples.append(ro.responses[:: cfg.group_size][:3])
                 if not all(math.isfinite(m[k][-1]) for k in METRICS):
                     raise ValueError(f"training diverged at step {step} (non-finite metric); lower lr or beta")
@@ -423,6 +514,9 @@ __all__ += [
     "LAB_SEEDS",
     "LAB_SEED_CONFIGS",
     "LAB_SEEDS_PATH",
+    "MISMATCH_SEED_CONFIGS",
+    "MISMATCH_SEED_METRICS",
+    "MISMATCH_SEEDS_PATH",
     "LabSeeds",
     "run_lab_seeds",
     "save_lab_seeds",
@@ -460,6 +554,33 @@ LAB_SEED_CONFIGS: dict[str, LabConfig] = _lab_seed_configs()
 LAB_SEEDS_PATH = Path(__file__).resolve().parent / "data" / "lab_seeds.npz"
 
 
+def _mismatch_seed_configs() -> dict[str, LabConfig]:
+    base = LabConfig(placement="k3 in loss", beta=0.2, steps=40)  # lesson 07's "on · k3 in loss"
+    cfgs = {"trainer · none": base}
+    for engine in ENGINES:
+        if engine != "trainer":
+            cfgs.update({f"{engine} · {c}": replace(base, engine=engine, correction=c) for c in LAB_CORRECTIONS})
+    return cfgs
+
+
+#: Lesson 08's training runs through a mismatched engine, by name ``"<engine> · <correction>"``: every
+#: engine of :data:`ENGINES` with every correction of :data:`LAB_CORRECTIONS`, and the trainer sampling
+#: itself (``"trainer · none"``, the run lesson 07 calls ``"on · k3 in loss"``). k3 in the loss, beta 0.2,
+#: 40 on-policy steps; each with every seed of :data:`LAB_SEEDS`.
+MISMATCH_SEED_CONFIGS: dict[str, LabConfig] = _mismatch_seed_configs()
+#: What the store keeps of each of those runs.
+MISMATCH_SEED_METRICS: tuple[str, ...] = (
+    "reward",
+    "trainer_reward",
+    "true_kl",
+    "trainer_true_kl",
+    "mismatch_kl",
+    "rejected_tokens",
+    "entropy",
+)
+MISMATCH_SEEDS_PATH = Path(__file__).resolve().parent / "data" / "mismatch_seeds.npz"
+
+
 @dataclass
 class LabSeeds:
     """The metrics of every run of :data:`LAB_SEED_CONFIGS` for every seed of :data:`LAB_SEEDS`.
@@ -474,6 +595,7 @@ class LabSeeds:
     samples: dict[str, list[str]]
     seconds: dict[str, np.ndarray]
     torch_version: str = ""
+    metric_names: tuple[str, ...] = LAB_SEED_METRICS
 
     def final(self, name: str, metric: str, window: int = 5) -> np.ndarray:
         """Per seed, the mean of the last ``window`` steps of ``metric`` (what :meth:`TrainingHistory.last` gives)."""
@@ -503,8 +625,8 @@ class LabSeeds:
         }
 
 
-def _history_arrays(hist: TrainingHistory) -> dict[str, np.ndarray]:
-    return {m: np.asarray(hist.metrics[m], dtype=np.float64) for m in LAB_SEED_METRICS}
+def _history_arrays(hist: TrainingHistory, names: Sequence[str]) -> dict[str, np.ndarray]:
+    return {m: np.asarray(hist.metrics[m], dtype=np.float64) for m in names}
 
 
 def run_lab_seeds(
@@ -513,16 +635,22 @@ def run_lab_seeds(
     *,
     device: str | torch.device = "cpu",
     progress: Callable[[str, int, float], None] | None = None,
+    metric_names: Sequence[str] = LAB_SEED_METRICS,
 ) -> LabSeeds:
-    """Train every config with every seed on ``device`` (CPU: what the stored file holds)."""
+    """Train every config with every seed on ``device`` (CPU: what the stored files hold), keeping
+    ``metric_names`` of each run (lesson 08's store: :data:`MISMATCH_SEED_CONFIGS` with
+    :data:`MISMATCH_SEED_METRICS`)."""
     configs = LAB_SEED_CONFIGS if configs is None else configs
-    metrics: dict[str, dict[str, list[np.ndarray]]] = {n: {m: [] for m in LAB_SEED_METRICS} for n in configs}
+    names = tuple(metric_names)
+    for m in names:
+        check_choice(m, "metric_names", METRICS)
+    metrics: dict[str, dict[str, list[np.ndarray]]] = {n: {m: [] for m in names} for n in configs}
     samples: dict[str, list[str]] = {n: [] for n in configs}
     seconds: dict[str, list[float]] = {n: [] for n in configs}
     for name, cfg in configs.items():
         for s in seeds:
             hist = train_policy(replace(cfg, seed=int(s)), device=device)
-            for m, v in _history_arrays(hist).items():
+            for m, v in _history_arrays(hist, names).items():
                 metrics[name][m].append(v)
             samples[name].append(hist.samples[-1][0] if hist.samples and hist.samples[-1] else "")
             seconds[name].append(hist.seconds)
@@ -535,6 +663,7 @@ def run_lab_seeds(
         samples,
         {n: np.asarray(v) for n, v in seconds.items()},
         torch.__version__,
+        names,
     )
 
 
@@ -546,9 +675,10 @@ def save_lab_seeds(data: LabSeeds, path: str | Path = LAB_SEEDS_PATH) -> Path:
         "seeds": np.asarray(data.seeds, dtype=np.int64),
         "configs": np.asarray(json.dumps({n: asdict(c) for n, c in data.configs.items()}, ensure_ascii=False)),
         "torch_version": np.asarray(data.torch_version),
+        "metric_names": np.asarray(data.metric_names),
     }
     for i, n in enumerate(names):
-        for m in LAB_SEED_METRICS:
+        for m in data.metric_names:
             arrays[f"run{i}_{m}"] = data.metrics[n][m]
         arrays[f"run{i}_samples"] = np.asarray(data.samples[n])
         arrays[f"run{i}_seconds"] = data.seconds[n]
@@ -562,9 +692,10 @@ def load_lab_seeds(path: str | Path = LAB_SEEDS_PATH) -> LabSeeds:
     with np.load(Path(path), allow_pickle=False) as f:
         names = [str(n) for n in f["names"]]
         configs = {n: LabConfig(**c) for n, c in json.loads(str(f["configs"])).items()}
-        metrics = {n: {m: f[f"run{i}_{m}"] for m in LAB_SEED_METRICS} for i, n in enumerate(names)}
+        kept = tuple(str(m) for m in f["metric_names"]) if "metric_names" in f.files else LAB_SEED_METRICS
+        metrics = {n: {m: f[f"run{i}_{m}"] for m in kept} for i, n in enumerate(names)}
         samples = {n: [str(s) for s in f[f"run{i}_samples"]] for i, n in enumerate(names)}
         seconds = {n: f[f"run{i}_seconds"] for i, n in enumerate(names)}
         seeds = tuple(int(s) for s in f["seeds"])
         version = str(f["torch_version"])
-    return LabSeeds(configs, seeds, metrics, samples, seconds, version)
+    return LabSeeds(configs, seeds, metrics, samples, seconds, version, kept)

@@ -1,12 +1,19 @@
-"""Train lesson 07's comparisons with every seed and store them (``klviz/data/lab_seeds.npz``).
+"""Train the multi-seed comparisons of lessons 07 and 08 and store them (``klviz/data/*.npz``).
 
-Each run of :data:`klviz.rlhf.LAB_SEED_CONFIGS` is trained with every seed of
-:data:`klviz.rlhf.LAB_SEEDS` on the CPU; the per-step metrics, one sampled response per run and the
-training times go to a small compressed ``.npz``. Lesson 07 loads the file, states every comparison
-as mean ± SE over the seeds, and re-runs seed 0 of two configs to check that they reproduce the
-stored numbers exactly. ``tests/test_rlhf.py`` checks the file against the configs.
+Each run of a store's configs is trained with every seed of :data:`klviz.rlhf.LAB_SEEDS` on the
+CPU; the per-step metrics, one sampled response per run and the training times go to a small
+compressed ``.npz``:
 
-Usage: python scripts/lab_seeds.py [--out PATH]     (about two minutes on a 2-core CPU)
+- ``lab``: lesson 07's placements (:data:`klviz.rlhf.LAB_SEED_CONFIGS`) -> ``lab_seeds.npz``;
+- ``mismatch``: lesson 08's training through a mismatched engine, every engine with every
+  correction (:data:`klviz.rlhf.MISMATCH_SEED_CONFIGS`) -> ``mismatch_seeds.npz``.
+
+The lessons load the files, state every comparison as mean ± SE over the seeds, and re-run seed 0
+of a few configs to check that they reproduce the stored numbers exactly. ``tests/test_rlhf.py``
+checks the files against the configs.
+
+Usage: python scripts/lab_seeds.py [lab|mismatch|all] [--out PATH]
+(lab: about two minutes on a 2-core CPU; mismatch: about seven)
 """
 
 from __future__ import annotations
@@ -20,19 +27,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from klviz import rlhf  # noqa: E402
 
+STORES = {
+    "lab": (rlhf.LAB_SEED_CONFIGS, rlhf.LAB_SEED_METRICS, rlhf.LAB_SEEDS_PATH),
+    "mismatch": (rlhf.MISMATCH_SEED_CONFIGS, rlhf.MISMATCH_SEED_METRICS, rlhf.MISMATCH_SEEDS_PATH),
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=rlhf.LAB_SEEDS_PATH, help="where to write the .npz")
+    parser.add_argument("store", nargs="?", choices=[*STORES, "all"], default="all", help="which store to train")
+    parser.add_argument("--out", type=Path, help="where to write the .npz (one store only)")
     args = parser.parse_args(argv)
+    chosen = list(STORES) if args.store == "all" else [args.store]
+    if args.out is not None and len(chosen) > 1:
+        parser.error("--out needs one store, not all")
     t0 = time.perf_counter()
 
     def progress(name: str, seed: int, seconds: float) -> None:
         print(f"{time.perf_counter() - t0:7.1f} s  {name:<40} seed {seed}: {seconds:.1f} s", flush=True)
 
-    data = rlhf.run_lab_seeds(progress=progress)
-    out = rlhf.save_lab_seeds(data, args.out)
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} kB) in {time.perf_counter() - t0:.0f} s")
+    for store in chosen:
+        configs, metrics, path = STORES[store]
+        data = rlhf.run_lab_seeds(configs, progress=progress, metric_names=metrics)
+        out = rlhf.save_lab_seeds(data, args.out or path)
+        print(f"wrote {out} ({out.stat().st_size / 1024:.0f} kB) in {time.perf_counter() - t0:.0f} s")
     return 0
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -245,6 +248,26 @@ def test_kept_mass_check():
     assert not ch.kept_mass(lambda logp, top_p: ...).attempted
 
 
+def test_paired_difference_check():
+    import math
+
+    def right(a, b):
+        d = a - b
+        return float(d.mean()), float(d.std()) / math.sqrt(len(d))
+
+    assert ch.paired_difference(right)
+    assert (
+        "independent"
+        in ch.paired_difference(
+            lambda a, b: (float((a - b).mean()), math.sqrt(float(a.var() + b.var()) / len(a)))
+        ).message
+    )
+    assert "Sign" in ch.paired_difference(lambda a, b: (float((b - a).mean()), 0.1)).message
+    assert "sqrt(n)" in ch.paired_difference(lambda a, b: (float((a - b).mean()), float((a - b).std()))).message
+    assert not ch.paired_difference(lambda a, b: 1.0)
+    assert not ch.paired_difference(lambda a, b: ...).attempted
+
+
 def test_tis_weights_check():
     assert ch.tis_weights(lambda t, r, c: torch.exp(t - r).clamp(max=c))
     assert "inverted" in ch.tis_weights(lambda t, r, c: torch.exp(r - t).clamp(max=c)).message
@@ -280,3 +303,116 @@ def test_panel_driven_in_code():
     assert "mean ratio" in panel.readout.value
     panel.controls["correction"].value = "sequence_tis"  # as a reader's control does
     assert panel.last["correction"] == "sequence_tis" and panel.last_error is None
+
+
+# -- training through a mismatched engine (lesson 08, section 6) ----------------------------------
+TINY = {"steps": 2, "prompts": 2, "group_size": 6, "max_new_tokens": 24}  # some responses end: advantages are not all 0
+
+
+def test_lab_engine_and_correction_options_are_validated():
+    from klviz.rlhf import LabConfig
+
+    for kw, name in (({"engine": "vllm"}, "engine"), ({"correction": "tis"}, "correction")):
+        with pytest.raises(ValueError, match=name):
+            LabConfig(**kw)
+
+
+def test_a_correction_changes_nothing_without_a_mismatch_and_something_with_one():
+    from klviz.rlhf import LabConfig, train_policy
+
+    def params(**kw):
+        h = train_policy(LabConfig(placement="k3 in loss", **TINY, **kw))
+        return torch.cat([p.detach().flatten() for p in h.policy.parameters()]), h
+
+    plain, h0 = params()
+    tis, h1 = params(correction="token_tis")  # the trainer samples itself: every ratio is 1
+    assert max(h0.metrics["mismatch_kl"]) < 1e-9  # the sampler's log-probs are the recompute's, up to rounding
+    assert torch.allclose(plain, tis, rtol=0, atol=1e-6)  # so the weights are 1 up to rounding
+    hot_none, h2 = params(engine="T=0.7")
+    hot_tis, h3 = params(engine="T=0.7", correction="token_tis")
+    assert not torch.equal(hot_none, hot_tis)  # same batches, reweighted gradient
+    assert h2.metrics["reward"][0] == h3.metrics["reward"][0]  # the first batch is the same: only the update differs
+    assert min(h2.metrics["mismatch_kl"]) > 1e-3  # T = 0.7 not divided out: a large mismatch
+    _, h4 = params(engine="T=0.7", correction="token_mask")
+    assert max(h4.metrics["rejected_tokens"]) > 0  # the band [0.5, 2] drops some tokens
+    _, h5 = params(engine="top-p 0.8", correction="keep_mask")
+    assert max(h5.metrics["mismatch_kl"]) < 1e-12  # the replayed mask: trainer and engine agree
+    _, h6 = params(engine="bf16")
+    assert 0 < max(h6.metrics["mismatch_kl"]) < 1e-3  # bf16 rounding: small but not zero
+
+
+def test_engine_weights_follow_the_training_policy():
+    from klviz import mismatch as mm
+
+    model = lm.load_tiny_lm("old")
+    policy = copy.deepcopy(model)
+    eng = mm.engine_model(policy, "bfloat16")
+    first = next(iter(eng.parameters())).detach().clone()
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.5)
+    assert torch.equal(next(iter(mm.engine_model(policy, "bfloat16").parameters())), first)  # a stale copy
+    synced = next(iter(mm.engine_model(policy, "bfloat16", sync=True).parameters()))
+    assert torch.equal(synced, next(iter(policy.parameters())).to(torch.bfloat16))
+
+
+def test_stored_mismatch_runs_match_their_configs_and_lesson_07():
+    from klviz import rlhf
+
+    assert rlhf.MISMATCH_SEEDS_PATH.stat().st_size < 1024 * 1024
+    data = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)
+    assert data.configs == rlhf.MISMATCH_SEED_CONFIGS and data.seeds == rlhf.LAB_SEEDS
+    assert data.metric_names == rlhf.MISMATCH_SEED_METRICS
+    for name, cfg in rlhf.MISMATCH_SEED_CONFIGS.items():
+        for m in rlhf.MISMATCH_SEED_METRICS:
+            assert data.metrics[name][m].shape == (len(rlhf.LAB_SEEDS), cfg.steps), (name, m)
+            assert np.isfinite(data.metrics[name][m]).all(), (name, m)
+    # the trainer sampling itself is lesson 07's "on · k3 in loss", run for run
+    lab = rlhf.load_lab_seeds()
+    assert rlhf.MISMATCH_SEED_CONFIGS["trainer · none"] == rlhf.LAB_SEED_CONFIGS["on · k3 in loss"]
+    for m in ("reward", "true_kl", "entropy"):
+        assert np.array_equal(data.metrics["trainer · none"][m], lab.metrics["on · k3 in loss"][m]), m
+    # what the stored runs say follows from the configs: no mismatch after replaying the mask, the same
+    # numbers for the two weightings that never bind under top-p (ratios S < 1, geometric mean in band)
+    assert data.metrics["top-p 0.8 · keep_mask"]["mismatch_kl"].max() < 1e-12
+    assert np.array_equal(
+        data.metrics["top-p 0.8 · token_tis"]["reward"], data.metrics["top-p 0.8 · geo_reject"]["reward"]
+    )
+
+
+def test_stored_mismatch_run_reproduces():
+    from klviz import rlhf
+
+    data = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)
+    name = "T=0.7 · token_tis"
+    h = rlhf.train_policy(replace(rlhf.MISMATCH_SEED_CONFIGS[name], seed=1))
+    for m in rlhf.MISMATCH_SEED_METRICS:
+        gap = np.abs(np.asarray(h.metrics[m]) - data.metrics[name][m][data.seeds.index(1)]).max()
+        assert gap < 1e-5, (m, gap)
+
+
+def test_training_panel_reads_the_store_and_trains_a_live_seed():
+    from klviz import rlhf
+    from klviz.widgets.lesson08 import MismatchTrainingPanel
+
+    panel = MismatchTrainingPanel()
+    assert panel.last_error is None and "klviz-lesson08-training" in panel.widget._dom_classes
+    d = panel.set(engine="T=0.7", correction="token_tis", live="stored seeds only")
+    c = panel.store.compare("T=0.7 · token_tis", "T=0.7 · none", "trainer_reward")
+    f = d["finals"]["trainer_reward"]
+    assert f["this"] == (c["a"], c["a_se"]) and f["diff"] == (c["diff"], c["diff_se"])
+    assert f"{c['a']:.3f}" in panel.readout.value
+    assert ("resolved" in panel.readout.value) or ("within noise" in panel.readout.value)
+    mean, _se = d["curves"]["kl"]
+    assert np.allclose(mean, panel.store.metrics["T=0.7 · token_tis"]["true_kl"].mean(0))
+    e = panel.set(engine="top-p 0.8", correction="keep_mask")
+    assert "mask replayed" in panel.axes[2].get_title() and e["live"] is None
+    g = panel.set(engine="bf16", correction="none", live="+ seed 8, trained here")  # trains in the foreground
+    assert panel.last_error is None and g["live_seed"] == 8 and len(g["live"]["reward"]) == panel.steps
+    assert "live seed 8" in panel.readout.value
+    again = rlhf.trained_history(replace(rlhf.MISMATCH_SEED_CONFIGS["bf16 · none"], seed=8), "cpu")
+    assert again is not None and again.metrics["reward"] == list(g["live"]["reward"])
+    with pytest.raises(ValueError, match="engine"):
+        panel._config("fp8", "none")
+    with pytest.raises(ValueError, match="correction"):
+        panel._config("bf16", "icepop")

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from . import CheckResult, as_answer_number, as_answer_tensor, failed, learner_answer, passed
+from . import CheckResult, WrongAnswer, as_answer_number, as_answer_tensor, failed, learner_answer, passed
 
-__all__ = ["policy_pairs", "kept_mass", "tis_weights", "LOGGED_NUMBERS", "POLICY_NAMES"]
+__all__ = ["policy_pairs", "kept_mass", "tis_weights", "paired_difference", "LOGGED_NUMBERS", "POLICY_NAMES"]
 
 #: The policies a logged number can compare.
 POLICY_NAMES: tuple[str, ...] = ("rollout", "old", "theta", "ref")
@@ -162,3 +162,48 @@ def tis_weights(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> Check
     if torch.allclose(out[1:], torch.exp(train - rollout)[1:], atol=1e-9):
         return failed(f"No truncation: weights above C = {cap} must be cut to C.")
     return failed("Not the TIS weights: per token exp(train_logprob − rollout_logprob), then clamp(max=cap).")
+
+
+def paired_difference(fn: Callable[[Any, Any], Any]) -> CheckResult:
+    """Exercise 4: ``fn(a, b)`` returns ``(mean, se)`` of the difference a − b of two runs' final values,
+    one pair per seed (``a[i]`` and ``b[i]`` trained with seed i): the mean of the per-seed differences
+    and its standard error, std(a − b, ddof=1) / sqrt(n)."""
+    import math
+
+    g = torch.Generator().manual_seed(808)
+    shared = torch.randn(8, generator=g, dtype=torch.float64)  # what a seed's batches do to both runs
+    a = 0.5 + shared + 0.1 * torch.randn(8, generator=g, dtype=torch.float64)
+    b = 0.3 + shared + 0.1 * torch.randn(8, generator=g, dtype=torch.float64)
+    d = a - b
+    n = d.numel()
+    want_mean, want_se = float(d.mean()), float(d.std()) / math.sqrt(n)
+
+    def convert(o: Any) -> tuple[float, float]:
+        if not (isinstance(o, (tuple, list)) and len(o) == 2):
+            raise WrongAnswer(f"return two numbers (mean, se), got {type(o).__name__}")
+        return as_answer_number(o[0], "your mean"), as_answer_number(o[1], "your standard error")
+
+    out = learner_answer(fn, a.clone(), b.clone(), convert=convert)
+    if isinstance(out, CheckResult):
+        return out
+    mean, se = out
+    if abs(mean - want_mean) > 1e-9:
+        if abs(mean + want_mean) < 1e-9:
+            return failed("Sign swapped: the difference is a − b.")
+        return failed(f"The mean difference is the mean of a − b over the seeds ({want_mean:.4f}); got {mean:.4f}.")
+    if abs(se - want_se) < 1e-9:
+        return passed(
+            f"Paired: {want_mean:.3f} ± {want_se:.3f}. The seed's shared part cancels in a − b, so the paired SE "
+            "is far smaller than the runs' own spreads suggest."
+        )
+    unpaired = math.sqrt(float(a.var()) / n + float(b.var()) / n)
+    if abs(se - unpaired) < 1e-9:
+        return failed(
+            f"That SE ({se:.3f}) treats the runs as independent: sqrt(se_a² + se_b²). Runs with the same seed share "
+            f"their first batch; take the SE of the per-seed differences instead ({want_se:.3f})."
+        )
+    if abs(se - float(d.std(unbiased=False)) / math.sqrt(n)) < 1e-9:
+        return failed("Use the sample standard deviation (ddof = 1) of the differences.")
+    if abs(se - float(d.std())) < 1e-9:
+        return failed("That is the spread of the differences; the standard error divides it by sqrt(n).")
+    return failed("Not the paired SE: std(a − b, ddof=1) / sqrt(number of seeds).")

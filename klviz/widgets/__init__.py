@@ -26,6 +26,7 @@ PANELS: dict[str, str] = {
     "RolloutPanel": "lesson06",
     "RLHFLabPanel": "lesson07",
     "EngineMismatchPanel": "lesson08",
+    "MismatchTrainingPanel": "lesson08",
 }
 
 __all__ = ["Panel", "html_table", "static_mode", "PANELS", *PANELS]

@@ -1,4 +1,5 @@
-"""Lesson 08's panel: an engine of the tiny LM samples, the trainer rescores, a correction reweights.
+"""Lesson 08's panels: an engine of the tiny LM samples, the trainer rescores, a correction reweights;
+and the same in training.
 
 :class:`EngineMismatchPanel` samples one batch of responses with each engine setting (precision,
 top-p) once, when the panel is built, and then
@@ -10,11 +11,16 @@ shows, for the chosen setting,
   band a correction uses (the truncation cap, or the geometric-mean band scaled by the length);
 - the readout: the mismatch metrics of :func:`klviz.mismatch.mismatch_metrics` and what the chosen
   correction does to the batch (tokens and responses it changes, effective sample size).
+
+:class:`MismatchTrainingPanel` shows lesson 07's lab trained through each engine with each
+correction: the stored runs of every seed as mean ± SE per step, and a further seed trained live.
 """
 
 from __future__ import annotations
 
+import html
 import math
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as widgets
@@ -22,13 +28,22 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .. import lm
+from .. import lm, rlhf
 from .. import mismatch as mm
 from ..devices import make_generator
 from ..plotting import COLORS, panel_figure, sticky_limits
-from .base import Panel, html_table
+from ..statistics import mean_se
+from .base import BackgroundRun, Panel, html_table
 
-__all__ = ["EngineMismatchPanel", "PRECISION_CHOICES", "TOP_P_CHOICES", "TRAINER_CHOICES"]
+__all__ = [
+    "EngineMismatchPanel",
+    "MismatchTrainingPanel",
+    "PRECISION_CHOICES",
+    "TOP_P_CHOICES",
+    "TRAINER_CHOICES",
+    "TRAINING_ENGINES",
+    "LIVE_SEEDS",
+]
 
 PRECISION_CHOICES: tuple[str, ...] = ("float32", "bfloat16")
 TOP_P_CHOICES: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7)
@@ -213,4 +228,301 @@ class EngineMismatchPanel(Panel):
         self.readout.value = html_table(["", "value"], rows) + (
             "<div style='font-size:90%'>Tokens sampled by the engine (π_rollout), rescored by the float32 trainer "
             "(π_old, same weights). Without a mismatch: ratio 1, S 1, k3 0, error 1.</div>"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# training through a mismatched engine (section 6)
+# ---------------------------------------------------------------------------------------------
+#: The engines the training panel offers (every one of :data:`klviz.rlhf.ENGINES` but the trainer itself,
+#: which is drawn as the reference in every setting).
+TRAINING_ENGINES: tuple[str, ...] = tuple(e for e in rlhf.ENGINES if e != "trainer")
+#: The live-run choices of the training panel: none, or a seed beyond the stored ones, trained here.
+LIVE_SEEDS: dict[str, int | None] = {
+    "stored seeds only": None,
+    **{f"+ seed {s}, trained here": s for s in (8, 9, 10)},
+}
+_REFERENCE = "trainer · none"
+_GREY = "#9a9a9a"
+_SERIES: tuple[tuple[str, str], ...] = (
+    ("reward", "reward, engine's batch (logged)"),
+    ("trainer_reward", "reward, trainer's own samples"),
+    ("true_kl", "true KL(π_θ‖π_ref), engine's batch"),
+    ("trainer_true_kl", "true KL(π_θ‖π_ref), trainer's own"),
+    ("objective", "objective R − β·KL, trainer's own"),
+    ("mismatch_kl", "mismatch k3 per token"),
+    ("rejected_tokens", "tokens given weight 0"),
+)
+_MISMATCH_FLOOR = 1e-7  # the mismatch axis is logarithmic; "keep_mask" removes the mismatch (exactly 0)
+
+
+def _band(ax: Any, color: str, alpha: float = 0.25) -> Any:
+    """An empty filled band on ``ax`` (a PolyCollection whose outline :func:`_set_band` replaces)."""
+    return ax.fill_between([0.0, 1.0], [0.0, 0.0], [0.0, 0.0], color=color, alpha=alpha, lw=0)
+
+
+def _set_band(band: Any, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+    band.set_verts([np.column_stack([np.r_[x, x[::-1]], np.r_[lo, hi[::-1]]])])
+
+
+def _per_step_mean_se(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over seeds and its standard error at every step, from ``[seeds, steps]``."""
+    return values.mean(0), values.std(0, ddof=1) / math.sqrt(values.shape[0])
+
+
+class MismatchTrainingPanel(Panel):
+    """Lesson 07's lab trained through a rollout engine that is not the trainer, with a correction.
+
+    Shows, for the chosen engine and correction, every stored seed's run (:data:`klviz.rlhf.MISMATCH_SEED_CONFIGS`,
+    :data:`klviz.rlhf.MISMATCH_SEEDS_PATH`) as mean ± SE per step, beside the runs in which the trainer
+    samples itself (grey): the reward the run logs (the engine's batch) and the reward of the trainer's own
+    samples, the true KL(π_θ ‖ π_ref), and the mismatch (k3 of log π_old − log π_rollout per token, an
+    estimate of KL(π_rollout ‖ π_old)). The readout states each final value as mean ± SE over the seeds and
+    the paired difference against the same engine without a correction. A seed beyond the stored ones can
+    be trained here, live: its curves grow over the bands while it trains in the background.
+    """
+
+    title = "Training through a mismatched engine: what the run logs, what the trainer learns"
+    css_class = "klviz-lesson08-training"
+    #: the static site steps through every engine and correction (the stored runs; no live seed there)
+    static_controls = {"engine": 3, "correction": len(rlhf.LAB_CORRECTIONS)}
+
+    def __init__(self, device: str | torch.device | None = "cpu") -> None:
+        self.store = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)
+        missing = set(rlhf.MISMATCH_SEED_CONFIGS) - set(self.store.configs)
+        if missing:
+            raise ValueError(f"{rlhf.MISMATCH_SEEDS_PATH.name} lacks {sorted(missing)}: run scripts/lab_seeds.py")
+        self.steps = int(self.store.metrics[_REFERENCE]["reward"].shape[1])
+        super().__init__(device)
+
+    # -- controls and figure --------------------------------------------------------------------
+    def make_controls(self) -> dict[str, widgets.ValueWidget]:
+        return {
+            "engine": widgets.ToggleButtons(
+                options=list(TRAINING_ENGINES), value="T=0.7", description="engine samples", style=_STYLE
+            ),
+            "correction": widgets.Dropdown(
+                options=list(rlhf.LAB_CORRECTIONS),
+                value="none",
+                description="correction",
+                style=_STYLE,
+                layout=widgets.Layout(width="230px"),
+            ),
+            "live": widgets.Dropdown(
+                options=list(LIVE_SEEDS),
+                value="stored seeds only",
+                description="live run",
+                style=_STYLE,
+                layout=widgets.Layout(width="300px"),
+            ),
+        }
+
+    def make_figure(self) -> Figure:
+        fig, axes = panel_figure(9.6, 3.4, ncols=3)
+        ax_r, ax_kl, ax_m = axes
+        color = COLORS["k3"]
+        self.ref_r, self.ref_kl = _band(ax_r, _GREY), _band(ax_kl, _GREY)
+        self.band_r, self.band_own = _band(ax_r, COLORS["k1"]), _band(ax_r, color)
+        self.band_kl, self.band_own_kl = _band(ax_kl, COLORS["k1"]), _band(ax_kl, color)
+        self.band_m = _band(ax_m, COLORS["mu"])
+        (self.line_ref_r,) = ax_r.plot([], [], color=_GREY, lw=1.4, label="trainer samples itself")
+        (self.line_r,) = ax_r.plot([], [], color=COLORS["k1"], lw=1.8, label="engine's batch (logged)")
+        (self.line_own,) = ax_r.plot([], [], color=color, lw=1.8, ls="--", label="trainer's own samples")
+        (self.live_r,) = ax_r.plot([], [], color="black", lw=1.0, label="live seed (engine's batch)")
+        (self.line_ref_kl,) = ax_kl.plot([], [], color=_GREY, lw=1.4)
+        (self.line_kl,) = ax_kl.plot([], [], color=COLORS["k1"], lw=1.8)
+        (self.line_own_kl,) = ax_kl.plot([], [], color=color, lw=1.8, ls="--")
+        (self.live_kl,) = ax_kl.plot([], [], color="black", lw=1.0)
+        (self.line_m,) = ax_m.plot([], [], color=COLORS["mu"], lw=1.8)
+        (self.live_m,) = ax_m.plot([], [], color="black", lw=1.0)
+        ax_r.set_title("reward R (batch mean)")
+        ax_kl.set_title("true KL(π_θ‖π_ref) per response")
+        ax_kl.set_ylabel("nats")
+        ax_m.set_ylim(_MISMATCH_FLOOR / 2, 0.2)
+        ax_m.set_yscale("log")
+        ax_m.set_ylabel("k3 per token [nats]")
+        for ax in axes:
+            ax.set_xlabel("training step")
+            ax.set_xlim(0, self.steps - 1)
+        ax_r.set_ylim(-1.0, 1.3)
+        ax_kl.set_ylim(0.0, 8.0)
+        ax_r.legend(loc="lower right", fontsize=7)
+        self.axes = axes
+        return fig
+
+    # -- data -----------------------------------------------------------------------------------
+    def _config(self, engine: str, correction: str, seed: int | None = None) -> rlhf.LabConfig:
+        if engine not in TRAINING_ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(TRAINING_ENGINES)}, got {engine!r}")
+        name = f"{engine} · {correction}"
+        if name not in self.store.configs:
+            raise ValueError(f"correction must be one of {', '.join(rlhf.LAB_CORRECTIONS)}, got {correction!r}")
+        cfg = self.store.configs[name]
+        return cfg if seed is None else replace(cfg, seed=int(seed), steps=self.steps)
+
+    def _live_config(self, engine: str, correction: str, live: str) -> rlhf.LabConfig | None:
+        if live not in LIVE_SEEDS:
+            raise ValueError(f"live must be one of {', '.join(LIVE_SEEDS)}, got {live!r}")
+        seed = LIVE_SEEDS[live]
+        return None if seed is None else self._config(engine, correction, seed)
+
+    def start_background(self, **values: Any) -> bool:
+        cfg = self._live_config(**values)
+        if cfg is None or rlhf.trained_history(cfg, self.device) is not None:
+            return False  # nothing to train: answer in the foreground
+        self.show_progress((values, None))
+
+        def train(run: BackgroundRun) -> rlhf.TrainingHistory:
+            def progress(step: int, hist: rlhf.TrainingHistory) -> None:
+                if step % 5 == 4:
+                    run.report((values, hist))
+                else:
+                    run.check()
+
+            return rlhf.lab_history(cfg, self.device, callback=progress)
+
+        self.run_in_background(train, what=cfg)
+        return True
+
+    def compute(self, engine: str, correction: str, live: str) -> dict[str, Any]:
+        name = f"{engine} · {correction}"
+        self._config(engine, correction)  # validates both
+        live_cfg = self._live_config(engine, correction, live)
+        hist = None if live_cfg is None else rlhf.lab_history(live_cfg, self.device)
+        return self._data(engine, correction, hist, name)
+
+    def _data(
+        self, engine: str, correction: str, hist: rlhf.TrainingHistory | None, name: str | None = None
+    ) -> dict[str, Any]:
+        name = name or f"{engine} · {correction}"
+        # a correction is compared with the same engine without one; no correction, with no mismatch
+        baseline = f"{engine} · none" if correction != "none" else _REFERENCE
+        finals = {}
+        for metric, _label in _SERIES:
+            this, other, ref = (self._final(n, metric) for n in (name, baseline, _REFERENCE))
+            finals[metric] = {
+                "this": mean_se(torch.as_tensor(this)),
+                "baseline": mean_se(torch.as_tensor(other)),
+                "diff": mean_se(torch.as_tensor(this - other)),
+                "above": int((this > other).sum()),
+                "reference": float(ref.mean()),
+            }
+        curves = {
+            key: _per_step_mean_se(self.store.metrics[run][metric])
+            for key, run, metric in (
+                ("reward", name, "reward"),
+                ("own", name, "trainer_reward"),
+                ("kl", name, "true_kl"),
+                ("own_kl", name, "trainer_true_kl"),
+                ("mismatch", name, "mismatch_kl"),
+                ("ref_reward", _REFERENCE, "reward"),
+                ("ref_kl", _REFERENCE, "true_kl"),
+            )
+        }
+        live = None if hist is None else {k: np.asarray(v) for k, v in hist.metrics.items()}
+        return {
+            "engine": engine,
+            "correction": correction,
+            "baseline": baseline,
+            "finals": finals,
+            "curves": curves,
+            "live": live,
+            "live_seed": None if hist is None else hist.config.seed,
+            "seeds": len(self.store.seeds),
+            "beta": self.store.configs[name].beta,
+        }
+
+    def _final(self, name: str, metric: str) -> np.ndarray:
+        """Per seed, the mean of the last 5 steps of ``metric`` in run ``name``; "objective" is the
+        trainer's own reward minus beta times its own true KL, the objective the update improves."""
+        if metric == "objective":
+            beta = self.store.configs[name].beta
+            return self.store.final(name, "trainer_reward") - beta * self.store.final(name, "trainer_true_kl")
+        return self.store.final(name, metric)
+
+    # -- drawing --------------------------------------------------------------------------------
+    def _draw_live(self, live: dict[str, np.ndarray] | None) -> None:
+        if live is None:
+            for line in (self.live_r, self.live_kl, self.live_m):
+                line.set_data([], [])
+            return
+        t = np.arange(len(live["reward"]))
+        self.live_r.set_data(t, live["reward"])
+        self.live_kl.set_data(t, live["true_kl"])
+        self.live_m.set_data(t, np.maximum(live["mismatch_kl"], _MISMATCH_FLOOR))
+
+    def draw_progress(self, progress: tuple[dict[str, Any], rlhf.TrainingHistory | None]) -> str:
+        values, hist = progress
+        self.draw(self._data(values["engine"], values["correction"], None))
+        if hist is not None:
+            self._draw_live({k: np.asarray(v) for k, v in hist.metrics.items()})
+        done = 0 if hist is None else len(hist.metrics["reward"])
+        return f" · training the live seed: step {done} of {self.steps}"
+
+    def draw(self, data: dict[str, Any]) -> None:
+        c = data["curves"]
+        t = np.arange(self.steps, dtype=float)
+        for line, band, key, floor in (
+            (self.line_ref_r, self.ref_r, "ref_reward", None),
+            (self.line_r, self.band_r, "reward", None),
+            (self.line_own, self.band_own, "own", None),
+            (self.line_ref_kl, self.ref_kl, "ref_kl", None),
+            (self.line_kl, self.band_kl, "kl", None),
+            (self.line_own_kl, self.band_own_kl, "own_kl", None),
+            (self.line_m, self.band_m, "mismatch", _MISMATCH_FLOOR),
+        ):
+            mean, se = c[key]
+            lo, hi = mean - se, mean + se
+            if floor is not None:
+                mean, lo, hi = (np.maximum(v, floor) for v in (mean, lo, hi))
+            line.set_data(t, mean)
+            _set_band(band, t, lo, hi)
+        self._draw_live(data["live"])
+        self.axes[2].set_title(
+            "mismatch KL(π_rollout‖π_old)" if data["correction"] != "keep_mask" else "mismatch: 0, mask replayed"
+        )
+        self.readout.value = self._readout(data)
+
+    def _readout(self, data: dict[str, Any]) -> str:
+        n, corr, engine = data["seeds"], data["correction"], data["engine"]
+        live = data["live"]
+        header = [
+            "final (last 5 steps)",
+            f"<b>{html.escape(engine)} · {html.escape(corr)}</b>",
+            f"minus {html.escape(data['baseline'])} (paired)",
+            "trainer samples itself",
+        ] + ([f"live seed {data['live_seed']}"] if live is not None else [])
+        rows = []
+        for metric, label in _SERIES:
+            f = data["finals"][metric]
+            fmt = "{:.2e}" if metric == "mismatch_kl" else "{:.3f}"
+            (a, sa), (d, sd) = f["this"], f["diff"]
+            if sd == 0 and d == 0:
+                verdict = "identical runs"
+            else:
+                resolved = abs(d) > 2 * sd
+                verdict = (
+                    f"{fmt.format(d)} ± {fmt.format(sd)} "
+                    + ("<b>resolved</b>" if resolved else "within noise")
+                    + f" ({f['above']}/{n} above)"
+                )
+            row = [
+                label,
+                f"<span class='klviz-final-{metric.replace('_', '-')}'>{fmt.format(a)}</span> ± {fmt.format(sa)}",
+                verdict,
+                fmt.format(f["reference"]) if f["reference"] != 0 else "0",
+            ]
+            if live is not None:
+                if metric == "objective":
+                    series = live["trainer_reward"] - data["beta"] * live["trainer_true_kl"]
+                else:
+                    series = live[metric]
+                row.append(fmt.format(float(np.mean(series[-5:]))) if len(series) else "…")
+            rows.append(row)
+        return html_table(header, rows) + (
+            f"<div style='font-size:90%'>Mean ± SE over {n} seeds. A correction is compared with the same engine "
+            "without one, no correction with the trainer sampling itself, on the same seeds: the difference is "
+            "paired by seed (resolved: more than 2 SE from 0). k3 in the loss, β = 0.2, 40 steps; "
+            "the engine syncs the trainer's weights before every rollout, the trainer recomputes in float32 at "
+            "T = 1 on the full vocabulary.</div>"
         )

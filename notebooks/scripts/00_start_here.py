@@ -23,7 +23,7 @@
 # | [05 Gradients](05_gradients.ipynb) | A correct value is not a correct gradient: which placement follows which KL? |
 # | [06 Pitfalls and your rollouts](06_pitfalls_and_your_rollouts.ipynb) | Inverted ratios, clamps, low precision, and a diagnosis of your own run. |
 # | [07 Mini RLHF lab](07_mini_rlhf_lab.ipynb) | Train a tiny language model with each KL placement and watch what happens. |
-# | [08 Sampler vs trainer](08_sampler_vs_trainer.ipynb) | The rollout engine and the trainer are two policies: where their log-probs part, how to measure it, how frameworks correct it. |
+# | [08 Sampler vs trainer](08_sampler_vs_trainer.ipynb) | The rollout engine and the trainer are two policies: where their log-probs part, how to measure it, how frameworks correct it, and what it does to a training run. |
 
 # %% [markdown]
 # ## Glossary · 术语表

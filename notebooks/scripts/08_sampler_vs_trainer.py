@@ -17,9 +17,11 @@
 # - how to measure it: k1/k2/k3 per token and per sequence, $\chi^2$, the perplexity ratio, the mean-ratio test;
 # - how it is corrected: truncated token IS, masking, sequence IS and its length trap, geometric-mean rejection,
 #   with bias and variance measured exactly on an enumerable case and by sampling on the tiny LM;
+# - what the mismatch does to a training run, over 8 seeds: what the run logs against what the trainer learns,
+#   and which correction changes what;
 # - what verl, TRL, OpenRLHF, NeMo-RL and open-instruct call each of these.
 #
-# **Time:** 40 minutes of reading and playing · **Runs in:** about 15 s on a 2-core CPU.
+# **Time:** 50 minutes of reading and playing · **Runs in:** about 20 s on a 2-core CPU.
 #
 # Direction rule, as in every lesson: tokens $x$ come from the **sampler** $q$, $\log r=\log p(x)-\log q(x)$ (target
 # minus sampler), and k1, k2, k3 estimate $\mathrm{KL}(q\,\|\,p)$. Here the sampler is the engine: $q=\pi_\text{rollout}$.
@@ -388,7 +390,206 @@ panel.set(precision="bfloat16", top_p=0.9, trainer="recompute as is")
 print(f"panel update: {panel.last_compute_ms:.1f} ms")
 
 # %% [markdown]
-# ## 6 · What your framework calls these <a id="frameworks"></a>
+# ## 6 · Training through a mismatched engine <a id="training"></a>
+#
+# **Question.** Sections 2–4 measured the mismatch on one batch. In a run it enters every update. Does it change what
+# the trainer learns, and does a correction repair it?
+#
+# **The experiment.** Lesson 07's lab with k3 in the loss (β = 0.2, 40 on-policy steps of 32 responses), except that the
+# responses come from an engine of the policy's current weights, synced before every rollout as a framework pushes its
+# weights to vLLM: **bf16**, a temperature of **0.7** that the trainer does not divide out, or **top-p 0.8**. The
+# trainer recomputes $\pi_\text{old}$ in float32 at T = 1 on the full vocabulary. A correction multiplies the per-token
+# policy-gradient loss by its weight, as verl does (`pg_losses = pg_losses * rollout_is_weights` in
+# `compute_policy_loss_vanilla`, `verl/trainer/ppo/core_algos.py`); the KL loss is added without the weights, as in
+# verl's `ppo_loss` (`verl/workers/utils/losses.py`). `keep_mask` is of another kind: the trainer replays the engine's
+# sampling mask on $\pi_\text{old}$ and $\pi_\theta$. Every setting is trained with the 8 seeds of lesson 07, and
+# "trainer samples itself" is lesson 07's own k3-in-loss run, seed for seed.
+#
+# **Two rewards.** The reward a run logs is the mean over the batch the engine sampled. The policy the trainer holds is
+# another one. To see it, every step also samples a second batch from the trainer's own policy (float32, T = 1, full
+# vocabulary), scores it and computes its true KL to the reference: the two terms of the objective $R-\beta\,\mathrm{KL}$
+# that the update is meant to improve.
+#
+# **Math.** Tokens $y_t$ come from $\pi_\text{rollout}$. The corrected loss of token $t$ is
+# $-w_t\,\frac{\pi_\theta}{\pi_\text{old}}(y_t)\,A_t$ with $w_t=\min(\pi_\text{old}/\pi_\text{rollout},C)$ for TIS.
+# Untruncated, $\mathbb{E}_{\pi_\text{rollout}}[w_t\,g(y_t)\mid y_{<t}]=\mathbb{E}_{\pi_\text{old}}[g(y_t)\mid y_{<t}]$ for
+# any $g$, provided $\pi_\text{rollout}$ can sample every token $\pi_\text{old}$ can: each token's term becomes the
+# trainer's, given its prefix. The prefixes are still the engine's, and a token that top-p never samples has no weight
+# to bring it back.
+#
+# The runs are stored (`scripts/lab_seeds.py mismatch`, about 7 minutes); two are trained again here and must match:
+
+# %%
+from klviz import rlhf
+from klviz.statistics import mean_se
+
+runs = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)
+BETA = rlhf.MISMATCH_SEED_CONFIGS["trainer · none"].beta
+# the stored runs are what this code trains: re-train seed 0 of two of them (2-3 s each) and compare
+for name in ("T=0.7 · token_tis", "top-p 0.8 · keep_mask"):
+    again = rlhf.train_policy(rlhf.MISMATCH_SEED_CONFIGS[name], device=device)
+    for m in runs.metric_names:
+        gap = float(np.abs(np.asarray(again.metrics[m]) - runs.metrics[name][m][runs.seeds.index(0)]).max())
+        assert gap < 1e-5 if device.type == "cpu" else True, (name, m, gap)   # exact on a CPU (rounding aside)
+print(f"{len(runs.seeds)} seeds × {len(runs.configs)} settings loaded; seed 0 of two re-trained here: identical")
+
+
+def final(name, metric):
+    """Per seed: the mean of the last 5 steps; "objective" is the trainer's own R − β·KL."""
+    if metric == "objective":
+        return final(name, "trainer_reward") - BETA * final(name, "trainer_true_kl")
+    return runs.final(name, metric)
+
+
+def paired(a, b, metric):
+    """a − b over the seeds, paired by seed: (mean, SE, resolved = more than 2 SE from 0)."""
+    d, se = mean_se(torch.as_tensor(final(a, metric) - final(b, metric)))
+    return d, se, abs(d) > 2 * se
+
+
+# %%
+from matplotlib.lines import Line2D
+
+
+def plt_line(marker, color, face, label):
+    return Line2D([], [], ls="none", marker=marker, color=color, mfc=face, label=label)
+
+
+ENGINES = [e for e in rlhf.ENGINES if e != "trainer"]
+CORR_COLORS = dict(zip(rlhf.LAB_CORRECTIONS, ("#222222", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#d62728")))
+shown = (("trainer_reward", "reward R"), ("trainer_true_kl", "true KL(π_θ‖π_ref) per response [nats]"),
+         ("objective", "objective R − β·KL"))
+fig, axes = new_figure(9.6, 4.8, ncols=3, sharey=True)
+names, ys = [], []
+for g, engine in enumerate(ENGINES):
+    for corr in rlhf.LAB_CORRECTIONS:
+        name, y = f"{engine} · {corr}", -(len(names) + 0.6 * g)
+        for ax, (metric, _title) in zip(axes, shown):
+            m, se = mean_se(torch.as_tensor(final(name, metric)))
+            ax.errorbar(m, y, xerr=se, fmt="o", ms=4.5, color=CORR_COLORS[corr], capsize=2)
+        logged, logged_se = mean_se(torch.as_tensor(final(name, "reward")))   # what the run logs
+        axes[0].errorbar(logged, y, xerr=logged_se, fmt="o", ms=4.5, mfc="white", color=CORR_COLORS[corr], capsize=2)
+        names.append(name)
+        ys.append(y)
+for ax, (metric, title) in zip(axes, shown):
+    ref, ref_se = mean_se(torch.as_tensor(final("trainer · none", metric)))
+    ax.axvspan(ref - ref_se, ref + ref_se, color="#9a9a9a", alpha=0.3, lw=0)
+    ax.axvline(ref, color="#9a9a9a", lw=1.2)
+    ax.set_title(title, fontsize=9.5)
+    ax.grid(axis="x", alpha=0.3)
+axes[0].set_yticks(ys, names, fontsize=7.5)
+handles = [plt_line("o", "black", "white", "logged: the engine's batch"),
+           plt_line("o", "black", "black", "the trainer's own samples"),
+           plt_line("s", "#9a9a9a", "#9a9a9a", "trainer samples itself (± SE)")]
+fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+fig.suptitle(f"Final values, mean ± SE over {len(runs.seeds)} seeds (k3 in the loss, β = {BETA:g}, 40 steps)", fontsize=10)
+fig
+
+# %% [markdown]
+# Each row is one engine and correction; open circles are what the run logs, filled ones the trainer's own samples,
+# grey the trainer sampling itself. The table below holds the same numbers, and the objective of each correction against
+# the same engine without one, paired by seed ("resolved" past 2 SE):
+
+# %%
+from klviz.widgets import html_table
+
+T, P, BF = "T=0.7", "top-p 0.8", "bf16"
+REF = "trainer · none"
+
+
+def pm(name, metric, fmt="{:.2f}"):
+    m, se = mean_se(torch.as_tensor(final(name, metric)))
+    return f"{fmt.format(m)} ± {fmt.format(se)}"
+
+
+rows = []
+for name in (REF, *(f"{e} · {c}" for e in (BF, T, P) for c in rlhf.LAB_CORRECTIONS)):
+    engine = name.split(" · ")[0]
+    d, se, res = paired(name, f"{engine} · none", "objective") if engine != "trainer" else (0, 0, False)
+    vs = "—" if name.endswith("none") else f"{d:+.3f} ± {se:.3f}" + (" <b>resolved</b>" if res else "")
+    rows.append([name, pm(name, "reward"), pm(name, "trainer_reward"), pm(name, "trainer_true_kl"),
+                 pm(name, "objective", "{:.3f}"), vs, pm(name, "mismatch_kl", "{:.1e}")])
+display(HTML(html_table(["run", "reward logged", "reward, own samples", "KL, own samples", "objective R − β·KL",
+                         "objective vs no correction", "mismatch k3/token"], rows)))
+
+# 1. bf16: a mismatch of ~2e-5 nats per token; no bf16 run's objective is 2 SE from the trainer sampling itself
+assert final(f"{BF} · none", "mismatch_kl").mean() < 5e-5
+assert all(not paired(f"{BF} · {c}", REF, "objective")[2] for c in rlhf.LAB_CORRECTIONS)
+assert paired(f"{BF} · sequence_tis", f"{BF} · none", "objective")[2]   # the one bf16 row past 2 SE (see below)
+# 2. T = 0.7 not divided out: the logged reward flatters the trainer's own policy by about 0.3
+flatter, flatter_se = mean_se(torch.as_tensor(final(f"{T} · none", "reward") - final(f"{T} · none", "trainer_reward")))
+assert 0.25 < flatter < 0.4 and flatter > 5 * flatter_se
+kl_up = paired(f"{T} · none", REF, "trainer_true_kl")
+assert kl_up[2] and kl_up[0] > 0.5 and not paired(f"{T} · none", REF, "trainer_reward")[2]
+tis, geo, msk = (paired(f"{T} · {c}", f"{T} · none", "trainer_reward") for c in ("token_tis", "geo_reject", "token_mask"))
+assert tis[2] and geo[2] and tis[0] > 0.1 and geo[0] > 0.1 and msk[2] and msk[0] < 0
+assert not paired(f"{T} · token_tis", f"{T} · none", "objective")[2]          # more reward, more KL: no better
+geo_obj = paired(f"{T} · geo_reject", f"{T} · none", "objective")
+assert geo_obj[2] and geo_obj[0] < 0 and paired(f"{T} · geo_reject", f"{T} · none", "trainer_true_kl")[2]
+assert 0.005 < final(f"{T} · token_mask", "rejected_tokens").mean() < 0.02
+assert paired(f"{T} · token_mask", f"{T} · none", "trainer_true_kl")[0] < 0
+# 3. top-p: the three token-level weightings never bind (every ratio is S < 1): identical runs
+same = [runs.metrics[f"{P} · {c}"]["reward"] for c in ("token_tis", "token_mask", "geo_reject")]
+assert all(np.array_equal(same[0], s) for s in same[1:])
+assert not paired(f"{P} · token_tis", f"{P} · none", "objective")[2]
+assert paired(f"{P} · none", REF, "objective")[2] and paired(f"{P} · none", REF, "objective")[0] < 0
+assert final(f"{P} · sequence_tis", "trainer_reward").mean() < 0.2                # the length trap: learning stalls
+assert final(f"{P} · keep_mask", "mismatch_kl").max() < 1e-12 and final(f"{P} · keep_mask", "reward").mean() > 0.99
+assert max(runs.configs, key=lambda n: final(n, "trainer_true_kl").mean()) == f"{P} · keep_mask"
+print(f"T = 0.7 not divided out: logged reward − own reward = {flatter:.2f} ± {flatter_se:.2f}; "
+      f"own KL +{kl_up[0]:.2f} ± {kl_up[1]:.2f} against the trainer sampling itself")
+print(f"T = 0.7, own reward vs no correction: token_tis {tis[0]:+.3f} ± {tis[1]:.3f}, geo_reject {geo[0]:+.3f} ± "
+      f"{geo[1]:.3f}, token_mask {msk[0]:+.3f} ± {msk[1]:.3f}")
+
+# %% [markdown]
+# **What the runs say** (each statement is asserted in the cell above):
+#
+# 1. **bf16 does nothing measurable here.** The mismatch is about $2\cdot10^{-5}$ nats per token, and no bf16 run's
+#    objective is 2 SE away from the trainer sampling itself, with or without a correction. (With this many
+#    comparisons some cross 2 SE by chance: the table's bf16 `sequence_tis` row does against bf16 `none`, while both
+#    are within noise of the trainer sampling itself.)
+# 2. **A temperature not divided out: the log flatters.** At T = 0.7 the logged reward exceeds the trainer's own by
+#    about 0.3; the trainer's own reward ends within noise of the trainer sampling itself, and its KL is higher. TIS and
+#    geometric-mean rejection raise the trainer's own reward by about 0.15 (both resolved) and its KL with it (resolved
+#    for rejection; TIS spreads too widely over the seeds to say), so the objective does not improve, and with rejection
+#    it ends lower. Token masking drops about 1 % of the tokens and learns more slowly: less reward, less KL. This mismatch is a configuration error, and its fix is not a weight: divide the trainer's logits by
+#    the engine's temperature (section [2](#sources)).
+# 3. **top-p: no weight repairs lost support.** Every ratio is the kept mass $S<1$, below every cap and inside every
+#    band, so TIS, token masking and geometric-mean rejection never bind: their three runs are identical, number for
+#    number. They shrink each token's step by $S$ and leave the objective where it was, below the trainer sampling
+#    itself. Sequence TIS multiplies the $S$'s along the response, the length trap of section [4](#correcting), and
+#    learning all but stops. Replaying the mask removes the mismatch exactly and changes what is trained: the truncated
+#    policy the engine samples, whose reward is now the logged one (≈ 1.0). The untruncated policy behind it drifts
+#    furthest from the reference, which is the price of training what is served.
+#
+# **Takeaway.** A small numerical mismatch (bf16, at this scale) changes nothing a seed-to-seed spread can resolve; a
+# configuration mismatch (temperature, top-p) changes the run, and the logged reward hides it. Look at
+# $\pi_\text{old}/\pi_\text{rollout}$ before you trust a reward curve, and compare corrections over seeds: several of
+# them differ by less than the spread between seeds.
+
+# %% [markdown]
+# The same runs per step, as a panel: choose the engine and the correction; the bands are mean ± SE over the stored
+# seeds, grey is the trainer sampling itself. "live run" trains one more seed here, in the background (about 3 s): its
+# curves grow over the bands. Try: T=0.7 with `none`, then `token_tis` (the trainer's own reward climbs, and its KL with
+# it); top-p 0.8 with `sequence_tis` (the length trap), then `keep_mask` (the mismatch drops off the axis).
+
+# %%
+from klviz.widgets.lesson08 import MismatchTrainingPanel
+
+training = MismatchTrainingPanel(device=device)
+training
+
+# %%
+a = training.set(engine="T=0.7", correction="token_tis", live="stored seeds only")
+assert a["finals"]["trainer_reward"]["diff"] == mean_se(torch.as_tensor(
+    final("T=0.7 · token_tis", "trainer_reward") - final("T=0.7 · none", "trainer_reward")))
+b = training.set(engine="top-p 0.8", correction="keep_mask")
+assert b["finals"]["mismatch_kl"]["this"][0] < 1e-12
+training.set(engine="T=0.7", correction="none")
+print(f"panel update: {training.last_compute_ms:.1f} ms")
+
+# %% [markdown]
+# ## 7 · What your framework calls these <a id="frameworks"></a>
 #
 # Read from the sources named (verl-project/verl, huggingface/trl @ f2cd577, OpenRLHF @ 3c3be62, NVIDIA-NeMo/RL
 # @ 7ea279a, allenai/open-instruct @ e6c3044). Direction: with tokens from the engine, "log r" is trainer minus engine.
@@ -446,6 +647,10 @@ assert bool((er.kept_mass[er.mask] < 1).any())      # π_old has mass the engine
 # - The mean-ratio test $\mathbb{E}[\pi_\text{old}/\pi_\text{rollout}]=1$ fails only for lost support; k3 sees every mismatch.
 # - Corrections: token TIS (small bias, bounded variance); sequence IS (unbiased, variance exponential in $T$, clamped log
 #   weights after $T\,|\mu|\approx20$); geometric-mean rejection (length-invariant); truncation needs the mask, not a weight.
+# - In training (8 seeds): bf16 mismatch changes nothing resolvable at this scale; a temperature not divided out
+#   or top-p makes the logged reward flatter the trainer's own policy. Weights change the trajectory without
+#   restoring the objective; only the replayed mask removes a truncation mismatch, by training what is served.
+#
 
 # %% [markdown]
 # ## Exercises
@@ -512,12 +717,36 @@ def my_tis_weights(train_logprob, rollout_logprob, cap):
 assert klviz.check.lesson08.tis_weights(my_tis_weights)
 klviz.check.lesson08.tis_weights(my_tis_weights)
 
+
+# %% [markdown]
+# **Exercise 4.** Two runs, `a` and `b`, trained with the same 8 seeds: `a[i]` and `b[i]` are the final values of
+# seed $i$. Return the mean of the difference $a-b$ and its standard error, paired by seed, as section
+# [6](#training) computes them.
+
+# %%
+def my_paired_difference(a, b):
+    ...   # your code: return (mean, se)
+
+klviz.check.lesson08.paired_difference(my_paired_difference)
+
+
+# %%
+# Solution: the differences of each seed are the samples; their mean and its SE
+def my_paired_difference(a, b):
+    d = a - b
+    return float(d.mean()), float(d.std()) / math.sqrt(len(d))
+
+assert klviz.check.lesson08.paired_difference(my_paired_difference)
+klviz.check.lesson08.paired_difference(my_paired_difference)
+
 # %% [markdown]
 # ## References
 #
 # - verl, [Rollout Correction](https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr.md) and
 #   [its mathematics](https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr_math.md);
-#   [`rollout_corr_helper.py`](https://github.com/verl-project/verl/blob/main/verl/trainer/ppo/rollout_corr_helper.py).
+#   [`rollout_corr_helper.py`](https://github.com/verl-project/verl/blob/main/verl/trainer/ppo/rollout_corr_helper.py);
+#   where the weights enter the loss: `compute_policy_loss_vanilla` in [`core_algos.py`](https://github.com/verl-project/verl/blob/main/verl/trainer/ppo/core_algos.py)
+#   and `ppo_loss` in [`losses.py`](https://github.com/verl-project/verl/blob/main/verl/workers/utils/losses.py) (read at 1dda039).
 # - F. Yao, L. Liu et al., [Your Efficient RL Framework Secretly Brings You Off-Policy RL Training](https://fengyao.notion.site/off-policy-rl) (2025): TIS.
 # - J. Liu, Y. Li et al., [When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch](https://richardli.xyz/rl-collapse) (2025): bias and variance bounds, the length trap, geometric-mean rejection.
 # - P. Qi et al., [Defeating the Training-Inference Mismatch via FP16](https://arxiv.org/abs/2510.26788) (2025).

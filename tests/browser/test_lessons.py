@@ -83,6 +83,11 @@ def click(control: str, text: str) -> Step:
     return lambda r: r.panel.locator(f".klviz-{control} button", has_text=text).first.click()
 
 
+def choose(control: str, label: str) -> Step:
+    """Choose the option labelled ``label`` in the dropdown of the control ``control``."""
+    return lambda r: r.panel.locator(f".klviz-{control} select").select_option(label=label)
+
+
 def watched_is(text: str, timeout: int = WAIT) -> Step:
     return lambda r: expect(r.watched).to_have_text(text, timeout=timeout)
 
@@ -238,6 +243,11 @@ LESSONS = [
         PanelCase("klviz-lesson08", ".klviz-kept-mass", "lesson08_mismatch_panel.png",
                   steps=[slide("top-p", times=1),           # engine top_p 0.9 -> 0.8: less of the mass is kept
                          watched_falls, readout_differs(), figure_changes]),
+        PanelCase("klviz-lesson08-training", ".klviz-final-trainer-reward", "lesson08_training_panel.png",
+                  steps=[click("engine", "top-p 0.8"),      # the stored runs of another engine: new bands, new finals
+                         watched_differs(), readout_differs(), figure_changes,
+                         choose("live", "+ seed 9, trained here"),   # one more seed trains in the background
+                         readout_says("live seed 9", timeout=60_000), no_error_shown]),
     ]),
 ]
 # fmt: on
