@@ -346,7 +346,6 @@ class MismatchTrainingPanel(Panel):
             ax.set_xlim(0, self.steps - 1)
         ax_r.set_ylim(-1.0, 1.3)
         ax_kl.set_ylim(0.0, 8.0)
-        ax_r.legend(loc="lower right", fontsize=7)
         self.axes = axes
         return fig
 
@@ -442,6 +441,9 @@ class MismatchTrainingPanel(Panel):
 
     # -- drawing --------------------------------------------------------------------------------
     def _draw_live(self, live: dict[str, np.ndarray] | None) -> None:
+        # the legend names the live seed only while there is one (one legend kept per case)
+        self.live_r.set_label("live seed (engine's batch)" if live is not None else "_no live seed")
+        self.show_legend(self.axes[0], live is not None, loc="lower right", fontsize=7)
         if live is None:
             for line in (self.live_r, self.live_kl, self.live_m):
                 line.set_data([], [])
