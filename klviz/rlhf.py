@@ -517,6 +517,7 @@ __all__ += [
     "MISMATCH_SEED_CONFIGS",
     "MISMATCH_SEED_METRICS",
     "MISMATCH_SEEDS_PATH",
+    "MISMATCH_SEEDS",
     "LabSeeds",
     "run_lab_seeds",
     "save_lab_seeds",
@@ -566,7 +567,7 @@ def _mismatch_seed_configs() -> dict[str, LabConfig]:
 #: Lesson 08's training runs through a mismatched engine, by name ``"<engine> · <correction>"``: every
 #: engine of :data:`ENGINES` with every correction of :data:`LAB_CORRECTIONS`, and the trainer sampling
 #: itself (``"trainer · none"``, the run lesson 07 calls ``"on · k3 in loss"``). k3 in the loss, beta 0.2,
-#: 40 on-policy steps; each with every seed of :data:`LAB_SEEDS`.
+#: 40 on-policy steps; each with every seed of :data:`MISMATCH_SEEDS`.
 MISMATCH_SEED_CONFIGS: dict[str, LabConfig] = _mismatch_seed_configs()
 #: What the store keeps of each of those runs.
 MISMATCH_SEED_METRICS: tuple[str, ...] = (
@@ -579,6 +580,9 @@ MISMATCH_SEED_METRICS: tuple[str, ...] = (
     "entropy",
 )
 MISMATCH_SEEDS_PATH = Path(__file__).resolve().parent / "data" / "mismatch_seeds.npz"
+#: The seeds of lesson 08's runs: twice lesson 07's, because the differences between corrections are small and
+#: the runs through different engines are paired by seed only loosely (their batches differ from the first step).
+MISMATCH_SEEDS: tuple[int, ...] = tuple(range(16))
 
 
 @dataclass

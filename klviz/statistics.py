@@ -9,7 +9,9 @@ Every "value ± standard error" the suite prints comes from here:
 - :func:`batch_means_se`: the SE of a statistic from its values on independent batches;
 - :class:`RunningMoments`: count, mean and centred sum of squares merged chunk by chunk;
 - :func:`control_variate_lambda`: λ* = −Cov(k1, r) / Var(r), the coefficient that minimises
-  Var(k1 + λ (r − 1)), from exact or sampled moments alike.
+  Var(k1 + λ (r − 1)), from exact or sampled moments alike;
+- :data:`RESOLVED_AT_SE`, :func:`is_resolved` and :func:`verdict`: when the lessons call a difference
+  between training runs resolved.
 """
 
 from __future__ import annotations
@@ -32,7 +34,44 @@ __all__ = [
     "RunningMoments",
     "control_variate_lambda",
     "sample_moments",
+    "RESOLVED_AT_SE",
+    "is_resolved",
+    "verdict",
+    "ROUNDING",
 ]
+
+#: A paired difference of training runs over seeds is called resolved when its mean is at least this many
+#: standard errors from zero (lessons 07 and 08). Under Student's t that is a two-sided p of about 0.02
+#: with 8 seeds (7 degrees of freedom) and 0.009 with 16; a table of many comparisons still holds a false
+#: alarm now and then.
+RESOLVED_AT_SE = 3.0
+
+
+#: Differences below this fraction of the compared values are float rounding, never an effect (two runs that
+#: differ only in the last bits of their arithmetic, such as a mask of all tokens replayed).
+ROUNDING = 1e-6
+
+
+def is_resolved(diff: float, se: float, scale: float = 0.0) -> bool:
+    """Whether a mean difference ``diff`` with standard error ``se`` is :data:`RESOLVED_AT_SE` from zero.
+
+    ``scale`` (the size of the values compared) marks differences within :data:`ROUNDING` of it as rounding:
+    those are never resolved, however small their standard error.
+    """
+    if not (math.isfinite(diff) and math.isfinite(se)) or diff == 0:
+        return False
+    if abs(diff) <= ROUNDING * abs(scale):
+        return False
+    return abs(diff) >= RESOLVED_AT_SE * se
+
+
+def verdict(diff: float, se: float, scale: float = 0.0) -> str:
+    """ "resolved", "within noise" or "same up to rounding" (see :func:`is_resolved`)."""
+    if diff == 0 and se == 0:
+        return "identical"
+    if abs(diff) <= ROUNDING * abs(scale):
+        return "same up to rounding"
+    return "resolved" if is_resolved(diff, se, scale) else "within noise"
 
 
 def mean_se(values: Tensor) -> tuple[float, float]:

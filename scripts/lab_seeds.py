@@ -1,7 +1,7 @@
 """Train the multi-seed comparisons of lessons 07 and 08 and store them (``klviz/data/*.npz``).
 
-Each run of a store's configs is trained with every seed of :data:`klviz.rlhf.LAB_SEEDS` on the
-CPU; the per-step metrics, one sampled response per run and the training times go to a small
+Each run of a store's configs is trained with every seed of the store (8 for lesson 07, 16 for
+lesson 08) on the CPU; the per-step metrics, one sampled response per run and the training times go to a small
 compressed ``.npz``:
 
 - ``lab``: lesson 07's placements (:data:`klviz.rlhf.LAB_SEED_CONFIGS`) -> ``lab_seeds.npz``;
@@ -13,7 +13,7 @@ of a few configs to check that they reproduce the stored numbers exactly. ``test
 checks the files against the configs.
 
 Usage: python scripts/lab_seeds.py [lab|mismatch|all] [--out PATH]
-(lab: about two minutes on a 2-core CPU; mismatch: about seven)
+(lab: about two minutes on a 2-core CPU; mismatch: about fifteen)
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from klviz import rlhf  # noqa: E402
 
 STORES = {
-    "lab": (rlhf.LAB_SEED_CONFIGS, rlhf.LAB_SEED_METRICS, rlhf.LAB_SEEDS_PATH),
-    "mismatch": (rlhf.MISMATCH_SEED_CONFIGS, rlhf.MISMATCH_SEED_METRICS, rlhf.MISMATCH_SEEDS_PATH),
+    "lab": (rlhf.LAB_SEED_CONFIGS, rlhf.LAB_SEEDS, rlhf.LAB_SEED_METRICS, rlhf.LAB_SEEDS_PATH),
+    "mismatch": (rlhf.MISMATCH_SEED_CONFIGS, rlhf.MISMATCH_SEEDS, rlhf.MISMATCH_SEED_METRICS, rlhf.MISMATCH_SEEDS_PATH),
 }
 
 
@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{time.perf_counter() - t0:7.1f} s  {name:<40} seed {seed}: {seconds:.1f} s", flush=True)
 
     for store in chosen:
-        configs, metrics, path = STORES[store]
-        data = rlhf.run_lab_seeds(configs, progress=progress, metric_names=metrics)
+        configs, seeds, metrics, path = STORES[store]
+        data = rlhf.run_lab_seeds(configs, seeds, progress=progress, metric_names=metrics)
         out = rlhf.save_lab_seeds(data, args.out or path)
         print(f"wrote {out} ({out.stat().st_size / 1024:.0f} kB) in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -361,17 +361,19 @@ def test_stored_mismatch_runs_match_their_configs_and_lesson_07():
 
     assert rlhf.MISMATCH_SEEDS_PATH.stat().st_size < 1024 * 1024
     data = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)
-    assert data.configs == rlhf.MISMATCH_SEED_CONFIGS and data.seeds == rlhf.LAB_SEEDS
+    assert data.configs == rlhf.MISMATCH_SEED_CONFIGS and data.seeds == rlhf.MISMATCH_SEEDS
     assert data.metric_names == rlhf.MISMATCH_SEED_METRICS
     for name, cfg in rlhf.MISMATCH_SEED_CONFIGS.items():
         for m in rlhf.MISMATCH_SEED_METRICS:
-            assert data.metrics[name][m].shape == (len(rlhf.LAB_SEEDS), cfg.steps), (name, m)
+            assert data.metrics[name][m].shape == (len(rlhf.MISMATCH_SEEDS), cfg.steps), (name, m)
             assert np.isfinite(data.metrics[name][m]).all(), (name, m)
-    # the trainer sampling itself is lesson 07's "on · k3 in loss", run for run
+    # the trainer sampling itself is lesson 07's "on · k3 in loss", run for run, on the seeds they share
     lab = rlhf.load_lab_seeds()
     assert rlhf.MISMATCH_SEED_CONFIGS["trainer · none"] == rlhf.LAB_SEED_CONFIGS["on · k3 in loss"]
+    shared = [data.seeds.index(s) for s in lab.seeds]
+    assert len(shared) == len(lab.seeds) == 8
     for m in ("reward", "true_kl", "entropy"):
-        assert np.array_equal(data.metrics["trainer · none"][m], lab.metrics["on · k3 in loss"][m]), m
+        assert np.array_equal(data.metrics["trainer · none"][m][shared], lab.metrics["on · k3 in loss"][m]), m
     # what the stored runs say follows from the configs: no mismatch after replaying the mask, the same
     # numbers for the two weightings that never bind under top-p (ratios S < 1, geometric mean in band)
     assert data.metrics["top-p 0.8 · keep_mask"]["mismatch_kl"].max() < 1e-12
@@ -403,14 +405,16 @@ def test_training_panel_reads_the_store_and_trains_a_live_seed():
     assert f["this"] == (c["a"], c["a_se"]) and f["diff"] == (c["diff"], c["diff_se"])
     assert f"{c['a']:.3f}" in panel.readout.value
     assert ("resolved" in panel.readout.value) or ("within noise" in panel.readout.value)
+    assert "0 in both" in panel.readout.value  # TIS gives no token weight 0, nor does no correction
     mean, _se = d["curves"]["kl"]
     assert np.allclose(mean, panel.store.metrics["T=0.7 · token_tis"]["true_kl"].mean(0))
     e = panel.set(engine="top-p 0.8", correction="keep_mask")
     assert "mask replayed" in panel.axes[2].get_title() and e["live"] is None
-    g = panel.set(engine="bf16", correction="none", live="+ seed 8, trained here")  # trains in the foreground
-    assert panel.last_error is None and g["live_seed"] == 8 and len(g["live"]["reward"]) == panel.steps
-    assert "live seed 8" in panel.readout.value
-    again = rlhf.trained_history(replace(rlhf.MISMATCH_SEED_CONFIGS["bf16 · none"], seed=8), "cpu")
+    first_live = len(rlhf.MISMATCH_SEEDS)  # the live seeds are beyond the stored ones
+    g = panel.set(engine="bf16", correction="none", live=f"+ seed {first_live}, trained here")  # in the foreground
+    assert panel.last_error is None and g["live_seed"] == first_live and len(g["live"]["reward"]) == panel.steps
+    assert f"live seed {first_live}" in panel.readout.value
+    again = rlhf.trained_history(replace(rlhf.MISMATCH_SEED_CONFIGS["bf16 · none"], seed=first_live), "cpu")
     assert again is not None and again.metrics["reward"] == list(g["live"]["reward"])
     with pytest.raises(ValueError, match="engine"):
         panel._config("fp8", "none")

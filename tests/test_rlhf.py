@@ -271,3 +271,16 @@ def test_lab_seeds_round_trip_and_reproduce(tmp_path):
         assert back.samples[n] == data.samples[n]
     again = train_policy(replace(cfgs["tiny · none"], seed=1))  # the same config and seed: same run
     assert np.array_equal(np.asarray(again.metrics["true_kl"]), back.metrics["tiny · none"]["true_kl"][1])
+
+
+def test_resolved_needs_three_standard_errors_and_more_than_rounding():
+    from klviz.statistics import RESOLVED_AT_SE, is_resolved, verdict
+
+    assert RESOLVED_AT_SE == 3.0
+    assert is_resolved(0.31, 0.1) and not is_resolved(0.29, 0.1) and is_resolved(-0.31, 0.1)
+    assert not is_resolved(0.0, 0.0) and not is_resolved(float("nan"), 0.1) and not is_resolved(1.0, float("nan"))
+    # a difference in the last bits of two runs is rounding, however small its SE
+    assert not is_resolved(3e-8, 1e-9, scale=0.17) and is_resolved(3e-8, 1e-9)
+    assert verdict(3e-8, 1e-9, 0.17) == "same up to rounding"
+    assert verdict(0.0, 0.0) == "identical"
+    assert verdict(0.5, 0.1, 1.0) == "resolved" and verdict(0.1, 0.1, 1.0) == "within noise"

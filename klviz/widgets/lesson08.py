@@ -32,7 +32,8 @@ from .. import lm, rlhf
 from .. import mismatch as mm
 from ..devices import make_generator
 from ..plotting import COLORS, panel_figure, sticky_limits
-from ..statistics import mean_se
+from ..statistics import RESOLVED_AT_SE, mean_se
+from ..statistics import verdict as seed_verdict
 from .base import BackgroundRun, Panel, html_table
 
 __all__ = [
@@ -240,16 +241,16 @@ TRAINING_ENGINES: tuple[str, ...] = tuple(e for e in rlhf.ENGINES if e != "train
 #: The live-run choices of the training panel: none, or a seed beyond the stored ones, trained here.
 LIVE_SEEDS: dict[str, int | None] = {
     "stored seeds only": None,
-    **{f"+ seed {s}, trained here": s for s in (8, 9, 10)},
+    **{f"+ seed {s}, trained here": s for s in range(len(rlhf.MISMATCH_SEEDS), len(rlhf.MISMATCH_SEEDS) + 3)},
 }
 _REFERENCE = "trainer · none"
 _GREY = "#9a9a9a"
 _SERIES: tuple[tuple[str, str], ...] = (
     ("reward", "reward, engine's batch (logged)"),
     ("trainer_reward", "reward, trainer's own samples"),
-    ("true_kl", "true KL(π_θ‖π_ref), engine's batch"),
+    ("true_kl", "true KL(π_θ‖π_ref), along the engine's batch"),
     ("trainer_true_kl", "true KL(π_θ‖π_ref), trainer's own"),
-    ("objective", "objective R − β·KL, trainer's own"),
+    ("score", "score R − β·KL, trainer's own"),
     ("mismatch_kl", "mismatch k3 per token"),
     ("rejected_tokens", "tokens given weight 0"),
 )
@@ -404,7 +405,7 @@ class MismatchTrainingPanel(Panel):
                 "baseline": mean_se(torch.as_tensor(other)),
                 "diff": mean_se(torch.as_tensor(this - other)),
                 "above": int((this > other).sum()),
-                "reference": float(ref.mean()),
+                "reference": mean_se(torch.as_tensor(ref)),
             }
         curves = {
             key: _per_step_mean_se(self.store.metrics[run][metric])
@@ -423,6 +424,11 @@ class MismatchTrainingPanel(Panel):
             "engine": engine,
             "correction": correction,
             "baseline": baseline,
+            # a correction that never binds gives the very same runs (top-p ratios S < 1 under a cap above 1)
+            "identical": all(
+                np.array_equal(self.store.metrics[name][m], self.store.metrics[baseline][m])
+                for m in self.store.metric_names
+            ),
             "finals": finals,
             "curves": curves,
             "live": live,
@@ -432,9 +438,10 @@ class MismatchTrainingPanel(Panel):
         }
 
     def _final(self, name: str, metric: str) -> np.ndarray:
-        """Per seed, the mean of the last 5 steps of ``metric`` in run ``name``; "objective" is the
-        trainer's own reward minus beta times its own true KL, the objective the update improves."""
-        if metric == "objective":
+        """Per seed, the mean of the last 5 steps of ``metric`` in run ``name``; "score" is lesson 07's
+        yardstick, the trainer's own reward minus beta times its own true KL(π_θ ‖ π_ref) (k3 in the loss
+        follows the forward KL's gradient, so this is not exactly what the update climbs)."""
+        if metric == "score":
             beta = self.store.configs[name].beta
             return self.store.final(name, "trainer_reward") - beta * self.store.final(name, "trainer_true_kl")
         return self.store.final(name, metric)
@@ -480,6 +487,11 @@ class MismatchTrainingPanel(Panel):
             line.set_data(t, mean)
             _set_band(band, t, lo, hi)
         self._draw_live(data["live"])
+        # the KL axis stays at [0, 8] unless a curve leaves it (a live seed can): limits from the data alone
+        top = max([8.0, *(float(np.max(c[k][0] + c[k][1])) for k in ("kl", "own_kl", "ref_kl"))])
+        if data["live"] is not None and len(data["live"]["true_kl"]):
+            top = max(top, float(np.max(data["live"]["true_kl"])))
+        self.axes[1].set_ylim(0.0, 8.0 if top <= 8.0 else float(math.ceil(top * 1.1)))
         self.axes[2].set_title(
             "mismatch KL(π_rollout‖π_old)" if data["correction"] != "keep_mask" else "mismatch: 0, mask replayed"
         )
@@ -498,24 +510,26 @@ class MismatchTrainingPanel(Panel):
         for metric, label in _SERIES:
             f = data["finals"][metric]
             fmt = "{:.2e}" if metric == "mismatch_kl" else "{:.3f}"
-            (a, sa), (d, sd) = f["this"], f["diff"]
-            if sd == 0 and d == 0:
+            (a, sa), (d, sd), (r, sr) = f["this"], f["diff"], f["reference"]
+            if data["identical"]:
                 verdict = "identical runs"
+            elif a == 0 and sa == 0 and d == 0 and sd == 0:
+                verdict = "0 in both"
             else:
-                resolved = abs(d) > 2 * sd
+                said = seed_verdict(d, sd, abs(a) + abs(a - d))
                 verdict = (
                     f"{fmt.format(d)} ± {fmt.format(sd)} "
-                    + ("<b>resolved</b>" if resolved else "within noise")
+                    + (f"<b>{said}</b>" if said == "resolved" else said)
                     + f" ({f['above']}/{n} above)"
                 )
             row = [
                 label,
                 f"<span class='klviz-final-{metric.replace('_', '-')}'>{fmt.format(a)}</span> ± {fmt.format(sa)}",
                 verdict,
-                fmt.format(f["reference"]) if f["reference"] != 0 else "0",
+                f"{fmt.format(r)} ± {fmt.format(sr)}" if (r, sr) != (0, 0) else "0",
             ]
             if live is not None:
-                if metric == "objective":
+                if metric == "score":
                     series = live["trainer_reward"] - data["beta"] * live["trainer_true_kl"]
                 else:
                     series = live[metric]
@@ -524,7 +538,8 @@ class MismatchTrainingPanel(Panel):
         return html_table(header, rows) + (
             f"<div style='font-size:90%'>Mean ± SE over {n} seeds. A correction is compared with the same engine "
             "without one, no correction with the trainer sampling itself, on the same seeds: the difference is "
-            "paired by seed (resolved: more than 2 SE from 0). k3 in the loss, β = 0.2, 40 steps; "
+            f"paired by seed (resolved: at least {RESOLVED_AT_SE:g} SE from 0; runs through different engines share "
+            "their seed, not their batches, so that pairing is loose). k3 in the loss, β = 0.2, 40 steps; "
             "the engine syncs the trainer's weights before every rollout, the trainer recomputes in float32 at "
             "T = 1 on the full vocabulary.</div>"
         )

@@ -17,7 +17,7 @@
 # - how to measure it: k1/k2/k3 per token and per sequence, $\chi^2$, the perplexity ratio, the mean-ratio test;
 # - how it is corrected: truncated token IS, masking, sequence IS and its length trap, geometric-mean rejection,
 #   with bias and variance measured exactly on an enumerable case and by sampling on the tiny LM;
-# - what the mismatch does to a training run, over 8 seeds: what the run logs against what the trainer learns,
+# - what the mismatch does to a training run, over 16 seeds: what the run logs against what the trainer learns,
 #   and which correction changes what;
 # - what verl, TRL, OpenRLHF, NeMo-RL and open-instruct call each of these.
 #
@@ -402,26 +402,40 @@ print(f"panel update: {panel.last_compute_ms:.1f} ms")
 # policy-gradient loss by its weight, as verl does (`pg_losses = pg_losses * rollout_is_weights` in
 # `compute_policy_loss_vanilla`, `verl/trainer/ppo/core_algos.py`); the KL loss is added without the weights, as in
 # verl's `ppo_loss` (`verl/workers/utils/losses.py`). `keep_mask` is of another kind: the trainer replays the engine's
-# sampling mask on $\pi_\text{old}$ and $\pi_\theta$. Every setting is trained with the 8 seeds of lesson 07, and
-# "trainer samples itself" is lesson 07's own k3-in-loss run, seed for seed.
+# sampling mask on $\pi_\text{old}$ and $\pi_\theta$, in the policy-gradient term and in the KL term alike ($\pi_\text{ref}$
+# stays untruncated).
 #
-# **Two rewards.** The reward a run logs is the mean over the batch the engine sampled. The policy the trainer holds is
-# another one. To see it, every step also samples a second batch from the trainer's own policy (float32, T = 1, full
-# vocabulary), scores it and computes its true KL to the reference: the two terms of the objective $R-\beta\,\mathrm{KL}$
-# that the update is meant to improve.
+# Every setting is trained with 16 seeds, twice lesson 07's, because the differences between corrections are small.
+# Within one engine every correction starts from the same first batch, so those differences pair tightly by seed.
+# Different engines share a seed but not their batches (they sample differently from the first token), so comparisons
+# across engines, and with "trainer samples itself" (lesson 07's own k3-in-loss run; its first 8 seeds are lesson 07's,
+# number for number), are paired only loosely. A difference counts as resolved at 3 standard errors, as in lesson 07.
+#
+# **Two rewards, one score.** The reward a run logs is the mean over the batch the engine sampled. The policy the trainer
+# holds is another one. To see it, every step also samples a second batch from the trainer's own policy (float32,
+# T = 1, full vocabulary, its own random stream), scores it and computes its true KL to the reference. Lesson 07's
+# yardstick, the **score**
+#
+# $$J=\mathbb{E}_{\pi_\theta}[R]-\beta\,\mathrm{KL}(\pi_\theta\,\|\,\pi_\text{ref}),$$
+#
+# is taken on that batch. It is not exactly what this update climbs: k3 in the loss follows the gradient of the forward
+# $\mathrm{KL}(\pi_\text{ref}\|\pi_\theta)$ (lesson [05](05_gradients.ipynb)), and here it is averaged over the engine's
+# tokens with no weight, so under T = 0.7 or top-p the KL term is off-policy too, whatever the correction does.
 #
 # **Math.** Tokens $y_t$ come from $\pi_\text{rollout}$. The corrected loss of token $t$ is
 # $-w_t\,\frac{\pi_\theta}{\pi_\text{old}}(y_t)\,A_t$ with $w_t=\min(\pi_\text{old}/\pi_\text{rollout},C)$ for TIS.
-# Untruncated, $\mathbb{E}_{\pi_\text{rollout}}[w_t\,g(y_t)\mid y_{<t}]=\mathbb{E}_{\pi_\text{old}}[g(y_t)\mid y_{<t}]$ for
-# any $g$, provided $\pi_\text{rollout}$ can sample every token $\pi_\text{old}$ can: each token's term becomes the
-# trainer's, given its prefix. The prefixes are still the engine's, and a token that top-p never samples has no weight
-# to bring it back.
+# Untruncated, $\mathbb{E}_{\pi_\text{rollout}}[w_t\,g(y_{<t},y_t)\mid y_{<t}]=\mathbb{E}_{\pi_\text{old}}[g(y_{<t},y_t)\mid y_{<t}]$
+# for any $g$, provided $\pi_\text{rollout}$ can sample every token $\pi_\text{old}$ can. So the weight corrects the
+# choice of $y_t$ after the engine's prefix; the advantage $A_t$ is still the reward of the engine's continuation, and a
+# token that top-p never samples has no weight to bring it back. One more fact matters below: the optimiser is Adam,
+# which normalises the size of each step. A weight that scales the whole policy-gradient term by a constant below 1
+# barely changes the step; it tilts the balance towards the unweighted KL term, as a larger β would.
 #
-# The runs are stored (`scripts/lab_seeds.py mismatch`, about 7 minutes); two are trained again here and must match:
+# The runs are stored (`python scripts/lab_seeds.py mismatch`, about 12 minutes); two are trained again here and must match:
 
 # %%
 from klviz import rlhf
-from klviz.statistics import mean_se
+from klviz.statistics import ROUNDING, is_resolved, mean_se
 
 runs = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)
 BETA = rlhf.MISMATCH_SEED_CONFIGS["trainer · none"].beta
@@ -435,16 +449,21 @@ print(f"{len(runs.seeds)} seeds × {len(runs.configs)} settings loaded; seed 0 o
 
 
 def final(name, metric):
-    """Per seed: the mean of the last 5 steps; "objective" is the trainer's own R − β·KL."""
-    if metric == "objective":
+    """Per seed: the mean of the last 5 steps; "score" is the trainer's own R − β·KL(π_θ‖π_ref)."""
+    if metric == "score":
         return final(name, "trainer_reward") - BETA * final(name, "trainer_true_kl")
     return runs.final(name, metric)
 
 
 def paired(a, b, metric):
-    """a − b over the seeds, paired by seed: (mean, SE, resolved = more than 2 SE from 0)."""
+    """a − b over the seeds, paired by seed: (mean, SE, resolved = at least 3 SE from 0 and more than rounding)."""
     d, se = mean_se(torch.as_tensor(final(a, metric) - final(b, metric)))
-    return d, se, abs(d) > 2 * se
+    return d, se, is_resolved(d, se, scale=float(np.abs(final(b, metric)).mean()))
+
+
+def same_runs(a, b):
+    """Whether two stored settings are the very same runs, seed for seed and step for step."""
+    return all(np.array_equal(runs.metrics[a][m], runs.metrics[b][m]) for m in runs.metric_names)
 
 
 # %%
@@ -458,7 +477,7 @@ def plt_line(marker, color, face, label):
 ENGINES = [e for e in rlhf.ENGINES if e != "trainer"]
 CORR_COLORS = dict(zip(rlhf.LAB_CORRECTIONS, ("#222222", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#d62728")))
 shown = (("trainer_reward", "reward R"), ("trainer_true_kl", "true KL(π_θ‖π_ref) per response [nats]"),
-         ("objective", "objective R − β·KL"))
+         ("score", "score J = R − β·KL"))
 fig, axes = new_figure(9.6, 4.8, ncols=3, sharey=True)
 names, ys = [], []
 for g, engine in enumerate(ENGINES):
@@ -487,8 +506,8 @@ fig
 
 # %% [markdown]
 # Each row is one engine and correction; open circles are what the run logs, filled ones the trainer's own samples,
-# grey the trainer sampling itself. The table below holds the same numbers, and the objective of each correction against
-# the same engine without one, paired by seed ("resolved" past 2 SE):
+# grey the trainer sampling itself. The table holds the same numbers, marks the settings whose weights never bind (the
+# same runs as another row), and gives each correction's score against the same engine without one, paired by seed:
 
 # %%
 from klviz.widgets import html_table
@@ -502,76 +521,115 @@ def pm(name, metric, fmt="{:.2f}"):
     return f"{fmt.format(m)} ± {fmt.format(se)}"
 
 
-rows = []
+rows, shown = [], []
 for name in (REF, *(f"{e} · {c}" for e in (BF, T, P) for c in rlhf.LAB_CORRECTIONS)):
-    engine = name.split(" · ")[0]
-    d, se, res = paired(name, f"{engine} · none", "objective") if engine != "trainer" else (0, 0, False)
-    vs = "—" if name.endswith("none") else f"{d:+.3f} ± {se:.3f}" + (" <b>resolved</b>" if res else "")
+    engine, corr = name.split(" · ")
+    twin = next((s for s in shown if s.startswith(engine) and same_runs(s, name)), None)
+    shown.append(name)
+    if twin is not None:                      # a correction that never binds: the same runs as another row
+        rows.append([name, f"the same runs as {twin}", "", "", "", "", ""])
+        continue
+    d, se, res = paired(name, f"{engine} · none", "score")
+    if corr == "none":
+        vs = "—"
+    elif abs(d) <= ROUNDING * np.abs(final(f"{engine} · none", "score")).mean():
+        vs = "same up to rounding"
+    else:
+        vs = f"{d:+.3f} ± {se:.3f}" + (" <b>resolved</b>" if res else "")
     rows.append([name, pm(name, "reward"), pm(name, "trainer_reward"), pm(name, "trainer_true_kl"),
-                 pm(name, "objective", "{:.3f}"), vs, pm(name, "mismatch_kl", "{:.1e}")])
-display(HTML(html_table(["run", "reward logged", "reward, own samples", "KL, own samples", "objective R − β·KL",
-                         "objective vs no correction", "mismatch k3/token"], rows)))
+                 pm(name, "score", "{:.3f}"), vs, pm(name, "mismatch_kl", "{:.1e}")])
+display(HTML(html_table(["run", "reward logged", "reward, own samples", "KL, own samples", "score J",
+                         "J minus no correction", "mismatch k3/token"], rows)))
 
-# 1. bf16: a mismatch of ~2e-5 nats per token; no bf16 run's objective is 2 SE from the trainer sampling itself
+# 1. bf16: ~2e-5 nats per token, and no bf16 run resolved from the trainer sampling itself, or from bf16 without a
+#    correction, in the trainer's own reward or in the score
 assert final(f"{BF} · none", "mismatch_kl").mean() < 5e-5
-assert all(not paired(f"{BF} · {c}", REF, "objective")[2] for c in rlhf.LAB_CORRECTIONS)
-assert paired(f"{BF} · sequence_tis", f"{BF} · none", "objective")[2]   # the one bf16 row past 2 SE (see below)
-# 2. T = 0.7 not divided out: the logged reward flatters the trainer's own policy by about 0.3
+for c in rlhf.LAB_CORRECTIONS:
+    for other in (REF, f"{BF} · none"):
+        assert not any(paired(f"{BF} · {c}", other, m)[2] for m in ("trainer_reward", "score")), (c, other)
+# 2. T = 0.7 not divided out: the logged reward exceeds the trainer's own by about 0.3
 flatter, flatter_se = mean_se(torch.as_tensor(final(f"{T} · none", "reward") - final(f"{T} · none", "trainer_reward")))
-assert 0.25 < flatter < 0.4 and flatter > 5 * flatter_se
-kl_up = paired(f"{T} · none", REF, "trainer_true_kl")
-assert kl_up[2] and kl_up[0] > 0.5 and not paired(f"{T} · none", REF, "trainer_reward")[2]
-tis, geo, msk = (paired(f"{T} · {c}", f"{T} · none", "trainer_reward") for c in ("token_tis", "geo_reject", "token_mask"))
-assert tis[2] and geo[2] and tis[0] > 0.1 and geo[0] > 0.1 and msk[2] and msk[0] < 0
-assert not paired(f"{T} · token_tis", f"{T} · none", "objective")[2]          # more reward, more KL: no better
-geo_obj = paired(f"{T} · geo_reject", f"{T} · none", "objective")
-assert geo_obj[2] and geo_obj[0] < 0 and paired(f"{T} · geo_reject", f"{T} · none", "trainer_true_kl")[2]
+assert 0.25 < flatter < 0.35 and flatter > 5 * flatter_se
+assert (final(f"{T} · none", "reward") > final(f"{T} · none", "trainer_reward")).all()         # in every seed
+assert not paired(f"{T} · none", REF, "trainer_reward")[2] and paired(f"{T} · none", REF, "trainer_true_kl")[2]
+own = {c: paired(f"{T} · {c}", f"{T} · none", "trainer_reward") for c in ("token_tis", "geo_reject", "token_mask")}
+kl = {c: paired(f"{T} · {c}", f"{T} · none", "trainer_true_kl") for c in own}
+assert own["token_tis"][2] and own["geo_reject"][2] and min(own["token_tis"][0], own["geo_reject"][0]) > 0.1
+assert kl["token_tis"][2] and kl["geo_reject"][2] and kl["token_tis"][0] > 0.5
+assert not paired(f"{T} · token_tis", f"{T} · none", "score")[2]              # more reward, more KL: no better
+geo_score = paired(f"{T} · geo_reject", f"{T} · none", "score")
+assert geo_score[2] and geo_score[0] < 0                                         # rejection: lower
+assert own["token_mask"][2] and own["token_mask"][0] < 0 and kl["token_mask"][2] and kl["token_mask"][0] < 0
+assert not paired(f"{T} · token_mask", f"{T} · none", "score")[2]             # trades reward for KL
 assert 0.005 < final(f"{T} · token_mask", "rejected_tokens").mean() < 0.02
-assert paired(f"{T} · token_mask", f"{T} · none", "trainer_true_kl")[0] < 0
-# 3. top-p: the three token-level weightings never bind (every ratio is S < 1): identical runs
-same = [runs.metrics[f"{P} · {c}"]["reward"] for c in ("token_tis", "token_mask", "geo_reject")]
-assert all(np.array_equal(same[0], s) for s in same[1:])
-assert not paired(f"{P} · token_tis", f"{P} · none", "objective")[2]
-assert paired(f"{P} · none", REF, "objective")[2] and paired(f"{P} · none", REF, "objective")[0] < 0
-assert final(f"{P} · sequence_tis", "trainer_reward").mean() < 0.2                # the length trap: learning stalls
+# 3. top-p: the three token-level weightings never bind (every ratio is S < 1): the same runs
+assert same_runs(f"{P} · token_tis", f"{P} · token_mask") and same_runs(f"{P} · token_tis", f"{P} · geo_reject")
+assert paired(f"{P} · none", REF, "score")[2] and paired(f"{P} · none", REF, "score")[0] < 0
+assert not paired(f"{P} · token_tis", f"{P} · none", "score")[2]
+assert paired(f"{P} · token_tis", REF, "score")[2] and paired(f"{P} · token_tis", REF, "score")[0] < 0
+assert paired(f"{P} · token_tis", f"{P} · none", "true_kl")[2] and paired(f"{P} · token_tis", f"{P} · none", "true_kl")[0] < 0
+seq = paired(f"{P} · sequence_tis", f"{P} · none", "trainer_reward")
+assert seq[2] and seq[0] < -0.3 and not paired(f"{P} · sequence_tis", f"{P} · none", "score")[2]
+assert final(f"{P} · sequence_tis", "trainer_reward").mean() < 0.2 < 0.4 < final(f"{P} · none", "trainer_reward").mean()
+assert paired(f"{P} · sequence_tis", f"{P} · none", "trainer_true_kl")[0] < -1
 assert final(f"{P} · keep_mask", "mismatch_kl").max() < 1e-12 and final(f"{P} · keep_mask", "reward").mean() > 0.99
 assert max(runs.configs, key=lambda n: final(n, "trainer_true_kl").mean()) == f"{P} · keep_mask"
-print(f"T = 0.7 not divided out: logged reward − own reward = {flatter:.2f} ± {flatter_se:.2f}; "
-      f"own KL +{kl_up[0]:.2f} ± {kl_up[1]:.2f} against the trainer sampling itself")
-print(f"T = 0.7, own reward vs no correction: token_tis {tis[0]:+.3f} ± {tis[1]:.3f}, geo_reject {geo[0]:+.3f} ± "
-      f"{geo[1]:.3f}, token_mask {msk[0]:+.3f} ± {msk[1]:.3f}")
+assert min(runs.configs, key=lambda n: final(n, "score").mean()) == f"{P} · keep_mask"
+# the sequence weights of a top-p engine at the start: W = Π S_t, well below 1 on these short responses
+start_policy = lm.load_tiny_lm("ref")   # the lab's policy before its first update
+start = mm.sample_engine(start_policy, [p for p in lm.PROMPTS[:4] for _ in range(8)], klviz.make_generator(0),
+                         mm.EngineSpec(top_p=0.8), max_new_tokens=24)
+log_r = mm.trainer_logprobs(start_policy, start) - start.engine_logprob
+w_seq = mm.correction_weights(log_r, start.mask, "sequence_tis")
+mean_w = float(w_seq.max(-1).values.mean())
+assert 0.3 < mean_w < 0.6
+assert float(start.kept_mass[start.mask].min()) >= 0.8 - 1e-6   # top-p keeps at least 0.8 of the mass: S ≥ 0.8
+print(f"T = 0.7 not divided out: logged reward − own reward = {flatter:.2f} ± {flatter_se:.2f}")
+print("T = 0.7, own reward vs no correction: " + ", ".join(f"{c} {d:+.3f} ± {se:.3f}" for c, (d, se, _) in own.items()))
+print(f"top-p 0.8: mean sequence weight min(Π S_t, 2) of a batch from the starting policy: {mean_w:.2f}")
 
 # %% [markdown]
 # **What the runs say** (each statement is asserted in the cell above):
 #
-# 1. **bf16 does nothing measurable here.** The mismatch is about $2\cdot10^{-5}$ nats per token, and no bf16 run's
-#    objective is 2 SE away from the trainer sampling itself, with or without a correction. (With this many
-#    comparisons some cross 2 SE by chance: the table's bf16 `sequence_tis` row does against bf16 `none`, while both
-#    are within noise of the trainer sampling itself.)
+# 1. **bf16 does nothing measurable here.** The mismatch is about $2.5\cdot10^{-5}$ nats per token. No bf16 run is
+#    resolved from the trainer sampling itself, or from bf16 without a correction, in the trainer's own reward or in the
+#    score. The ratios are so close to 1 that TIS, token masking and geometric-mean rejection never bind: their three
+#    rows are the same runs.
 # 2. **A temperature not divided out: the log flatters.** At T = 0.7 the logged reward exceeds the trainer's own by
-#    about 0.3; the trainer's own reward ends within noise of the trainer sampling itself, and its KL is higher. TIS and
-#    geometric-mean rejection raise the trainer's own reward by about 0.15 (both resolved) and its KL with it (resolved
-#    for rejection; TIS spreads too widely over the seeds to say), so the objective does not improve, and with rejection
-#    it ends lower. Token masking drops about 1 % of the tokens and learns more slowly: less reward, less KL. This mismatch is a configuration error, and its fix is not a weight: divide the trainer's logits by
-#    the engine's temperature (section [2](#sources)).
+#    about 0.3, in every seed. The trainer's own reward is not resolved from the trainer sampling itself, while its KL
+#    to the reference is higher. TIS and geometric-mean rejection raise the trainer's own reward by 0.15–0.18 and its
+#    KL by 0.8–1.5 nats (all resolved). The score does not improve, and with rejection it ends lower. Token masking
+#    drops about 1 % of the tokens and trades the other way: less reward, less KL, the same score. We have not isolated
+#    why the weights raise both; what the table shows is that none of them turns the mismatch into a better score.
+#    This mismatch is a configuration error, and its fix is not a weight: divide the trainer's logits by the engine's
+#    temperature (section [2](#sources)). "Flatters" assumes the T = 1 policy is the one you serve; serve at T = 0.7 and
+#    the logged reward is the served one.
 # 3. **top-p: no weight repairs lost support.** Every ratio is the kept mass $S<1$, below every cap and inside every
-#    band, so TIS, token masking and geometric-mean rejection never bind: their three runs are identical, number for
-#    number. They shrink each token's step by $S$ and leave the objective where it was, below the trainer sampling
-#    itself. Sequence TIS multiplies the $S$'s along the response, the length trap of section [4](#correcting), and
-#    learning all but stops. Replaying the mask removes the mismatch exactly and changes what is trained: the truncated
-#    policy the engine samples, whose reward is now the logged one (≈ 1.0). The untruncated policy behind it drifts
-#    furthest from the reference, which is the price of training what is served.
+#    band. So TIS, token masking and geometric-mean rejection never bind, and their three runs are identical, number for
+#    number. Their weight $S\approx0.9$ scales the policy-gradient term alone. Under Adam that acts like a slightly larger β:
+#    less KL along the engine's batch (resolved), and the same score, still below the trainer sampling itself.
+#    Sequence TIS multiplies the $S$'s along the response, about 0.4 on average for a batch from the starting policy,
+#    which acts like a β 2–3 times larger. The trainer's own reward ends near 0.1 instead of 0.5, at far less KL, and
+#    the score is unchanged. This is not section 4's length trap: top-p keeps at least 0.8 of the mass by definition, so
+#    $S\ge0.8$ and $\log W\ge24\log0.8\approx-5.4$ on these responses of at most 24 tokens, and the clamp at 20 cannot
+#    bind. Replaying the mask removes the mismatch exactly and changes what is trained: the
+#    truncated policy the engine samples, whose reward is now the logged one (≈ 1.0). It has the **lowest score** of all
+#    the rows. With the mask replayed, both terms of the loss see only the kept tokens: the logits of the tokens the
+#    engine cuts get no gradient of their own, and nothing holds that tail. The untruncated policy behind the served one drifts furthest from the reference.
 #
-# **Takeaway.** A small numerical mismatch (bf16, at this scale) changes nothing a seed-to-seed spread can resolve; a
-# configuration mismatch (temperature, top-p) changes the run, and the logged reward hides it. Look at
-# $\pi_\text{old}/\pi_\text{rollout}$ before you trust a reward curve, and compare corrections over seeds: several of
-# them differ by less than the spread between seeds.
+# **Takeaway.** This is a 45k-parameter model, responses of at most 24 tokens and 40 steps. A small numerical mismatch
+# (bf16) changes nothing 16 seeds can resolve here. That says nothing about long responses, MoE routing or long runs,
+# where the papers cited report collapse. A configuration mismatch (temperature, top-p) changes the run, and the logged
+# reward hides it. Check $\pi_\text{old}/\pi_\text{rollout}$ before you trust a reward curve. Compare corrections over
+# seeds: several of them differ by less than the spread between seeds. And a correction that moves one number (reward,
+# KL) need not move the score you care about.
 
 # %% [markdown]
-# The same runs per step, as a panel: choose the engine and the correction; the bands are mean ± SE over the stored
-# seeds, grey is the trainer sampling itself. "live run" trains one more seed here, in the background (about 3 s): its
-# curves grow over the bands. Try: T=0.7 with `none`, then `token_tis` (the trainer's own reward climbs, and its KL with
-# it); top-p 0.8 with `sequence_tis` (the length trap), then `keep_mask` (the mismatch drops off the axis).
+# The same runs step by step, as a panel. Choose the engine and the correction; the bands are mean ± SE over the stored
+# seeds, and grey is the trainer sampling itself. "live run" trains one more seed here, in the background (about 3 s),
+# and its curves grow over the bands. Try T=0.7 with `none`, then `token_tis`: the trainer's own reward climbs, and its
+# KL with it. Then top-p 0.8 with `sequence_tis` (a larger effective β), then `keep_mask` (the mismatch drops off the
+# axis).
 
 # %%
 from klviz.widgets.lesson08 import MismatchTrainingPanel
@@ -647,9 +705,9 @@ assert bool((er.kept_mass[er.mask] < 1).any())      # π_old has mass the engine
 # - The mean-ratio test $\mathbb{E}[\pi_\text{old}/\pi_\text{rollout}]=1$ fails only for lost support; k3 sees every mismatch.
 # - Corrections: token TIS (small bias, bounded variance); sequence IS (unbiased, variance exponential in $T$, clamped log
 #   weights after $T\,|\mu|\approx20$); geometric-mean rejection (length-invariant); truncation needs the mask, not a weight.
-# - In training (8 seeds): bf16 mismatch changes nothing resolvable at this scale; a temperature not divided out
-#   or top-p makes the logged reward flatter the trainer's own policy. Weights change the trajectory without
-#   restoring the objective; only the replayed mask removes a truncation mismatch, by training what is served.
+# - In training (16 seeds, a toy model): bf16 mismatch changes nothing resolvable; a temperature not divided
+#   out or top-p makes the logged reward flatter the trainer's own policy. Weights move reward and KL without
+#   improving the score; the replayed mask removes a truncation mismatch by training what is served, and scores lowest.
 #
 
 # %% [markdown]
@@ -719,7 +777,7 @@ klviz.check.lesson08.tis_weights(my_tis_weights)
 
 
 # %% [markdown]
-# **Exercise 4.** Two runs, `a` and `b`, trained with the same 8 seeds: `a[i]` and `b[i]` are the final values of
+# **Exercise 4.** Two runs, `a` and `b`, trained with the same seeds: `a[i]` and `b[i]` are the final values of
 # seed $i$. Return the mean of the difference $a-b$ and its standard error, paired by seed, as section
 # [6](#training) computes them.
 

@@ -246,8 +246,8 @@ LESSONS = [
         PanelCase("klviz-lesson08-training", ".klviz-final-trainer-reward", "lesson08_training_panel.png",
                   steps=[click("engine", "top-p 0.8"),      # the stored runs of another engine: new bands, new finals
                          watched_differs(), readout_differs(), figure_changes,
-                         choose("live", "+ seed 9, trained here"),   # one more seed trains in the background
-                         readout_says("live seed 9", timeout=60_000), no_error_shown]),
+                         choose("live", "+ seed 17, trained here"),  # one more seed trains in the background
+                         readout_says("live seed 17", timeout=60_000), no_error_shown]),
     ]),
 ]
 # fmt: on
