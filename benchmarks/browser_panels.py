@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -240,8 +241,21 @@ def measure(
         if parts is not None:
             part = page.evaluate(BREAKDOWN, [selector, ms])
             if part:
+                part.update(panel_times(page, selector))
                 parts.append(part)
     return out
+
+
+_STATUS_TIMES = re.compile(r"compute ([0-9.]+) ms(?: · redraw ([0-9.]+) ms)?")
+
+
+def panel_times(page, selector: str) -> dict[str, float]:
+    """The panel's own compute and redraw times for the last press, as its status line shows them."""
+    status = page.locator(f"{selector} .klviz-status")
+    found = _STATUS_TIMES.search(status.first.inner_text()) if status.count() else None
+    if not found:
+        return {}
+    return {"compute": float(found.group(1)), "redraw": float(found.group(2) or "nan")}
 
 
 #: the columns of --breakdown: (key in BREAKDOWN's result, heading)
@@ -249,6 +263,8 @@ PARTS = [
     ("slider", "key->sent"),
     ("to_kernel", "->kernel"),
     ("kernel", "kernel"),
+    ("compute", "(compute"),
+    ("redraw", "redraw)"),
     ("to_page", "->page"),
     ("in_page", "page"),
     ("kb", "kB"),
@@ -257,9 +273,11 @@ PARTS = [
 
 
 def breakdown_row(name: str, parts: list[dict]) -> list[str]:
-    if not parts:
-        return [name] + [""] * len(PARTS)
-    return [name] + [f"{median([p[k] for p in parts]):.1f}" for k, _ in PARTS]
+    row = [name]
+    for key, _ in PARTS:
+        values = [p[key] for p in parts if key in p and p[key] == p[key]]
+        row.append(f"{median(values):.1f}" if values else "-")
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,8 +409,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "\n== where the time went (medians, ms): key->sent = the slider's own handling until the"
             " message leaves the page;\n   ->kernel = until the kernel starts on it; kernel = until it sends"
-            " the frame (the HTML text for the\n   baseline); ->page = until that message reaches the page;"
-            " page = until the frame has loaded (the text is shown)"
+            " the frame (the HTML text for the\n   baseline), of which (compute redraw) are the panel's own times"
+            " (its status line); ->page = until that\n   message reaches the page; page = until the frame has"
+            " loaded (the text is shown). ->kernel and ->page compare\n   the kernel's clock (header.date) with"
+            " the page's, so they share an offset of a few ms; their sum does not."
         )
         print_table(["panel"] + [h for _, h in PARTS], [breakdown_row(n, v) for n, v in parts.items()])
     print("   load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))

@@ -210,13 +210,13 @@ def test_sample_log_ratio_equals_log_prob_difference():
 def test_gaussian_panel_keeps_its_draws_and_matches_a_fresh_sample():
     panel = GaussianEstimatorsPanel(device="cpu")
     first = panel.set(mu=0.5, num_samples=1_000)
-    z = panel._z
+    z = panel._kept_z[1]
     again = panel.set(mu=0.7)  # p moved: the kept draws are reused
-    assert panel._z is z
+    assert panel._kept_z[1] is z
     fresh = GaussianEstimatorsPanel(device="cpu").set(mu=0.7, num_samples=1_000)
     assert again["mc"]["k3"] == fresh["mc"]["k3"] and first["mc"]["k1"] != again["mc"]["k1"]
     panel.set(seed=1)  # a new seed draws again
-    assert panel._z is not z
+    assert panel._kept_z[1] is not z
 
 
 @pytest.mark.parametrize(

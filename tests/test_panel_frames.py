@@ -235,6 +235,7 @@ def test_snapped_limits_depend_on_the_data_alone():
 
 
 def test_frames_are_images_and_can_be_sharper(monkeypatch):
+    import base64
     import io
 
     from PIL import Image
@@ -242,13 +243,16 @@ def test_frames_are_images_and_can_be_sharper(monkeypatch):
     from klviz.widgets.frames import pixel_ratio
 
     panel = W.StartHerePanel()
-    assert panel._image.format == "png" and "klviz-figure" in panel._image._dom_classes
-    width, height = Image.open(io.BytesIO(panel._image.value)).size
+    assert "klviz-figure" in panel._image._dom_classes
+    # the image widget holds the frame as a PNG data URL (no Blob for the page to load): frame_png's bytes
+    assert panel._image.format == "url"
+    assert panel._image.value == b"data:image/png;base64," + base64.b64encode(panel.frame_png)
+    width, height = Image.open(io.BytesIO(panel.frame_png)).size
     css_width = int(panel._image.layout.width.removesuffix("px"))
     assert width == css_width
     monkeypatch.setenv("KLVIZ_PIXEL_RATIO", "2")
     sharp = W.StartHerePanel()
-    w2, h2 = Image.open(io.BytesIO(sharp._image.value)).size
+    w2, h2 = Image.open(io.BytesIO(sharp.frame_png)).size
     assert (w2, h2) == (2 * width, 2 * height)
     assert sharp._image.layout.width == panel._image.layout.width  # same size on the page
     for bad in ("0.5", "4", "two"):
@@ -290,7 +294,7 @@ def test_png_encoder_reuses_unchanged_bands_and_round_trips_exactly():
 
 
 def test_panel_frames_decode_to_the_agg_buffer():
-    """The PNG a panel hands to its image widget is the composed Agg buffer, update after update."""
+    """The PNG a panel hands to its image widget (``frame_png``) is the composed Agg buffer, update after update."""
     import io
 
     from PIL import Image
@@ -298,7 +302,7 @@ def test_panel_frames_decode_to_the_agg_buffer():
     panel = W.BregmanPanel()
     for control, value in change_plan(panel, 4):
         panel.set(**{control: value})
-        decoded = np.asarray(Image.open(io.BytesIO(bytes(panel._image.value))))
+        decoded = np.asarray(Image.open(io.BytesIO(panel.frame_png)))
         assert np.array_equal(decoded, np.asarray(panel.fig.canvas.buffer_rgba()))
 
 
@@ -313,3 +317,35 @@ def test_readout_and_status_follow_the_frame():
     assert sent.index("image") < sent.index("status")
     if "readout" in sent:
         assert sent.index("image") < sent.index("readout")
+
+
+def test_texts_seen_again_are_laid_over_from_their_layer_and_match_agg():
+    """A dynamic text drawn a second time with the same content comes from a layer drawn once for
+    it (see FrameComposer._draw_dynamic); the frame equals Agg drawing the text, up to rounding."""
+    from matplotlib.figure import Figure
+
+    from klviz.widgets.frames import FrameComposer
+
+    fig = Figure(figsize=(3, 2), dpi=80, layout="none")  # a fixed layout, as a panel freezes its own
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    (line,) = ax.plot([0, 1], [0, 1])
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    title = ax.set_title("x = 1")
+    frames = FrameComposer(fig)
+    frames.render()
+    for i, text in enumerate(["x = 2", "x = 1", "x = 2", "x = 1", "x = 2", "x = 3"]):
+        title.set_text(text)
+        line.set_ydata([i % 2, 1 - i % 2])
+        frames.render()
+        assert frames.last_was_blit or i == 0
+        composed = np.asarray(fig.canvas.buffer_rgba()).astype(np.int16).copy()
+        FigureCanvasAgg.draw(fig.canvas)
+        full = np.asarray(fig.canvas.buffer_rgba()).astype(np.int16)
+        x0, y0, x1, y1 = title.get_window_extent(fig.canvas.get_renderer()).extents
+        rows = slice(max(160 - int(np.ceil(y1)) - 3, 0), 160 - int(np.floor(y0)) + 3)
+        cols = slice(max(int(np.floor(x0)) - 3, 0), int(np.ceil(x1)) + 3)
+        assert (full[rows, cols, :3] < 128).any()  # the title is there
+        assert np.abs(composed[rows, cols] - full[rows, cols]).max() <= 2, (i, text)
+    assert len(frames._text_layers) == 2  # "x = 1" and "x = 2", each seen again; "x = 3" drawn as it is

@@ -16,7 +16,15 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-__all__ = ["FrameComposer", "LegendLayer", "PngEncoder", "legend_signature", "encode_png", "pixel_ratio"]
+__all__ = [
+    "FrameComposer",
+    "LegendLayer",
+    "PngEncoder",
+    "legend_signature",
+    "text_signature",
+    "encode_png",
+    "pixel_ratio",
+]
 
 
 class FrameComposer:
@@ -42,6 +50,8 @@ class FrameComposer:
     max_backgrounds: int = 6
     #: legend layers kept per panel (small: a legend's bounding box)
     max_legend_layers: int = 16
+    #: text layers kept per panel (small: a text's bounding box), one per dynamic text and its recent contents
+    max_text_layers: int = 32
 
     def __init__(self, fig: Figure) -> None:
         self.fig = fig
@@ -52,6 +62,9 @@ class FrameComposer:
         # view state -> (background region, ids of the artists left out of it); most recent last
         self._backgrounds: dict[Any, tuple[Any, frozenset[int]]] = {}
         self._legend_layers: dict[tuple, LegendLayer] = {}
+        self._text_layers: dict[tuple, LegendLayer] = {}
+        self._texts_seen: dict[tuple, None] = {}  # texts drawn once, not yet given a layer; most recent last
+        self._scratch: Any = None  # a transparent renderer the size of the figure, for new layers
         self._encoder: PngEncoder | None = None
 
     def _axes_state(self) -> tuple:
@@ -130,8 +143,7 @@ class FrameComposer:
             self._render_background(canvas, [a for a in artists if id(a) in self.dynamic or a.stale], state)
         dynamic = [a for a in artists if id(a) in self.dynamic]
         renderer = canvas.get_renderer()
-        for a in sorted(dynamic, key=lambda a: a.get_zorder()):
-            a.draw(renderer)
+        self._draw_dynamic(sorted(dynamic, key=lambda a: a.get_zorder()), renderer)
         self._draw_legends(renderer)
         self.fig.stale = False
         for ax in self.fig.axes:
@@ -163,6 +175,55 @@ class FrameComposer:
         while len(self._backgrounds) > self.max_backgrounds:
             del self._backgrounds[next(iter(self._backgrounds))]
 
+    def _draw_dynamic(self, artists: list[Any], renderer: Any) -> None:
+        """Draw the dynamic artists in order; a plain text comes from its layer for what it says now.
+
+        Matplotlib 3.11's Agg renders text one glyph at a time through FreeType: a 40-character
+        title takes 3-5 ms, the largest part of a blitted frame for panels whose titles or notes
+        hold numbers. Such a text is dynamic because some setting changes it, and from then on it
+        was drawn on every frame, also for the controls that leave it alone. Now a text drawn a
+        second time with the same content (and place, font, colour) is drawn once more onto a
+        transparent layer, which is laid over the later frames that show it, as the legends are.
+        A text whose content is new is drawn as before (a drag that changes it on every step
+        costs what it did).
+        """
+        buf = None
+        for a in artists:
+            key = text_signature(a, renderer)
+            if key is None:
+                a.draw(renderer)
+                continue
+            if buf is None:
+                buf = np.asarray(renderer.buffer_rgba())
+            layer = self._text_layers.pop(key, None)
+            if layer is None:
+                if key not in self._texts_seen:  # a content seen once may never come back: draw it
+                    self._texts_seen[key] = None
+                    while len(self._texts_seen) > 4 * self.max_text_layers:
+                        del self._texts_seen[next(iter(self._texts_seen))]
+                    a.draw(renderer)
+                    continue
+                del self._texts_seen[key]
+                layer = self._render_text_layer(a, renderer)
+            self._text_layers[key] = layer  # most recently used goes last
+            if not layer.composite(buf):
+                a.draw(renderer)  # a see-through figure: let Agg blend it
+            a.stale = False
+        while len(self._text_layers) > self.max_text_layers:
+            del self._text_layers[next(iter(self._text_layers))]
+
+    def _render_text_layer(self, text: Any, renderer: Any) -> LegendLayer:
+        from matplotlib.backends.backend_agg import RendererAgg
+
+        width, height = int(renderer.width), int(renderer.height)
+        scratch = self._scratch
+        if scratch is None or (int(scratch.width), int(scratch.height), scratch.dpi) != (width, height, renderer.dpi):
+            scratch = self._scratch = RendererAgg(width, height, renderer.dpi)
+        scratch.clear()  # transparent black
+        text.draw(scratch)
+        # measured on the layer, whose layout of the text is cached (same size and dpi as the figure's)
+        return LegendLayer.cut(scratch, text.get_window_extent(scratch))
+
     def _draw_legends(self, renderer: Any) -> None:
         legends = self._legends()
         buf = np.asarray(renderer.buffer_rgba())
@@ -192,11 +253,18 @@ class FrameComposer:
 
 
 class LegendLayer:
-    """One legend rendered on a transparent layer, cut to its bounding box, ready to composite."""
+    """One legend (or text) rendered on a transparent layer, cut to its bounding box, ready to composite.
+
+    Laying it over the frame ("over" blending in float32, as Agg blends) costs 0.3-1 ms for a
+    legend; the pixels it covered and the result are kept, so when the same pixels lie under it
+    again (the legend sits on the unchanged background, the usual case) the result is copied back.
+    """
 
     def __init__(self, rows: slice, cols: slice, premultiplied: np.ndarray, transparency: np.ndarray) -> None:
         self.rows, self.cols = rows, cols
         self.premultiplied, self.transparency = premultiplied, transparency
+        self._under: np.ndarray | None = None  # the pixels under the layer at the last composite
+        self._over: np.ndarray | None = None  # and what they became
 
     @classmethod
     def render(cls, legend: Any, renderer: Any) -> LegendLayer:
@@ -206,25 +274,78 @@ class LegendLayer:
         layer = RendererAgg(width, height, renderer.dpi)
         layer.clear()  # transparent black
         legend.draw(layer)
-        x0, y0, x1, y1 = legend.get_window_extent(layer).extents
+        return cls.cut(layer, legend.get_window_extent(layer))
+
+    @classmethod
+    def cut(cls, layer: Any, extent: Any) -> LegendLayer:
+        """The part of ``layer`` (a transparent renderer drawn on) inside ``extent`` (display pixels)."""
+        width, height = int(layer.width), int(layer.height)
+        x0, y0, x1, y1 = extent.extents
         pad = 3  # antialiased edges and the frame's line width
         c0, c1 = max(int(np.floor(x0)) - pad, 0), min(int(np.ceil(x1)) + pad, width)
         r0, r1 = max(height - int(np.ceil(y1)) - pad, 0), min(height - int(np.floor(y0)) + pad, height)
+        c1, r1 = max(c1, c0), max(r1, r0)  # a box wholly outside the figure: nothing to lay over
         rgba = np.asarray(layer.buffer_rgba())[r0:r1, c0:c1].astype(np.float32)
         alpha = rgba[..., 3:] / 255.0
         return cls(slice(r0, r1), slice(c0, c1), rgba[..., :3] * alpha, 1.0 - alpha)
 
     def composite(self, buf: np.ndarray) -> bool:
-        """Lay the legend over ``buf`` (an opaque RGBA frame, changed in place); False if not opaque."""
+        """Lay the layer over ``buf`` (an opaque RGBA frame, changed in place); False if not opaque."""
         region = buf[self.rows, self.cols]
+        if self._under is not None and self._over is not None and np.array_equal(region, self._under):
+            region[...] = self._over
+            return True
         if region.size and region[..., 3].min() != 255:
             return False
+        under = region.copy()
         region[..., :3] = np.rint(self.premultiplied + region[..., :3] * self.transparency).astype(np.uint8)
+        self._under, self._over = under, region.copy()
         return True
 
 
+def text_signature(text: Any, renderer: Any) -> tuple | None:
+    """What a plain text's pixels depend on, or None for an artist drawn as it is (not a plain
+    ``Text``, hidden, with a box, path effects, TeX, a wrap or a clip path)."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.text import Text
+
+    if type(text) is not Text or not text.get_visible() or not text.get_text():
+        return None
+    if text.get_bbox_patch() is not None or text.get_path_effects() or text.get_usetex() or text.get_wrap():
+        return None
+    if text.get_clip_on() and text.get_clip_path() is not None:
+        return None
+    clip = text.get_clip_box() if text.get_clip_on() else None
+    return (
+        text.get_text(),
+        tuple(text.get_transform().transform(text.get_unitless_position())),
+        text.get_rotation(),
+        text.get_rotation_mode(),
+        text.get_transform_rotates_text(),
+        text.get_horizontalalignment(),
+        text.get_verticalalignment(),
+        text._multialignment,
+        text._linespacing,
+        text.get_fontproperties(),
+        to_rgba(text.get_color()),
+        text.get_alpha(),
+        text.get_antialiased(),
+        text._parse_math,
+        tuple(getattr(text, "get_fontfeatures", lambda: None)() or ()),
+        getattr(text, "get_language", lambda: None)(),
+        None if clip is None else tuple(clip.bounds),
+        renderer.dpi,
+    )
+
+
 def legend_signature(legend: Any, renderer: Any) -> tuple:
-    """What a legend's pixels depend on: its place and size, its texts and the look of its handles."""
+    """What a legend's pixels depend on: its place and size, its texts and the look of its handles.
+
+    The place is the legend's location and the box it is anchored to (its axes, or the
+    ``bbox_to_anchor`` given) at the renderer's dpi: with the texts and handles (in the signature
+    too) they fix its bounding box, which would take 1-2 ms to measure (a layout of every entry)
+    on each frame. Only ``loc="best"`` depends on the data drawn; that legend's measured box is used.
+    """
     from matplotlib.colors import to_rgba
 
     def look(artist: Any) -> tuple:
@@ -245,8 +366,13 @@ def legend_signature(legend: Any, renderer: Any) -> tuple:
                 props.append(repr(to_rgba(v) if isinstance(v, str) and getter.endswith("color") else v))
         return tuple(props)
 
+    loc = legend._loc  # a location code (0: "best") or the (x, y) of its lower left corner
+    if isinstance(loc, (int, np.integer)) and loc == 0:
+        place: tuple = ("best", tuple(legend.get_window_extent(renderer).bounds))
+    else:
+        place = (loc, tuple(legend.get_bbox_to_anchor().bounds), renderer.dpi, legend.borderaxespad)
     return (
-        tuple(legend.get_window_extent(renderer).bounds),
+        place,
         tuple((t.get_text(), look(t)) for t in legend.get_texts()),
         tuple(look(h) for h in legend.legend_handles),
         look(legend.get_frame()),
@@ -290,6 +416,7 @@ class PngEncoder:
         self._last: np.ndarray | None = None  # the last frame's RGBA pixels
         self._rows: np.ndarray | None = None  # its PNG rows: a filter byte (0, none) then the pixels
         self._pieces: list[bytes] = []
+        self._checksums: list[int] = []  # adler32 of each band's PNG rows
 
     def encode(self, rgba: np.ndarray) -> bytes:
         """``rgba`` (``[H, W, 4]`` uint8) as PNG bytes; decodes to exactly these pixels."""
@@ -303,6 +430,7 @@ class PngEncoder:
             self._key, self._last = (height, width), rgba.copy()
             self._rows = np.zeros((height, 1 + 4 * width), dtype=np.uint8)
             self._pieces = [b""] * count
+            self._checksums = [1] * count
             changed = list(range(count))
         else:
             # one comparison per pixel (as uint32), then which bands hold a changed one
@@ -315,11 +443,28 @@ class PngEncoder:
             r0, r1 = i * band, min(i * band + band, height)
             self._last[r0:r1] = rgba[r0:r1]
             rows[r0:r1, 1:] = rgba[r0:r1].reshape(r1 - r0, 4 * width)
+            data = memoryview(rows[r0:r1]).cast("B")
             comp = zlib.compressobj(1, zlib.DEFLATED, -15)  # raw deflate, no dictionary carried over
-            self._pieces[i] = comp.compress(memoryview(rows[r0:r1]).cast("B")) + comp.flush(zlib.Z_FULL_FLUSH)
-        checksum = zlib.adler32(memoryview(rows).cast("B"))
+            self._pieces[i] = comp.compress(data) + comp.flush(zlib.Z_FULL_FLUSH)
+            self._checksums[i] = zlib.adler32(data)
+        checksum = self._checksums[0]
+        row_bytes = rows.shape[1]
+        for i in range(1, count):  # the whole image's adler32, from those of its bands
+            length = (min(i * band + band, height) - i * band) * row_bytes
+            checksum = adler32_combine(checksum, self._checksums[i], length)
         idat = b"".join([b"\x78\x01", *self._pieces, _DEFLATE_END, checksum.to_bytes(4, "big")])
         return _png(width, height, 6, idat)
+
+
+def adler32_combine(first: int, second: int, second_length: int) -> int:
+    """The adler32 of two pieces of data joined, from the checksum of each (zlib's ``adler32_combine``)."""
+    base = 65521
+    rem = second_length % base
+    sum1 = first & 0xFFFF
+    sum2 = (rem * sum1) % base
+    sum1 = (sum1 + (second & 0xFFFF) + base - 1) % base
+    sum2 = (sum2 + ((first >> 16) & 0xFFFF) + ((second >> 16) & 0xFFFF) + base - rem) % base
+    return sum1 | (sum2 << 16)
 
 
 #: an empty final deflate block: ends a stream of full-flushed pieces

@@ -111,7 +111,7 @@ def _png_uri(data: bytes) -> str:
 def _frame_png(panel: Any) -> bytes:
     """The frame the panel composed for its current setting (what a reader of the live panel sees),
     else a fresh rendering of its figure."""
-    data = getattr(getattr(panel, "_image", None), "value", b"")
+    data = getattr(panel, "frame_png", b"")
     if panel.last_error is None and isinstance(data, bytes) and data.startswith(b"\x89PNG"):
         return data
     return panel.png()
