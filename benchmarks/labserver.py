@@ -1,27 +1,26 @@
 """A private JupyterLab for scripts and tests that drive the notebooks from a real browser.
 
-The server binds 127.0.0.1 on a free port with a random token, runs with HOME in a given folder
-(Jupyter, IPython, matplotlib and Chromium write there; JupyterLab's news and update checks are
-off), serves ``root``, and is stopped with its kernels when the ``with`` block ends. The browser
+Started by :func:`klviz.servers.start_lab_server`, as ``klviz lab`` starts one: 127.0.0.1 on a free
+port, a random token in a private config file that overrides any other Jupyter configuration,
+probed after start, its own private working folder, JupyterLab's news and update checks off. Here
+it also exposes the app to the page (``window.jupyterapp``, which the tests and the benchmark
+drive), runs with HOME in a given folder (Jupyter, IPython, matplotlib and the kernels write
+there), serves ``root``, and is stopped with its kernels when the ``with`` block ends. The browser
 tests (``tests/browser/conftest.py``) and ``benchmarks/browser_panels.py`` both use it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
-import sys
-import time
-import urllib.request
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
-from klviz.servers import free_port
+from klviz.servers import start_lab_server
 
 __all__ = ["CHROMIUM_FLAGS", "find_chromium", "running_lab", "stop_process_group"]
 
@@ -47,52 +46,22 @@ def find_chromium() -> str | None:
 
 @contextlib.contextmanager
 def running_lab(root: Path, home: Path, timeout: float = 90.0) -> Iterator[dict]:
-    """Run ``jupyter lab`` serving ``root``; yields ``{"base", "token", "root", "pid", "log"}``."""
-    settings = home / ".jupyter/lab/user-settings/@jupyterlab/apputils-extension"
-    settings.mkdir(parents=True, exist_ok=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    token = secrets.token_hex(16)
-    port = free_port()
+    """Run ``jupyter lab`` serving ``root``; yields ``{"base", "token", "root", "pid", "log"}``.
+
+    ``log`` is the server's log file; it lives in the server's private folder, which is deleted
+    when the block ends.
+    """
     env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"))
     env.pop("MPLBACKEND", None)
     env.pop("KLVIZ_STATIC", None)
-    log_path = home / "lab.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                "--allow-root",
-                f"--port={port}",
-                "--ip=127.0.0.1",
-                f"--IdentityProvider.token={token}",
-                "--LabApp.expose_app_in_browser=True",
-                f"--ServerApp.root_dir={root}",
-            ],
-            cwd=root,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.time() + timeout
-            while True:
-                try:
-                    urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                    break
-                except Exception:  # noqa: BLE001 - not up yet
-                    if proc.poll() is not None or time.time() > deadline:
-                        raise RuntimeError("jupyter lab did not start:\n" + log_path.read_text()[-3000:]) from None
-                    time.sleep(0.25)
-            yield {"base": base, "token": token, "root": root, "pid": proc.pid, "log": log_path}
-        finally:
-            stop_process_group(proc)
+    server = start_lab_server(Path(root), env=env, extra={"LabApp": {"expose_app_in_browser": True}}, timeout=timeout)
+    try:
+        url = urllib.parse.urlsplit(server.url)
+        token = urllib.parse.parse_qs(url.query)["token"][0]
+        base = f"{url.scheme}://{url.netloc}"
+        yield {"base": base, "token": token, "root": root, "pid": server.proc.pid, "log": server.log}
+    finally:
+        server.stop()
 
 
 def stop_process_group(proc: subprocess.Popen) -> None:
