@@ -97,17 +97,26 @@ def mean_std_with_se(values: Tensor, counts: Tensor | None = None) -> dict[str, 
     counts per category: :func:`klviz.categorical_counts`) and n is their total.
     """
     v = as_float_tensor(values, "values").to(torch.float64).reshape(-1)
-    w = torch.ones_like(v) if counts is None else torch.as_tensor(counts, dtype=torch.float64).reshape(-1)
-    if w.shape != v.shape:
-        raise ValueError(f"counts must have one entry per value ({v.numel()}), got {w.numel()}")
-    n = int(round(float(w.sum())))
-    if n < 2:
-        raise ValueError(f"values must hold at least 2 samples, got {n}")
-    m = float((w * v).sum()) / n
-    d2 = (v - m).square()
-    var = float((w * d2).sum()) / (n - 1)
+    if counts is None:  # one draw per value: plain sums (a panel calls this on 10^5 draws per update)
+        n = v.numel()
+        if n < 2:
+            raise ValueError(f"values must hold at least 2 samples, got {n}")
+        m = float(v.sum()) / n
+        d2 = (v - m).square_()
+        var = float(d2.sum()) / (n - 1)
+        m4 = float(d2.square_().sum()) / n
+    else:
+        w = torch.as_tensor(counts, dtype=torch.float64).reshape(-1)
+        if w.shape != v.shape:
+            raise ValueError(f"counts must have one entry per value ({v.numel()}), got {w.numel()}")
+        n = int(round(float(w.sum())))
+        if n < 2:
+            raise ValueError(f"values must hold at least 2 samples, got {n}")
+        m = float((w * v).sum()) / n
+        d2 = (v - m).square()
+        var = float((w * d2).sum()) / (n - 1)
+        m4 = float((w * d2.square()).sum()) / n
     s = math.sqrt(var)
-    m4 = float((w * d2.square()).sum()) / n
     se_std = math.sqrt(max(m4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
     return {"mean": m, "se": s / math.sqrt(n), "std": s, "se_std": se_std, "n": n}
 
