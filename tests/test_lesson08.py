@@ -420,3 +420,17 @@ def test_training_panel_reads_the_store_and_trains_a_live_seed():
         panel._config("fp8", "none")
     with pytest.raises(ValueError, match="correction"):
         panel._config("bf16", "icepop")
+
+
+def test_training_panel_refuses_bad_settings_naming_the_control():
+    from klviz.widgets.lesson08 import MismatchTrainingPanel
+
+    panel = MismatchTrainingPanel()
+    for kw, name in (
+        ({"engine": "trainer"}, "engine"),
+        ({"correction": "sequence_is"}, "correction"),
+        ({"live": 8}, "live"),
+    ):
+        with pytest.raises(ValueError, match=f"^{name} must be one of"):
+            panel.set(**kw)
+    assert panel.last_error is None  # the panel itself still shows its last good setting
