@@ -88,15 +88,19 @@ def mean_se(values: Tensor) -> tuple[float, float]:
     return mean, (float(x.std()) / math.sqrt(n) if n > 1 else math.nan)
 
 
-def mean_std_with_se(values: Tensor, counts: Tensor | None = None) -> dict[str, float]:
+def mean_std_with_se(values: Tensor, counts: Tensor | None = None, *, check: bool = True) -> dict[str, float]:
     """Sample mean, single-sample std and the standard error of each, from one batch of samples.
 
     SE(mean) = s / sqrt(n); SE(std) ≈ sqrt(m4 - s⁴) / (2 s sqrt(n)) with m4 the sample fourth
     central moment (the delta method applied to Var(s²) ≈ (m4 - s⁴) / n). Needs n ≥ 2. With
     ``counts``, ``values[i]`` stands for ``counts[i]`` equal draws (a categorical sample kept as
-    counts per category: :func:`klviz.categorical_counts`) and n is their total.
+    counts per category: :func:`klviz.categorical_counts`) and n is their total. ``check=False``
+    skips the validation of ``values`` (a float tensor the caller knows to be finite).
     """
-    v = as_float_tensor(values, "values").to(torch.float64).reshape(-1)
+    if check:
+        v = as_float_tensor(values, "values").to(torch.float64).reshape(-1)
+    else:  # a caller's own float tensor, known finite (a panel's sample): no pass to look for NaN or inf
+        v = values.to(torch.float64).reshape(-1)
     if counts is None:  # one draw per value: plain sums (a panel calls this on 10^5 draws per update)
         n = v.numel()
         if n < 2:
