@@ -173,7 +173,8 @@ def benchmark_panel(cls: type, device: Any, changes: int) -> PanelResult:
             result.draw_ms.append(panel.last_draw_ms)
             frames = getattr(panel, "_frames", None)
             result.full_render.append(not getattr(frames, "last_was_blit", False))
-            if getattr(panel, "training", None) is not None:  # the lab answered and trains in the background
+            run = getattr(panel, "background_run", None)
+            if run is not None and run.active:  # the panel answered and trains in the background
                 t_bg = time.perf_counter()
                 panel.wait()
                 result.background_s.append(time.perf_counter() - t_bg)

@@ -434,3 +434,16 @@ def test_training_panel_refuses_bad_settings_naming_the_control():
         with pytest.raises(ValueError, match=f"^{name} must be one of"):
             panel.set(**kw)
     assert panel.last_error is None  # the panel itself still shows its last good setting
+
+
+def test_background_runs_are_stopped_at_exit():
+    """A daemon thread inside torch at interpreter exit aborts the process; the exit hook stops runs first."""
+    from klviz.widgets import base
+    from klviz.widgets.lesson08 import MismatchTrainingPanel
+
+    panel = MismatchTrainingPanel()
+    panel.controls["live"].value = "+ seed 18, trained here"  # as a reader's control: trains in the background
+    run = panel.background_run
+    assert run is not None and run.active and run in base._RUNNING
+    base._stop_background_runs(timeout=10)
+    assert not run.thread.is_alive() and not run.current

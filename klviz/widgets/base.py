@@ -19,6 +19,7 @@ Tests drive a panel without a browser: ``panel.set(name=value, ...)`` then read 
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import html
@@ -27,6 +28,7 @@ import os
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -275,6 +277,7 @@ class Panel:
             target=self._work_in_background, args=(run, work, on_done), name=f"klviz-{type(self).__name__}", daemon=True
         )
         run.thread.start()
+        _RUNNING.add(run)
         return run
 
     def _work_in_background(
@@ -435,6 +438,26 @@ class Panel:
             )
         )
         display(Image(data=self.png(), format="png"))
+
+
+#: Background runs started and perhaps still working (see :func:`_stop_background_runs`).
+_RUNNING: weakref.WeakSet[BackgroundRun] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_background_runs(timeout: float = 5.0) -> None:
+    """At interpreter exit, stop every background run at its next check and wait for it.
+
+    A daemon thread still inside a torch operation when the interpreter ends aborts the process
+    ("terminate called without an active exception"); a kernel shut down while a panel trains would
+    end that way.
+    """
+    runs = [run for run in list(_RUNNING) if run.thread is not None and run.thread.is_alive()]
+    for run in runs:
+        run.panel._generation += 1  # the run is out of date: its next check() raises Cancelled
+    deadline = time.perf_counter() + timeout
+    for run in runs:
+        run.thread.join(max(0.0, deadline - time.perf_counter()))
 
 
 class Cancelled(Exception):
