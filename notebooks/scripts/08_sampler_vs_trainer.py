@@ -411,8 +411,8 @@ print(f"panel update: {panel.last_compute_ms:.1f} ms")
 # across engines, and with "trainer samples itself" (lesson 07's own k3-in-loss run; its first 8 seeds are lesson 07's,
 # number for number), are paired only loosely. A difference counts as resolved at 3 standard errors, as in lesson 07.
 #
-# **Two rewards, one score.** The reward a run logs is the mean over the batch the engine sampled. The policy the trainer
-# holds is another one. To see it, every step also samples a second batch from the trainer's own policy (float32,
+# **Two rewards, one score.** The reward a run logs is the mean over the batch the engine sampled. The trainer's policy is
+# another one. To see it, every step also samples a second batch from the trainer's own policy (float32,
 # T = 1, full vocabulary, its own random stream), scores it and computes its true KL to the reference. Lesson 07's
 # yardstick, the **score**
 #
