@@ -13,7 +13,7 @@ of a few configs to check that they reproduce the stored numbers exactly. ``test
 checks the files against the configs.
 
 Usage: python scripts/lab_seeds.py [lab|mismatch|all] [--out PATH]
-(lab: about two minutes on a 2-core CPU; mismatch: about fifteen)
+(lab: about two minutes on a 2-core CPU; mismatch: about eleven)
 """
 
 from __future__ import annotations

@@ -431,7 +431,7 @@ print(f"panel update: {panel.last_compute_ms:.1f} ms")
 # which normalises the size of each step. A weight that scales the whole policy-gradient term by a constant below 1
 # barely changes the step; it tilts the balance towards the unweighted KL term, as a larger β would.
 #
-# The runs are stored (`python scripts/lab_seeds.py mismatch`, about 12 minutes); two are trained again here and must match:
+# The runs are stored (`python scripts/lab_seeds.py mismatch`, about 11 minutes on a 2-core CPU); two are trained again here and must match:
 
 # %%
 from klviz import rlhf
