@@ -51,6 +51,7 @@ __all__ = [
     "engine_logprobs",
     "sample_engine",
     "trainer_logprobs",
+    "replay_sampling_mask",
     "kept_mass_of",
     "mismatch_metrics",
     "batch_invariance",
@@ -312,11 +313,17 @@ def trainer_logprobs(
         if replay_mask:
             if not isinstance(batch, EngineRollouts):
                 raise ValueError("replay_mask needs EngineRollouts (they carry the engine's sampling mask)")
-            keep = batch.keep.to(full.device)
-            masked = torch.where(keep, full, torch.full_like(full, -math.inf))
-            full = torch.where(keep, masked - torch.logsumexp(masked, -1, keepdim=True), masked)
+            full = replay_sampling_mask(full, batch.keep.to(full.device))
         tok = full.gather(-1, ro.input_ids.to(full.device).unsqueeze(-1)).squeeze(-1)
     return torch.where(ro.response_mask.bool(), tok, torch.zeros_like(tok))
+
+
+def replay_sampling_mask(logp: Tensor, keep: Tensor) -> Tensor:
+    """Log-probabilities ``logp [..., V]`` restricted to the sampling mask ``keep`` and renormalised:
+    the truncated policy the engine sampled from, scored with the trainer's numbers (DeepSeek-V3.2's
+    "keep sampling mask"; ``-inf`` outside the mask). Differentiable: the lab trains through it."""
+    masked = logp.masked_fill(~keep, -math.inf)
+    return masked - torch.logsumexp(masked, -1, keepdim=True)
 
 
 def batch_invariance(model: lm.TinyLM, rollouts: lm.Rollouts, precision: str = "float32") -> dict[str, float]:

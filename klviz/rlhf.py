@@ -199,12 +199,9 @@ def _masked_row_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _replay(logp_all: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """The trainer's log-probs ``[B, T, V]`` restricted to the engine's sampling mask and renormalised
-    (DeepSeek-V3.2's "keep sampling mask"); unchanged when ``keep`` is None."""
-    if keep is None:
-        return logp_all
-    masked = logp_all.masked_fill(~keep, -math.inf)
-    return masked - torch.logsumexp(masked, -1, keepdim=True)
+    """The trainer's log-probs ``[B, T, V]`` with the engine's sampling mask replayed (``keep_mask``),
+    or unchanged when ``keep`` is None."""
+    return logp_all if keep is None else mm.replay_sampling_mask(logp_all, keep)
 
 
 def _batch_prompts(cfg: LabConfig) -> list[str]:
@@ -604,6 +601,17 @@ class LabSeeds:
     def final(self, name: str, metric: str, window: int = 5) -> np.ndarray:
         """Per seed, the mean of the last ``window`` steps of ``metric`` (what :meth:`TrainingHistory.last` gives)."""
         return self.metrics[name][metric][:, -window:].mean(-1)
+
+    def score(self, name: str, window: int = 5) -> np.ndarray:
+        """Per seed, lesson 07's yardstick on the trainer's own samples: reward − beta · true KL(π_θ ‖ π_ref)
+        (``trainer_reward`` and ``trainer_true_kl``, which lesson 08's store keeps)."""
+        beta = self.configs[name].beta
+        return self.final(name, "trainer_reward", window) - beta * self.final(name, "trainer_true_kl", window)
+
+    def same_runs(self, a: str, b: str) -> bool:
+        """Whether runs ``a`` and ``b`` are the very same, seed for seed and step for step (a correction whose
+        weights never bind trains exactly what no correction trains)."""
+        return all(np.array_equal(self.metrics[a][m], self.metrics[b][m]) for m in self.metric_names)
 
     def compare(self, a: str, b: str, metric: str = "true_kl", window: int = 5) -> dict[str, Any]:
         """Run ``a`` against run ``b`` on the final ``metric``, paired by seed (same seed, same first batch).

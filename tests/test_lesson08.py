@@ -380,6 +380,11 @@ def test_stored_mismatch_runs_match_their_configs_and_lesson_07():
     assert np.array_equal(
         data.metrics["top-p 0.8 · token_tis"]["reward"], data.metrics["top-p 0.8 · geo_reject"]["reward"]
     )
+    assert data.same_runs("top-p 0.8 · token_tis", "top-p 0.8 · geo_reject")
+    assert not data.same_runs("top-p 0.8 · token_tis", "top-p 0.8 · none")
+    name = "T=0.7 · token_tis"
+    want = data.final(name, "trainer_reward") - 0.2 * data.final(name, "trainer_true_kl")
+    assert np.array_equal(data.score(name), want)
 
 
 def test_stored_mismatch_run_reproduces():

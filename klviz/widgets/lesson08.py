@@ -425,10 +425,7 @@ class MismatchTrainingPanel(Panel):
             "correction": correction,
             "baseline": baseline,
             # a correction that never binds gives the very same runs (top-p ratios S < 1 under a cap above 1)
-            "identical": all(
-                np.array_equal(self.store.metrics[name][m], self.store.metrics[baseline][m])
-                for m in self.store.metric_names
-            ),
+            "identical": self.store.same_runs(name, baseline),
             "finals": finals,
             "curves": curves,
             "live": live,
@@ -439,12 +436,9 @@ class MismatchTrainingPanel(Panel):
 
     def _final(self, name: str, metric: str) -> np.ndarray:
         """Per seed, the mean of the last 5 steps of ``metric`` in run ``name``; "score" is lesson 07's
-        yardstick, the trainer's own reward minus beta times its own true KL(π_θ ‖ π_ref) (k3 in the loss
-        follows the forward KL's gradient, so this is not exactly what the update climbs)."""
-        if metric == "score":
-            beta = self.store.configs[name].beta
-            return self.store.final(name, "trainer_reward") - beta * self.store.final(name, "trainer_true_kl")
-        return self.store.final(name, metric)
+        yardstick (:meth:`klviz.rlhf.LabSeeds.score`; k3 in the loss follows the forward KL's gradient,
+        so it is not exactly what the update climbs)."""
+        return self.store.score(name) if metric == "score" else self.store.final(name, metric)
 
     # -- drawing --------------------------------------------------------------------------------
     def _draw_live(self, live: dict[str, np.ndarray] | None) -> None:

@@ -435,7 +435,7 @@ print(f"panel update: {panel.last_compute_ms:.1f} ms")
 
 # %%
 from klviz import rlhf
-from klviz.statistics import ROUNDING, is_resolved, mean_se
+from klviz.statistics import is_resolved, mean_se, verdict
 
 runs = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)
 BETA = rlhf.MISMATCH_SEED_CONFIGS["trainer · none"].beta
@@ -450,9 +450,7 @@ print(f"{len(runs.seeds)} seeds × {len(runs.configs)} settings loaded; seed 0 o
 
 def final(name, metric):
     """Per seed: the mean of the last 5 steps; "score" is the trainer's own R − β·KL(π_θ‖π_ref)."""
-    if metric == "score":
-        return final(name, "trainer_reward") - BETA * final(name, "trainer_true_kl")
-    return runs.final(name, metric)
+    return runs.score(name) if metric == "score" else runs.final(name, metric)
 
 
 def paired(a, b, metric):
@@ -460,10 +458,6 @@ def paired(a, b, metric):
     d, se = mean_se(torch.as_tensor(final(a, metric) - final(b, metric)))
     return d, se, is_resolved(d, se, scale=float(np.abs(final(b, metric)).mean()))
 
-
-def same_runs(a, b):
-    """Whether two stored settings are the very same runs, seed for seed and step for step."""
-    return all(np.array_equal(runs.metrics[a][m], runs.metrics[b][m]) for m in runs.metric_names)
 
 
 # %%
@@ -524,18 +518,19 @@ def pm(name, metric, fmt="{:.2f}"):
 rows, shown = [], []
 for name in (REF, *(f"{e} · {c}" for e in (BF, T, P) for c in rlhf.LAB_CORRECTIONS)):
     engine, corr = name.split(" · ")
-    twin = next((s for s in shown if s.startswith(engine) and same_runs(s, name)), None)
+    twin = next((s for s in shown if s.startswith(engine) and runs.same_runs(s, name)), None)
     shown.append(name)
     if twin is not None:                      # a correction that never binds: the same runs as another row
         rows.append([name, f"the same runs as {twin}", "", "", "", "", ""])
         continue
-    d, se, res = paired(name, f"{engine} · none", "score")
+    d, se, _ = paired(name, f"{engine} · none", "score")
+    said = verdict(d, se, scale=float(np.abs(final(f"{engine} · none", "score")).mean()))
     if corr == "none":
         vs = "—"
-    elif abs(d) <= ROUNDING * np.abs(final(f"{engine} · none", "score")).mean():
-        vs = "same up to rounding"
+    elif said == "same up to rounding":
+        vs = said
     else:
-        vs = f"{d:+.3f} ± {se:.3f}" + (" <b>resolved</b>" if res else "")
+        vs = f"{d:+.3f} ± {se:.3f}" + (" <b>resolved</b>" if said == "resolved" else "")
     rows.append([name, pm(name, "reward"), pm(name, "trainer_reward"), pm(name, "trainer_true_kl"),
                  pm(name, "score", "{:.3f}"), vs, pm(name, "mismatch_kl", "{:.1e}")])
 display(HTML(html_table(["run", "reward logged", "reward, own samples", "KL, own samples", "score J",
@@ -563,7 +558,7 @@ assert own["token_mask"][2] and own["token_mask"][0] < 0 and kl["token_mask"][2]
 assert not paired(f"{T} · token_mask", f"{T} · none", "score")[2]             # trades reward for KL
 assert 0.005 < final(f"{T} · token_mask", "rejected_tokens").mean() < 0.02
 # 3. top-p: the three token-level weightings never bind (every ratio is S < 1): the same runs
-assert same_runs(f"{P} · token_tis", f"{P} · token_mask") and same_runs(f"{P} · token_tis", f"{P} · geo_reject")
+assert runs.same_runs(f"{P} · token_tis", f"{P} · token_mask") and runs.same_runs(f"{P} · token_tis", f"{P} · geo_reject")
 assert paired(f"{P} · none", REF, "score")[2] and paired(f"{P} · none", REF, "score")[0] < 0
 assert not paired(f"{P} · token_tis", f"{P} · none", "score")[2]
 assert paired(f"{P} · token_tis", REF, "score")[2] and paired(f"{P} · token_tis", REF, "score")[0] < 0
