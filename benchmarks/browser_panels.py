@@ -3,8 +3,11 @@
 A private JupyterLab (``labserver.py``) serves a notebook this script writes: one cell runs
 ``klviz.setup_notebook()`` (as the lessons do), then one cell per panel
 builds it at its default settings. Headless Chromium opens the notebook, runs it, and for each
-panel presses the arrow keys on one slider (``--changes`` presses, default 30: one step right,
-one step back, ...). Each press is timed in the page, from the keydown event to the moment the
+panel presses the arrow keys on one slider, 150 ms apart (``--changes`` presses, default 30). By
+default the presses walk one way and turn at the slider's end, so nearly every press goes to a
+position the panel has not shown (``--pattern alternate``: one step right, one step back). Panels
+draw ahead while the kernel idles (``klviz.widgets.ahead``); ``--no-draw-ahead`` measures every
+press computed as it arrives. Each press is timed in the page, from the keydown event to the moment the
 frame that the kernel sent back has loaded into the panel's image (a ``load`` event; a figure on a
 canvas counts when ``drawImage`` puts the frame there). The browser paints that frame at its next
 animation frame, at most 16 ms later.
@@ -20,6 +23,7 @@ the baseline's median (same run), p95 <= 100 ms.
     python benchmarks/browser_panels.py                         # every panel, 30 presses each
     python benchmarks/browser_panels.py --only BregmanPanel --changes 10
     python benchmarks/browser_panels.py --only RLHFLabPanel --control RLHFLabPanel=steps
+    python benchmarks/browser_panels.py --no-draw-ahead --breakdown  # every press computed on arrival
 
 Needs Chromium (``apt-get install -y chromium``) and the test extra (Playwright). Screenshots of
 each panel after its last press go to ``build/browser-bench/`` with ``--screenshots``.
@@ -55,16 +59,31 @@ RECORD_FRAMES = """
   window.__klvizFrames = [];
   window.__klvizEcho = [];
   window.__klvizKeyAt = null;
+  // a waiting probe is woken by the events themselves: polling at every animation frame made the
+  // page composite 60 times a second while the kernel worked, taking CPU from it on a small machine
+  window.__klvizWaiters = [];
+  window.__klvizWake = () => { const w = window.__klvizWaiters; window.__klvizWaiters = []; w.forEach(f => f()); };
   const draw = CanvasRenderingContext2D.prototype.drawImage;
   CanvasRenderingContext2D.prototype.drawImage = function (...args) {
     window.__klvizFrames.push({t: performance.now(), canvas: this.canvas});
+    window.__klvizWake();
     return draw.apply(this, args);
   };
   // a figure shown as an <img> (ipywidgets.Image) has its frame once the new image has loaded
   document.addEventListener('load', (e) => {
-    if (e.target && e.target.tagName === 'IMG') window.__klvizFrames.push({t: performance.now(), canvas: e.target});
+    if (e.target && e.target.tagName === 'IMG') {
+      window.__klvizFrames.push({t: performance.now(), canvas: e.target});
+      window.__klvizWake();
+    }
   }, true);
   window.addEventListener('keydown', () => { window.__klvizKeyAt = performance.now(); }, true);
+  // when the page hands a new frame to an image (its widget's view setting src)
+  window.__klvizSrc = [];
+  const src = Object.getOwnPropertyDescriptor(HTMLImageElement.prototype, 'src');
+  Object.defineProperty(HTMLImageElement.prototype, 'src', {
+    get() { return src.get.call(this); },
+    set(v) { window.__klvizSrc.push({t: performance.now(), el: this}); src.set.call(this, v); },
+  });
   // the baseline's text, timed when the page changes it (as exactly as an image's load event)
   new MutationObserver((records) => {
     const t = performance.now();
@@ -73,6 +92,7 @@ RECORD_FRAMES = """
       const echo = el && el.closest && el.closest('.klviz-echo');
       if (echo) window.__klvizEcho.push({t, el: echo, text: echo.textContent});
     }
+    window.__klvizWake();
   }).observe(document, {subtree: true, childList: true, characterData: true});
 })();
 """
@@ -138,7 +158,10 @@ async ([selector, before, timeoutMs]) => {
         if (e) return e.t - t0;
       }
     }
-    await new Promise(r => requestAnimationFrame(r));
+    await new Promise(r => {
+      window.__klvizWaiters.push(r);
+      setTimeout(r, Math.max(1, timeoutMs - (performance.now() - start)));
+    });
   }
   return null;
 }
@@ -158,8 +181,11 @@ BREAKDOWN = """
   const main = updates.find(m => m.nbuf > 0) || updates.find(m => m.keys === 'value');
   if (!busy || !main) return null;
   const end = t0 + total;
+  const panel = document.querySelector(selector);
+  const set = (window.__klvizSrc || []).find(e => e.t >= main.t && panel.contains(e.el));
   return {slider: outs[0].t - t0, to_kernel: busy.kt - outs[0].t, kernel: main.kt - busy.kt,
           to_page: main.t - main.kt, in_page: end - main.t, kb: main.bytes / 1024,
+          to_src: set ? set.t - main.t : NaN, src_load: set ? end - set.t : NaN,
           messages: replies.filter(m => m.type === 'comm_msg').length};
 }
 """
@@ -218,21 +244,31 @@ def measure(
     echo: bool,
     timeout_ms: int,
     parts: list[dict] | None = None,
+    pattern: str = "walk",
 ) -> list[float]:
     """Press the arrow keys ``changes`` times; ms from each keydown to its frame (or the new text).
 
-    With ``parts`` (a list), where each press's time went is appended to it (see BREAKDOWN)."""
+    ``pattern`` "walk": keep going one way (right first) and turn at the slider's end, so that every
+    press but those next to a turn goes to a position the panel has not shown since it was built;
+    "alternate": one step right, one step back. With ``parts`` (a list), where each press's time
+    went is appended to it (see BREAKDOWN)."""
     handle = page.locator(f"{selector} {handle_selector}").first
     handle.scroll_into_view_if_needed()
     handle.focus()
     page.wait_for_timeout(300)
     out = []
+    right = True
     for i in range(changes):
         before = (
             page.evaluate("s => document.querySelector(s + ' .klviz-echo').textContent", selector) if echo else None
         )
+        if pattern == "walk":
+            now, lo, hi = (float(handle.get_attribute(f"aria-value{k}") or "nan") for k in ("now", "min", "max"))
+            right = (now < hi) if right else not (now > lo)
+        else:
+            right = i % 2 == 0
         page.evaluate("window.__klvizKeyAt = null")
-        page.keyboard.press("ArrowRight" if i % 2 == 0 else "ArrowLeft")
+        page.keyboard.press("ArrowRight" if right else "ArrowLeft")
         ms = page.evaluate(WAIT_FOR_FRAME, [selector, before, timeout_ms])
         if ms is None:
             raise RuntimeError(f"{selector}: press {i + 1} drew no frame within {timeout_ms} ms")
@@ -247,6 +283,7 @@ def measure(
 
 
 _STATUS_TIMES = re.compile(r"compute ([0-9.]+) ms(?: · redraw ([0-9.]+) ms)?")
+_STATUS_AHEAD = re.compile(r"drawn ahead|shown before, kept")
 
 
 def panel_times(page, selector: str) -> dict[str, float]:
@@ -255,7 +292,8 @@ def panel_times(page, selector: str) -> dict[str, float]:
     found = _STATUS_TIMES.search(status.first.inner_text()) if status.count() else None
     if not found:
         return {}
-    return {"compute": float(found.group(1)), "redraw": float(found.group(2) or "nan")}
+    ahead = bool(_STATUS_AHEAD.search(status.first.inner_text()))
+    return {"compute": float(found.group(1)), "redraw": float(found.group(2) or "nan"), "ahead": ahead}
 
 
 #: the columns of --breakdown: (key in BREAKDOWN's result, heading)
@@ -267,8 +305,11 @@ PARTS = [
     ("redraw", "redraw)"),
     ("to_page", "->page"),
     ("in_page", "page"),
+    ("to_src", "(->src"),
+    ("src_load", "load)"),
     ("kb", "kB"),
     ("messages", "msgs"),
+    ("ahead", "ready"),
 ]
 
 
@@ -276,6 +317,9 @@ def breakdown_row(name: str, parts: list[dict]) -> list[str]:
     row = [name]
     for key, _ in PARTS:
         values = [p[key] for p in parts if key in p and p[key] == p[key]]
+        if key == "ahead":  # how many presses found their frame drawn ahead (or kept), of all timed
+            row.append(f"{sum(values)}/{len(parts)}" if values else "-")
+            continue
         row.append(f"{median(values):.1f}" if values else "-")
     return row
 
@@ -305,6 +349,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also print where each press's time went (from the kernel messages' timestamps)",
     )
+    parser.add_argument(
+        "--pattern",
+        choices=["walk", "alternate"],
+        default="walk",
+        help="walk: one way to the slider's end and back (new positions); alternate: one step and back",
+    )
+    parser.add_argument(
+        "--no-draw-ahead",
+        action="store_true",
+        help="compute every press (KLVIZ_NO_DRAW_AHEAD=1 in the kernel): the panels' cost without drawing ahead",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     controls = dict(DEFAULT_CONTROLS)
@@ -326,7 +381,14 @@ def main(argv: list[str] | None = None) -> int:
         f"   JupyterLab + headless Chromium · {os.cpu_count()} CPUs · load average "
         + " ".join(f"{v:.2f}" for v in os.getloadavg())
     )
-    print(f"   changes {args.changes} per panel · panels {len(names)}")
+    print(
+        f"   changes {args.changes} per panel · panels {len(names)} · pattern {args.pattern}"
+        f" · drawing ahead {'off' if args.no_draw_ahead else 'on'}"
+    )
+    if args.no_draw_ahead:
+        os.environ["KLVIZ_NO_DRAW_AHEAD"] = "1"  # the lab server's kernels inherit it
+    else:
+        os.environ.pop("KLVIZ_NO_DRAW_AHEAD", None)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
         root, home = Path(tmp) / "root", Path(tmp) / "home"
         root.mkdir()
@@ -353,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 True,
                 args.timeout,
                 parts.setdefault(BASELINE, []) if args.breakdown else None,
+                args.pattern,
             )
             base_med = median(baseline)
             rows = [[BASELINE, f"{base_med:.1f}", f"{p95(baseline):.1f}", "1.00", "-", ""]]
@@ -373,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                         False,
                         args.timeout,
                         parts.setdefault(name, []) if args.breakdown else None,
+                        args.pattern,
                     )
                 except RuntimeError as err:
                     rows.append([name, "NO FRAME", "", "", control or "first slider", str(err)[:40]])
@@ -409,10 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "\n== where the time went (medians, ms): key->sent = the slider's own handling until the"
             " message leaves the page;\n   ->kernel = until the kernel starts on it; kernel = until it sends"
-            " the frame (the HTML text for the\n   baseline), of which (compute redraw) are the panel's own times"
-            " (its status line); ->page = until that\n   message reaches the page; page = until the frame has"
-            " loaded (the text is shown). ->kernel and ->page compare\n   the kernel's clock (header.date) with"
-            " the page's, so they share an offset of a few ms; their sum does not."
+            " the frame (the HTML text for the\n   baseline); (compute redraw) = what the frame took to make"
+            " (its status line), spent while the kernel\n   idled for a frame drawn ahead; ->page = until that"
+            " message reaches the page; page = until the frame has\n   loaded (the text is shown), of which"
+            " (->src load) = until the page gives the image its new frame, then\n   until it has loaded;"
+            " ready = presses whose frame was drawn ahead or kept. ->kernel and ->page compare\n   the kernel's"
+            " clock (header.date) with the page's, so they share an offset of a few ms; their sum does not."
         )
         print_table(["panel"] + [h for _, h in PARTS], [breakdown_row(n, v) for n, v in parts.items()])
     print("   load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))

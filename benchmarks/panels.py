@@ -106,35 +106,11 @@ def _buildable_without_arguments(cls: type) -> bool:
 
 
 def neighbour_value(widget: Any) -> Any:
-    """A value one step away from the widget's current one (None if the widget has no other value)."""
-    from ipywidgets import FloatLogSlider
+    """A value one step away from the widget's current one, up if it can (None if it has no other value)."""
+    from klviz.widgets.ahead import neighbours
 
-    value = widget.value
-    if hasattr(widget, "options") and hasattr(widget, "index"):  # dropdowns, selection sliders
-        n = len(widget.options)
-        if n < 2 or widget.index is None or isinstance(widget.index, tuple):
-            return None
-        i = widget.index + 1 if widget.index + 1 < n else widget.index - 1
-        return widget.options[i][1] if isinstance(widget.options[i], tuple) else widget.options[i]
-    if isinstance(value, bool):
-        return not value
-    if isinstance(widget, FloatLogSlider):
-        up = value * widget.base**widget.step
-        return up if up <= widget.base**widget.max else value / widget.base**widget.step
-    if isinstance(value, (int, float)):
-        step = getattr(widget, "step", None) or 1
-        lo, hi = getattr(widget, "min", None), getattr(widget, "max", None)
-        up = value + step
-        if hi is None or up <= hi:
-            return type(value)(up)
-        down = value - step
-        return type(value)(down) if lo is None or down >= lo else None
-    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
-        step = getattr(widget, "step", None) or 1
-        hi = getattr(widget, "max", None)
-        lo_v, hi_v = value
-        return (lo_v, hi_v + step) if hi is None or hi_v + step <= hi else (lo_v - step, hi_v)
-    return None
+    found = neighbours(widget)
+    return found[0] if found else None
 
 
 def change_plan(panel: Any, changes: int) -> list[tuple[str, Any]]:

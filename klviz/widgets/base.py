@@ -6,7 +6,9 @@ On every control change it recomputes, updates the existing artists in ``draw`` 
 never rebuilds the figure. Frames go to the page as PNG images (:meth:`Panel._make_canvas` says why
 not ipympl). Errors raised while updating are shown inside the panel instead of vanishing into a log.
 The status line shows the device and how long the last update took: compute, then the redraw,
-marked "(blitted)" when only the changed artists were drawn.
+marked "(blitted)" when only the changed artists were drawn. In a live kernel a panel draws ahead:
+while the kernel idles it prepares the frames one step either side of the reader's position
+(:mod:`klviz.widgets.ahead`), and a step to one of them is answered with that frame, marked "drawn ahead".
 
 Work that takes seconds (training a model) runs in a thread when the reader moves a control: a
 panel overrides :meth:`Panel.start_background` and starts it with :meth:`Panel.run_in_background`;
@@ -38,6 +40,7 @@ import traitlets
 from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
+from .ahead import DrawAhead, Prepared, neighbours
 from .frames import FrameComposer, pixel_ratio
 
 __all__ = ["Panel", "BackgroundRun", "Cancelled", "html_table", "move_policy_controls", "static_mode"]
@@ -53,6 +56,9 @@ class Panel:
     #: the controls the static site sweeps, ``{name: positions}`` (see ``klviz.widgets.static.STATIC_CONTROLS``,
     #: the table that sets them per panel and wins over this); None: the site's table, else the first control
     static_controls: dict[str, Any] | None = None
+    #: prepare the positions one step from the reader's while the kernel idles (see klviz.widgets.ahead);
+    #: off for panels whose changes start background work
+    draw_ahead: bool = True
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         self.device = resolve_device(device)
@@ -79,6 +85,8 @@ class Panel:
         self.error = widgets.HTML().add_class("klviz-error")
         self.status = widgets.HTML().add_class("klviz-status")
         self._frame_png: bytes = b""  # the last frame handed to the page (see frame_png)
+        self._ahead = DrawAhead(self)
+        self._figure_current = True  # False while the artists show a position drawn ahead
         self._canvas = self._make_canvas()
         for name, w in self.controls.items():
             w.add_class(f"klviz-{name.replace('_', '-')}")
@@ -100,6 +108,7 @@ class Panel:
         self.update()
         self._prime_frames()
         self._built = True
+        self._ahead.plan()
 
     # -- to implement -------------------------------------------------------------------------
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
@@ -183,9 +192,16 @@ class Panel:
         self.update()
         return self.last
 
-    def _on_change(self, _change: dict[str, Any]) -> None:
+    def first_slider(self) -> str | None:
+        """The name of the first control that steps (a slider, else any control with neighbours)."""
+        stepping = [name for name, w in self.controls.items() if neighbours(w)]
+        sliders = [name for name in stepping if "Slider" in type(self.controls[name]).__name__]
+        return (sliders or stepping or [None])[0]
+
+    def _on_change(self, change: dict[str, Any]) -> None:
         if self._holding:
             return
+        self._ahead.note_change(change)
         self._generation += 1  # a run still working in the background is out of date
         started = False
         if not static_mode():
@@ -197,20 +213,58 @@ class Panel:
             self.update()
 
     def update(self) -> None:
-        """Recompute and redraw; any exception is shown in the panel and kept in ``last_error``."""
+        """Recompute and redraw; any exception is shown in the panel and kept in ``last_error``.
+
+        A position drawn ahead (see :mod:`klviz.widgets.ahead`) is shown as it was prepared."""
         with self._lock, self._frame_first():
-            t0 = time.perf_counter()
-            try:
-                data = self.compute(**self.values())
-                self.draw(data)
-            except Exception as err:  # noqa: BLE001 - shown to the reader, never swallowed silently
-                self._show_error(err, t0)
-                return
-            self.last, self.last_error, self.error.value = data, None, ""
-            self.last_compute_ms = (time.perf_counter() - t0) * 1e3
-            self.updates += 1
-            self._redraw()
-            self._show_status()
+            values = self.values()
+            prepared = self._ahead.take(values)
+            if prepared is not None:
+                self._show_prepared(prepared)
+            else:
+                t0 = time.perf_counter()
+                try:
+                    data = self.compute(**values)
+                    self.draw(data)
+                except Exception as err:  # noqa: BLE001 - shown to the reader, never swallowed silently
+                    self._show_error(err, t0)
+                    return
+                self.last, self.last_error, self.error.value = data, None, ""
+                self._figure_current = True
+                self.last_compute_ms = (time.perf_counter() - t0) * 1e3
+                self.updates += 1
+                self._redraw()
+                self._show_status()
+                self._ahead.keep_current(
+                    Prepared(
+                        values,
+                        data,
+                        self._frame_png,
+                        bytes(self._image.value),
+                        self.readout.value,
+                        self.last_compute_ms,
+                        self.last_draw_ms,
+                        self._frames.last_was_blit,
+                        "kept",
+                    )
+                )
+        self._ahead.plan()
+
+    def _show_prepared(self, prepared: Prepared) -> None:
+        """Show a position drawn ahead: its frame, readout and the times it took when it was drawn."""
+        self.last, self.last_error, self.error.value = prepared.data, None, ""
+        self._figure_current = False  # the artists show whatever was drawn last (see DrawAhead.restore)
+        self.last_compute_ms, self.last_draw_ms = prepared.compute_ms, prepared.draw_ms
+        self.updates += 1
+        self._ahead.used += 1
+        self._show_frame(prepared.png, prepared.url)
+        self.readout.value = prepared.readout
+        # the times it took when it was drawn; it is shown now without computing or drawing anything
+        self._show_status(
+            f" · {prepared.how} while idle" if prepared.how == "drawn ahead" else " · shown before, kept",
+            blitted=prepared.blitted,
+        )
+        self._ahead.keep_current(prepared)
 
     def _frame_first(self) -> contextlib.ExitStack:
         """Hold the readout, error and status messages until the block ends, so the frame leaves first.
@@ -245,7 +299,7 @@ class Panel:
         the time shown as compute starts (default: now). Does nothing while the panel is being
         built and in static mode (nobody sees those frames).
         """
-        if not self._built or static_mode():
+        if not self._built or static_mode() or self._ahead.drawing:
             return
         with self._lock, self._frame_first():
             self._show_progress(progress, time.perf_counter() if since is None else since)
@@ -348,9 +402,13 @@ class Panel:
         self._freeze_layout()
         t0 = time.perf_counter()
         self._frames.render(blit=self._blitting())
-        self._frame_png = self._frames.png()
-        self._image.value = b"data:image/png;base64," + base64.b64encode(self._frame_png)
+        self._show_frame(self._frames.png())
         self.last_draw_ms = (time.perf_counter() - t0) * 1e3
+
+    def _show_frame(self, png: bytes, url: bytes | None = None) -> None:
+        """Send a frame: ``png``, or the same pixels as the ``data:`` URL ``url``."""
+        self._frame_png = png
+        self._image.value = b"data:image/png;base64," + base64.b64encode(png) if url is None else url
 
     @property
     def frame_png(self) -> bytes:
@@ -359,10 +417,10 @@ class Panel:
         The image widget holds the same frame as a data URL (see :meth:`_make_canvas`)."""
         return self._frame_png
 
-    def _show_status(self, note: str = "") -> None:
+    def _show_status(self, note: str = "", blitted: bool | None = None) -> None:
         """Device and timing of the last update, then ``note`` (HTML, e.g. the progress of a run)."""
         draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
-        if self._frames.last_was_blit:
+        if self._frames.last_was_blit if blitted is None else blitted:
             draw += " (blitted)"
         device = describe_device(self.device).replace("(1 threads)", "(1 thread)")  # grammar of one
         self.status.value = (
@@ -393,7 +451,9 @@ class Panel:
     def png(self) -> bytes:
         """The figure as PNG bytes (for saving a picture of the panel)."""
         buf = io.BytesIO()
-        self.fig.savefig(buf, format="png")
+        with self._lock:
+            self._ahead.restore()
+            self.fig.savefig(buf, format="png")
         return buf.getvalue()
 
     def _ipython_display_(self) -> None:

@@ -41,6 +41,8 @@ class RLHFLabPanel(Panel):
 
     #: train in a background thread when the reader moves a control (see the module docstring)
     background_training: bool = True
+    #: a position is a training run of seconds: nothing is drawn ahead
+    draw_ahead = False
 
     def __init__(
         self,

@@ -287,6 +287,8 @@ class MismatchTrainingPanel(Panel):
     css_class = "klviz-lesson08-training"
     #: the static site steps through every engine and correction (the stored runs; no live seed there)
     static_controls = {"engine": 3, "correction": len(rlhf.LAB_CORRECTIONS)}
+    #: a live seed is a training run of seconds: nothing is drawn ahead
+    draw_ahead = False
 
     def __init__(self, device: str | torch.device | None = "cpu") -> None:
         self.store = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)

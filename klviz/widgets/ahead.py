@@ -1,0 +1,272 @@
+"""Drawing ahead: the frames one step either side of the reader's position, made while the kernel idles.
+
+A reader moves a slider one step at a time (an arrow key, a slow drag). Measured in JupyterLab with
+headless Chromium on a 2-core machine, the kernel's share of such a step was 1.4-2x what the same
+update takes in a loop: between two key presses the CPU idles, and the next update starts with cold
+caches. So after each update, once the frame has left, a panel in a live kernel renders the
+positions one step away along the control the reader moved last (the direction of travel first),
+one per turn of the kernel's event loop, and keeps each frame with its readout. A change to one of
+them is answered with the kept frame, without computing or drawing anything; any other change is
+computed as before, and a kept frame is dropped as soon as the reader is no longer next to it.
+
+Nothing here runs without a running event loop (tests, scripts, nbconvert's static builds) or in
+static mode, and a panel that trains in the background (``start_background``) does not draw ahead.
+``KLVIZ_NO_DRAW_AHEAD=1`` turns it off, for comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .frames import frame_url
+
+if TYPE_CHECKING:
+    from .base import Panel
+
+__all__ = ["DrawAhead", "Prepared", "neighbours", "same_values"]
+
+#: seconds to wait after an update before drawing ahead: the frame, readout and status messages
+#: leave through the kernel's IOPub thread, which needs the interpreter lock the drawing would hold
+START_AFTER_S = 0.02
+#: prepared positions kept: the two neighbours of the reader's position and the position itself
+KEEP = 3
+#: changes closer together than this (a key held down) draw ahead only in the direction of travel:
+#: each frame drawn ahead takes 20-30 ms here, and a change arriving meanwhile waits for it
+QUICK_S = 0.25
+
+
+def neighbours(widget: Any, toward: int = 1) -> list[Any]:
+    """The values one step either side of ``widget``'s value that it accepts, ``toward`` first.
+
+    ``toward`` is +1 (the step up first) or -1. Sliders step by their ``step`` (a log slider in its
+    exponent), option widgets (dropdowns, selection sliders, toggle buttons) go to the next option,
+    a checkbox to the other value, an integer box by one. Widgets with other values give none.
+    """
+    from ipywidgets import FloatLogSlider
+
+    value = widget.value
+    found: list[Any] = []
+    if hasattr(widget, "options") and hasattr(widget, "index"):
+        index, options = widget.index, widget.options
+        if isinstance(index, int) and len(options) > 1:
+            for i in (index + toward, index - toward):
+                if 0 <= i < len(options):
+                    found.append(options[i][1] if isinstance(options[i], tuple) else options[i])
+        return found
+    if isinstance(value, bool):
+        return [not value]
+    if not isinstance(value, (int, float)):
+        return found
+    lo, hi = getattr(widget, "min", None), getattr(widget, "max", None)
+    step = getattr(widget, "step", None) or 1
+    for sign in (toward, -toward):
+        if isinstance(widget, FloatLogSlider):
+            # as the slider steps: its value times base**step (the page's own arithmetic may differ
+            # in the last bits; see same_values)
+            other = value * widget.base ** (sign * step)
+            inside = widget.base**lo <= other <= widget.base**hi
+        else:
+            other = type(value)(value + sign * step)
+            inside = (lo is None or other >= lo) and (hi is None or other <= hi)
+        if inside:
+            found.append(other)
+    return found
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, float) or isinstance(b, float):
+        # the page's slider computes a step as it likes (0.1 + 0.05 or round(x / step) * step):
+        # the same position may differ in the last bits
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-12)
+    return bool(a == b) and type(a) is type(b)
+
+
+def same_values(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two settings of a panel's controls are the same position (floats to 1e-12 relative)."""
+    return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+
+
+@dataclass
+class Prepared:
+    """One position drawn: its values, data, frame, readout and how long it took."""
+
+    values: dict[str, Any]
+    data: dict[str, Any]
+    png: bytes
+    #: the ``data:`` URL the page is sent (a frame drawn ahead: lossless WebP, see frame_url)
+    url: bytes
+    readout: str
+    compute_ms: float
+    draw_ms: float
+    blitted: bool
+    #: how it came to be kept: "drawn ahead" (while the kernel idled) or "kept" (shown before)
+    how: str = "drawn ahead"
+
+
+class _Text:
+    """Stands in for the readout while a position is drawn ahead: nothing reaches the page."""
+
+    value = ""
+
+
+class DrawAhead:
+    """A panel's prepared positions, and the kernel's idle turns that make them."""
+
+    def __init__(self, panel: Panel) -> None:
+        self.panel = panel
+        self.kept: list[Prepared] = []
+        self.moved: str | None = None  # the control the reader moved last
+        self.toward = 1
+        self.quick = False  # the last change came within QUICK_S of the one before
+        self._changed_at = -math.inf
+        self.made = 0  # positions drawn ahead (for tests and the benchmark)
+        self.used = 0  # changes answered with one of them
+        self.drawing = False  # True while a position is being drawn ahead (nothing may reach the page)
+        self._handle: asyncio.TimerHandle | None = None
+
+    @staticmethod
+    def enabled() -> bool:
+        """False when ``KLVIZ_NO_DRAW_AHEAD`` is set (to anything but 0)."""
+        return os.environ.get("KLVIZ_NO_DRAW_AHEAD", "") in ("", "0")
+
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop to draw ahead in: the kernel's, when this panel draws ahead at all."""
+        from .base import static_mode
+
+        panel = self.panel
+        if not (panel.draw_ahead and self.enabled()) or static_mode() or not panel._built:
+            return None
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:  # no kernel event loop (a script, a test, nbconvert): nothing idles
+            return None
+
+    @property
+    def pending(self) -> bool:
+        """Whether drawing ahead is scheduled (the kernel will do it at its next idle turns)."""
+        return self._handle is not None
+
+    def note_change(self, change: dict[str, Any]) -> None:
+        """Remember which control the reader moved, which way, and whether changes come quickly."""
+        now = time.perf_counter()
+        self.quick, self._changed_at = now - self._changed_at < QUICK_S, now
+        owner = change.get("owner")
+        for name, widget in self.panel.controls.items():
+            if widget is owner:
+                self.moved = name
+        old, new = change.get("old"), change.get("new")
+        try:
+            if getattr(owner, "options", None) is not None:
+                options = [o[1] if isinstance(o, tuple) else o for o in owner.options]
+                self.toward = 1 if options.index(new) >= options.index(old) else -1
+            elif isinstance(new, (int, float)) and isinstance(old, (int, float)):
+                self.toward = 1 if new >= old else -1
+        except ValueError:
+            self.toward = 1
+
+    def take(self, values: dict[str, Any]) -> Prepared | None:
+        """The position prepared for ``values``, if there is one (never without a loop to draw in)."""
+        if not self.kept or self.loop() is None:
+            return None
+        for prepared in self.kept:
+            if same_values(prepared.values, values):
+                return prepared
+        return None
+
+    def keep_current(self, prepared: Prepared) -> None:
+        """Keep the position just shown (the reader may step back to it)."""
+        if self.loop() is None:
+            self.kept = []
+            return
+        self.kept = [p for p in self.kept if not same_values(p.values, prepared.values)][-(KEEP - 1) :] + [prepared]
+
+    def plan(self) -> None:
+        """After an update: schedule the neighbours of the new position for the kernel's idle turns."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        panel = self.panel
+        loop = self.loop()
+        if loop is None:
+            return
+        current = panel.values()
+        name = self.moved if self.moved in panel.controls else panel.first_slider()
+        if name is None:
+            return
+        targets = []
+        for value in neighbours(panel.controls[name], self.toward)[: 1 if self.quick else 2]:
+            values = dict(current, **{name: value})
+            if self.take(values) is None:
+                targets.append(values)
+        # drop what is no longer one step away; keep the position shown
+        near = [current] + [dict(current, **{name: v}) for v in neighbours(panel.controls[name])]
+        self.kept = [p for p in self.kept if any(same_values(p.values, v) for v in near)][-KEEP:]
+        if targets or not panel._figure_current:  # nothing to draw: still put the artists back
+            self._handle = loop.call_later(START_AFTER_S, self._next, panel._generation, targets, loop)
+
+    def _next(self, generation: int, targets: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
+        self._handle = None
+        panel = self.panel
+        if generation != panel._generation:
+            return
+        if not panel._lock.acquire(blocking=False):  # a background frame is being drawn: later
+            self._handle = loop.call_later(START_AFTER_S, self._next, generation, targets, loop)
+            return
+        prepared = None
+        try:
+            prepared = self._draw(targets[0]) if targets else None
+            if targets[1:]:  # one position per turn: a message waiting is handled in between
+                self._handle = loop.call_later(0.001, self._next, generation, targets[1:], loop)
+            else:
+                self.restore()
+        finally:
+            panel._lock.release()
+        if prepared is not None:
+            self.kept = (self.kept + [prepared])[-KEEP:]
+
+    def _draw(self, values: dict[str, Any]) -> Prepared | None:
+        """Compute, draw and encode ``values`` without showing them (None if they raise: the
+        reader's change will show the error)."""
+        panel = self.panel
+        readout, panel.readout = panel.readout, _Text()  # type: ignore[assignment]
+        self.drawing = True
+        try:
+            t0 = time.perf_counter()
+            data = panel.compute(**values)
+            panel.draw(data)
+            t1 = time.perf_counter()
+            panel._frames.render(blit=panel._blitting())
+            png = panel._frames.png()
+            url = frame_url(np.asarray(panel.fig.canvas.buffer_rgba()), png)
+            t2 = time.perf_counter()
+            text = panel.readout.value
+        except Exception:  # noqa: BLE001 - shown by the ordinary update if the reader goes there
+            return None
+        finally:
+            panel.readout = readout  # type: ignore[assignment]
+            panel._figure_current = False
+            self.drawing = False
+        self.made += 1
+        blitted = panel._frames.last_was_blit
+        return Prepared(values, data, png, url, text, (t1 - t0) * 1e3, (t2 - t1) * 1e3, blitted, "drawn ahead")
+
+    def restore(self) -> None:
+        """Put the figure's artists back to the position shown (drawing ahead moved them)."""
+        panel = self.panel
+        if panel._figure_current or not panel.last:
+            return
+        readout, panel.readout = panel.readout, _Text()  # type: ignore[assignment]
+        try:
+            panel.draw(panel.last)
+        finally:
+            panel.readout = readout  # type: ignore[assignment]
+        panel._figure_current = True

@@ -1,0 +1,205 @@
+"""Drawing ahead (klviz.widgets.ahead): frames prepared while the kernel idles are the frames an update makes.
+
+A panel in a live kernel prepares the positions one step either side of the reader's; a step there is
+answered with the kept frame. These tests run each panel inside an asyncio loop (as the kernel does),
+let it idle, step to a prepared position, and compare what the page would get with what a panel that
+computes the same setting from scratch shows: the readout exactly, the numbers exactly, the pixels
+as blitting allows (tests/test_panel_frames.py's criterion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+
+import ipywidgets as widgets
+import numpy as np
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from PIL import Image
+
+import klviz.widgets as W
+from klviz.widgets import ahead
+from klviz.widgets.ahead import neighbours, same_values
+from klviz.widgets.base import Panel
+from klviz.widgets.frames import frame_url
+
+DRAWING_AHEAD = [name for name in W.PANELS if getattr(W, name).draw_ahead]
+
+
+async def idle(panel: Panel, timeout: float = 20.0) -> None:
+    """Let the loop turn until the panel has nothing left to draw ahead."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    await asyncio.sleep(0)
+    while panel._ahead.pending:
+        assert loop.time() < end, "drawing ahead did not finish"
+        await asyncio.sleep(0.005)
+
+
+def decoded(url: bytes) -> np.ndarray:
+    head, _, body = bytes(url).partition(b",")
+    assert head in (b"data:image/webp;base64", b"data:image/png;base64"), head
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(body))).convert("RGBA")).astype(np.int16)
+
+
+def pixels(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGBA")).astype(np.int16)
+
+
+def test_neighbours_of_each_kind_of_control():
+    s = widgets.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.25)
+    assert neighbours(s) == [0.75, 0.25] and neighbours(s, -1) == [0.25, 0.75]
+    s.value = 1.0
+    assert neighbours(s) == [0.75]  # nothing beyond the end
+    i = widgets.IntSlider(value=3, min=0, max=3)
+    assert neighbours(i, -1) == [2] and all(type(v) is int for v in neighbours(i))
+    log = widgets.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.5)
+    assert np.allclose(neighbours(log), [10**0.5, 10**-0.5])
+    sel = widgets.SelectionSlider(options=[("a", 1), ("b", 2), ("c", 3)], value=2)
+    assert neighbours(sel) == [3, 1] and neighbours(sel, -1) == [1, 3]
+    drop = widgets.Dropdown(options=["x", "y"], value="x")
+    assert neighbours(drop) == ["y"]
+    assert neighbours(widgets.Checkbox(value=True)) == [False]
+    assert neighbours(widgets.BoundedIntText(value=0, min=0, max=9)) == [1]
+    assert neighbours(widgets.Text(value="k3")) == []
+
+
+def test_same_values_forgives_the_last_bits_of_a_float_only():
+    assert same_values({"x": 0.1 + 0.05, "n": 4}, {"x": 0.15, "n": 4})
+    assert not same_values({"x": 0.15}, {"x": 0.1501})
+    assert not same_values({"n": 4}, {"n": 5})
+    assert not same_values({"flag": True}, {"flag": 1})
+    assert not same_values({"x": 0.1}, {"x": 0.1, "y": 1})
+
+
+def test_frames_drawn_ahead_are_sent_losslessly():
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, size=(37, 53, 4), dtype=np.uint8)
+    rgba[..., 3] = 255
+    from klviz.widgets.frames import encode_png
+
+    url = frame_url(rgba, encode_png(rgba))
+    assert url.startswith(b"data:image/webp;base64,")  # Pillow here has WebP
+    assert np.array_equal(decoded(url), rgba)
+    clear = rgba.copy()
+    clear[0, 0, 3] = 0  # not opaque: WebP is not used (the page gets the PNG)
+    assert np.array_equal(decoded(frame_url(clear, encode_png(clear))), clear)
+
+
+def test_nothing_is_drawn_ahead_without_a_running_loop():
+    panel = W.GaussianEstimatorsPanel()
+    panel.set(mu=panel.controls["mu"].value + 0.05)
+    panel.set(mu=panel.controls["mu"].value - 0.05)
+    assert panel._ahead.made == 0 and panel._ahead.used == 0 and panel._ahead.kept == []
+
+
+def test_panels_that_train_do_not_draw_ahead():
+    assert not W.RLHFLabPanel.draw_ahead and not W.MismatchTrainingPanel.draw_ahead
+    assert set(W.PANELS) - set(DRAWING_AHEAD) == {"RLHFLabPanel", "MismatchTrainingPanel"}
+
+
+@pytest.mark.parametrize("name", DRAWING_AHEAD)
+def test_a_step_to_a_position_drawn_ahead_shows_what_computing_it_shows(name):
+    async def run():
+        panel = getattr(W, name)()
+        control = panel.first_slider()
+        assert control is not None
+        await idle(panel)
+        assert panel._ahead.made >= 1, "nothing was drawn ahead after the panel was built"
+        shown_url, shown_readout = panel._image.value, panel.readout.value
+        assert panel._figure_current  # the artists were put back after drawing ahead
+        steps = [neighbours(panel.controls[control])[0]]
+        for value in steps:
+            panel.controls[control].value = value  # as the reader's slider does
+            assert panel._ahead.used == 1, "the step was computed, not answered from the frame drawn ahead"
+            assert "drawn ahead" in panel.status.value
+            assert panel._image.value != shown_url and panel.readout.value != shown_readout
+            await idle(panel)
+        return panel
+
+    panel = asyncio.run(run())
+    fresh = getattr(W, name)()
+    fresh.set(**panel.values())  # the same setting, computed and drawn in full
+    assert panel.readout.value == fresh.readout.value
+    assert panel.last.keys() == fresh.last.keys()
+    for key, value in fresh.last.items():
+        got = panel.last[key]
+        if isinstance(value, (float, int, np.ndarray)) or hasattr(value, "numpy"):
+            assert np.array_equal(np.asarray(got), np.asarray(value), equal_nan=True), key
+    sent, full = decoded(panel._image.value), pixels(fresh.frame_png)
+    assert sent.shape == full.shape
+    differing = float((np.abs(sent - full).max(-1) > 40).mean())
+    assert differing < 0.005, f"{name}: {100 * differing:.2f}% of pixels differ from the frame computed in full"
+    assert np.array_equal(decoded(panel._image.value), pixels(panel.frame_png))  # WebP and PNG: same pixels
+
+
+class _Refuses(Panel):
+    """x above 0.5 raises: a position that cannot be computed is not kept, and the step shows its error."""
+
+    title = "refuses"
+
+    def make_controls(self):
+        return {"x": widgets.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.25)}
+
+    def make_figure(self):
+        fig = Figure(figsize=(2, 1), dpi=50)
+        FigureCanvasAgg(fig)
+        self.line = fig.add_subplot().plot([0, 1], [0, 0])[0]
+        return fig
+
+    def compute(self, x):
+        if x > 0.5:
+            raise ValueError(f"x = {x} is too large")
+        return {"x": x}
+
+    def draw(self, data):
+        self.line.set_ydata([0, data["x"]])
+        self.readout.value = f"x = {data['x']}"
+
+
+def test_a_position_that_raises_is_not_kept_and_its_step_shows_the_error():
+    async def run():
+        panel = _Refuses()
+        await idle(panel)
+        assert [p.values["x"] for p in panel._ahead.kept] == [0.25]  # 0.75 raised while drawn ahead
+        assert panel.readout.value == "x = 0.5" and panel.error.value == ""  # nothing reached the page
+        panel.controls["x"].value = 0.75
+        assert isinstance(panel.last_error, ValueError) and "too large" in panel.error.value
+        panel.controls["x"].value = 0.25  # not next to 0.75's neighbours any more: computed again
+        assert panel.last_error is None and panel.readout.value == "x = 0.25"
+
+    asyncio.run(run())
+
+
+def test_drawing_ahead_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("KLVIZ_NO_DRAW_AHEAD", "1")
+
+    async def run():
+        panel = W.BregmanPanel()
+        await idle(panel)
+        panel.controls["r"].value = neighbours(panel.controls["r"])[0]
+        await idle(panel)
+        return panel
+
+    panel = asyncio.run(run())
+    assert panel._ahead.made == 0 and panel._ahead.used == 0
+
+
+def test_quick_changes_draw_ahead_only_the_way_the_reader_goes():
+    async def run():
+        panel = W.BregmanPanel()
+        await idle(panel)
+        r = panel.controls["r"]
+        for _ in range(3):  # a key held down: each change well within QUICK_S of the last
+            r.value = neighbours(r, 1)[0]
+        assert panel._ahead.quick
+        up = dict(panel.values(), r=neighbours(r, 1)[0])
+        made = panel._ahead.made
+        await idle(panel)
+        assert panel._ahead.made == made + 1 and panel._ahead.take(up) is not None
+        assert ahead.QUICK_S > 0
+
+    asyncio.run(run())
