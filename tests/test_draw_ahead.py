@@ -1,7 +1,8 @@
 """Drawing ahead (klviz.widgets.ahead): frames prepared while the kernel idles are the frames an update makes.
 
 A panel in a live kernel prepares the positions one step either side of the reader's; a step there is
-answered with the kept frame. These tests run each panel inside an asyncio loop (as the kernel does),
+answered with the kept frame. These tests run each panel inside an asyncio loop of its own, in a thread
+of its own (pytest may already run one: Playwright's), standing in for the kernel's,
 let it idle, step to a prepared position, and compare what the page would get with what a panel that
 computes the same setting from scratch shows: the readout exactly, the numbers exactly, the pixels
 as blitting allows (tests/test_panel_frames.py's criterion).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import threading
 
 import ipywidgets as widgets
 import numpy as np
@@ -27,6 +29,31 @@ from klviz.widgets.base import Panel
 from klviz.widgets.frames import frame_url
 
 DRAWING_AHEAD = [name for name in W.PANELS if getattr(W, name).draw_ahead]
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    """As if in an IPython kernel: panels draw ahead in the loop that :func:`in_loop` runs."""
+    monkeypatch.setattr(ahead, "in_kernel", lambda: True)
+
+
+def in_loop(main):
+    """Run the coroutine function ``main`` in a fresh event loop on a thread of its own; its result."""
+    out: dict = {}
+
+    def target():
+        try:
+            out["result"] = asyncio.run(main())
+        except BaseException as err:  # noqa: BLE001 - raised again in the test's thread
+            out["error"] = err
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the loop did not finish"
+    if "error" in out:
+        raise out["error"]
+    return out.get("result")
 
 
 async def idle(panel: Panel, timeout: float = 20.0) -> None:
@@ -89,11 +116,20 @@ def test_frames_drawn_ahead_are_sent_losslessly():
     assert np.array_equal(decoded(frame_url(clear, encode_png(clear))), clear)
 
 
-def test_nothing_is_drawn_ahead_without_a_running_loop():
-    panel = W.GaussianEstimatorsPanel()
-    panel.set(mu=panel.controls["mu"].value + 0.05)
-    panel.set(mu=panel.controls["mu"].value - 0.05)
-    assert panel._ahead.made == 0 and panel._ahead.used == 0 and panel._ahead.kept == []
+def test_nothing_is_drawn_ahead_outside_a_kernel():
+    def steps():
+        panel = W.GaussianEstimatorsPanel()
+        panel.set(mu=panel.controls["mu"].value + 0.05)
+        panel.set(mu=panel.controls["mu"].value - 0.05)
+        return panel
+
+    async def with_a_loop():  # an event loop running is not a kernel (Playwright runs one in tests)
+        panel = steps()
+        await asyncio.sleep(0.2)
+        return panel
+
+    for panel in (steps(), in_loop(with_a_loop)):
+        assert panel._ahead.made == 0 and panel._ahead.used == 0 and panel._ahead.kept == []
 
 
 def test_panels_that_train_do_not_draw_ahead():
@@ -102,7 +138,7 @@ def test_panels_that_train_do_not_draw_ahead():
 
 
 @pytest.mark.parametrize("name", DRAWING_AHEAD)
-def test_a_step_to_a_position_drawn_ahead_shows_what_computing_it_shows(name):
+def test_a_step_to_a_position_drawn_ahead_shows_what_computing_it_shows(name, kernel):
     async def run():
         panel = getattr(W, name)()
         control = panel.first_slider()
@@ -120,7 +156,7 @@ def test_a_step_to_a_position_drawn_ahead_shows_what_computing_it_shows(name):
             await idle(panel)
         return panel
 
-    panel = asyncio.run(run())
+    panel = in_loop(run)
     fresh = getattr(W, name)()
     fresh.set(**panel.values())  # the same setting, computed and drawn in full
     assert panel.readout.value == fresh.readout.value
@@ -160,7 +196,7 @@ class _Refuses(Panel):
         self.readout.value = f"x = {data['x']}"
 
 
-def test_a_position_that_raises_is_not_kept_and_its_step_shows_the_error():
+def test_a_position_that_raises_is_not_kept_and_its_step_shows_the_error(kernel):
     async def run():
         panel = _Refuses()
         await idle(panel)
@@ -171,10 +207,10 @@ def test_a_position_that_raises_is_not_kept_and_its_step_shows_the_error():
         panel.controls["x"].value = 0.25  # not next to 0.75's neighbours any more: computed again
         assert panel.last_error is None and panel.readout.value == "x = 0.25"
 
-    asyncio.run(run())
+    in_loop(run)
 
 
-def test_drawing_ahead_can_be_turned_off(monkeypatch):
+def test_drawing_ahead_can_be_turned_off(monkeypatch, kernel):
     monkeypatch.setenv("KLVIZ_NO_DRAW_AHEAD", "1")
 
     async def run():
@@ -184,11 +220,11 @@ def test_drawing_ahead_can_be_turned_off(monkeypatch):
         await idle(panel)
         return panel
 
-    panel = asyncio.run(run())
+    panel = in_loop(run)
     assert panel._ahead.made == 0 and panel._ahead.used == 0
 
 
-def test_quick_changes_draw_ahead_only_the_way_the_reader_goes():
+def test_quick_changes_draw_ahead_only_the_way_the_reader_goes(kernel):
     async def run():
         panel = W.BregmanPanel()
         await idle(panel)
@@ -202,4 +238,4 @@ def test_quick_changes_draw_ahead_only_the_way_the_reader_goes():
         assert panel._ahead.made == made + 1 and panel._ahead.take(up) is not None
         assert ahead.QUICK_S > 0
 
-    asyncio.run(run())
+    in_loop(run)

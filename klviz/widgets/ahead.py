@@ -9,9 +9,9 @@ one per turn of the kernel's event loop, and keeps each frame with its readout. 
 them is answered with the kept frame, without computing or drawing anything; any other change is
 computed as before, and a kept frame is dropped as soon as the reader is no longer next to it.
 
-Nothing here runs without a running event loop (tests, scripts, nbconvert's static builds) or in
-static mode, and a panel that trains in the background (``start_background``) does not draw ahead.
-``KLVIZ_NO_DRAW_AHEAD=1`` turns it off, for comparison.
+Nothing here runs outside an IPython kernel (a script, a test, even one with an event loop of its
+own running, such as Playwright's) or in static mode, and a panel that trains in the background
+(``start_background``) does not draw ahead. ``KLVIZ_NO_DRAW_AHEAD=1`` turns it off, for comparison.
 """
 
 from __future__ import annotations
@@ -40,6 +40,15 @@ KEEP = 3
 #: changes closer together than this (a key held down) draw ahead only in the direction of travel:
 #: each frame drawn ahead takes 20-30 ms here, and a change arriving meanwhile waits for it
 QUICK_S = 0.25
+
+
+def in_kernel() -> bool:
+    """Whether this is an IPython kernel (whose event loop idles between the reader's messages)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 def neighbours(widget: Any, toward: int = 1) -> list[Any]:
@@ -143,11 +152,11 @@ class DrawAhead:
         from .base import static_mode
 
         panel = self.panel
-        if not (panel.draw_ahead and self.enabled()) or static_mode() or not panel._built:
+        if not (panel.draw_ahead and self.enabled()) or static_mode() or not panel._built or not in_kernel():
             return None
         try:
             return asyncio.get_running_loop()
-        except RuntimeError:  # no kernel event loop (a script, a test, nbconvert): nothing idles
+        except RuntimeError:  # a kernel without a running loop (an old ipykernel): nothing idles
             return None
 
     @property
