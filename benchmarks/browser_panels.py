@@ -289,10 +289,11 @@ _STATUS_AHEAD = re.compile(r"drawn ahead|shown before, kept")
 def panel_times(page, selector: str) -> dict[str, float]:
     """The panel's own compute and redraw times for the last press, as its status line shows them."""
     status = page.locator(f"{selector} .klviz-status")
-    found = _STATUS_TIMES.search(status.first.inner_text()) if status.count() else None
+    text = status.first.inner_text() if status.count() else ""
+    found = _STATUS_TIMES.search(text)
     if not found:
         return {}
-    ahead = bool(_STATUS_AHEAD.search(status.first.inner_text()))
+    ahead = bool(_STATUS_AHEAD.search(text))
     return {"compute": float(found.group(1)), "redraw": float(found.group(2) or "nan"), "ahead": ahead}
 
 

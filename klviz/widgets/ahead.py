@@ -17,9 +17,11 @@ own running, such as Playwright's) or in static mode, and a panel that trains in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,11 @@ def in_kernel() -> bool:
     return getattr(get_ipython(), "kernel", None) is not None
 
 
+def _option_values(widget: Any) -> list[Any]:
+    """The values of an option widget's options (``(label, value)`` pairs or plain values)."""
+    return [o[1] if isinstance(o, tuple) else o for o in widget.options]
+
+
 def neighbours(widget: Any, toward: int = 1) -> list[Any]:
     """The values one step either side of ``widget``'s value that it accepts, ``toward`` first.
 
@@ -63,11 +70,9 @@ def neighbours(widget: Any, toward: int = 1) -> list[Any]:
     value = widget.value
     found: list[Any] = []
     if hasattr(widget, "options") and hasattr(widget, "index"):
-        index, options = widget.index, widget.options
+        index, options = widget.index, _option_values(widget)
         if isinstance(index, int) and len(options) > 1:
-            for i in (index + toward, index - toward):
-                if 0 <= i < len(options):
-                    found.append(options[i][1] if isinstance(options[i], tuple) else options[i])
+            found = [options[i] for i in (index + toward, index - toward) if 0 <= i < len(options)]
         return found
     if isinstance(value, bool):
         return [not value]
@@ -175,7 +180,7 @@ class DrawAhead:
         old, new = change.get("old"), change.get("new")
         try:
             if getattr(owner, "options", None) is not None:
-                options = [o[1] if isinstance(o, tuple) else o for o in owner.options]
+                options = _option_values(owner)
                 self.toward = 1 if options.index(new) >= options.index(old) else -1
             elif isinstance(new, (int, float)) and isinstance(old, (int, float)):
                 self.toward = 1 if new >= old else -1
@@ -211,13 +216,10 @@ class DrawAhead:
         name = self.moved if self.moved in panel.controls else panel.first_slider()
         if name is None:
             return
-        targets = []
-        for value in neighbours(panel.controls[name], self.toward)[: 1 if self.quick else 2]:
-            values = dict(current, **{name: value})
-            if self.take(values) is None:
-                targets.append(values)
+        steps = [dict(current, **{name: value}) for value in neighbours(panel.controls[name], self.toward)]
+        targets = [values for values in steps[: 1 if self.quick else 2] if self.take(values) is None]
         # drop what is no longer one step away; keep the position shown
-        near = [current] + [dict(current, **{name: v}) for v in neighbours(panel.controls[name])]
+        near = [current] + steps
         self.kept = [p for p in self.kept if any(same_values(p.values, v) for v in near)][-KEEP:]
         if targets or not panel._figure_current:  # nothing to draw: still put the artists back
             self._handle = loop.call_later(START_AFTER_S, self._next, panel._generation, targets, loop)
@@ -246,22 +248,21 @@ class DrawAhead:
         """Compute, draw and encode ``values`` without showing them (None if they raise: the
         reader's change will show the error)."""
         panel = self.panel
-        readout, panel.readout = panel.readout, _Text()  # type: ignore[assignment]
         self.drawing = True
         try:
             t0 = time.perf_counter()
             data = panel.compute(**values)
-            panel.draw(data)
+            with self._quiet_readout():
+                panel.draw(data)
+                text = panel.readout.value
             t1 = time.perf_counter()
             panel._frames.render(blit=panel._blitting())
             png = panel._frames.png()
             url = frame_url(np.asarray(panel.fig.canvas.buffer_rgba()), png)
             t2 = time.perf_counter()
-            text = panel.readout.value
         except Exception:  # noqa: BLE001 - shown by the ordinary update if the reader goes there
             return None
         finally:
-            panel.readout = readout  # type: ignore[assignment]
             panel._figure_current = False
             self.drawing = False
         self.made += 1
@@ -273,9 +274,16 @@ class DrawAhead:
         panel = self.panel
         if panel._figure_current or not panel.last:
             return
+        with self._quiet_readout():
+            panel.draw(panel.last)
+        panel._figure_current = True
+
+    @contextlib.contextmanager
+    def _quiet_readout(self) -> Iterator[None]:
+        """Let ``draw`` write the readout without the page seeing it (a stand-in while it runs)."""
+        panel = self.panel
         readout, panel.readout = panel.readout, _Text()  # type: ignore[assignment]
         try:
-            panel.draw(panel.last)
+            yield
         finally:
             panel.readout = readout  # type: ignore[assignment]
-        panel._figure_current = True
