@@ -197,6 +197,30 @@ def test_lab_panel_trains_in_the_background_when_a_control_moves():
     assert panel.last["config"].beta == 0.5  # the stopped background run did not overwrite it
 
 
+def test_a_run_replaced_before_it_starts_never_trains(monkeypatch):
+    """A reader walking a slider starts one training run, at the position where they stop."""
+    import klviz.widgets.lesson07 as lesson07
+    from klviz.widgets.base import BACKGROUND_START_S
+
+    panel = lesson07.RLHFLabPanel(steps=5, prompts=2, group_size=6, max_new_tokens=20)
+    trained: list[float] = []
+    real = lesson07.lab_history
+
+    def counted(cfg, *args, **kwargs):
+        trained.append(cfg.beta)
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(lesson07, "lab_history", counted)
+    t0 = time.perf_counter()
+    for beta in (0.55, 0.6, 0.65):
+        panel.controls["beta"].value = beta  # each answered at once, marked as training
+        assert "β = " + f"{beta:g}" in panel.readout.value
+    assert time.perf_counter() - t0 < BACKGROUND_START_S  # the three changes came before any run started
+    panel.wait(timeout=60)
+    # (the finished run is read once more by the update that shows it)
+    assert set(trained) == {0.65} and panel.last["config"].beta == 0.65
+
+
 # ---------------------------------------------------------------- exercise checks
 def test_check_kl_returns():
     def right(r, k1, m, b):
