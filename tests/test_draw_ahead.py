@@ -239,3 +239,33 @@ def test_quick_changes_draw_ahead_only_the_way_the_reader_goes(kernel):
         assert ahead.QUICK_S > 0
 
     in_loop(run)
+
+
+def test_a_position_half_drawn_is_dropped_when_the_figure_is_touched(kernel):
+    """Drawing ahead goes in pieces, one per turn of the loop; whatever touches the figure in
+    between (here a saved picture, which puts the artists back) drops the position half drawn,
+    so no kept frame shows anything but its own values."""
+
+    async def run():
+        panel = W.GaussianEstimatorsPanel()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while panel._ahead._work is None or panel._figure_current:  # until its artists have moved
+            assert loop.time() < end, "drawing ahead did not start"
+            await asyncio.sleep(0)
+        made = panel._ahead.made
+        shown = panel.png()  # between two pieces
+        assert panel._ahead._work is None and panel._figure_current
+        await idle(panel)
+        # the dropped position was drawn again from its start, then the other neighbour
+        assert panel._ahead.made == made + 2 and len(panel._ahead.kept) == 2
+        return panel, shown
+
+    panel, shown = in_loop(run)
+    assert np.array_equal(pixels(shown), pixels(panel.png()))  # the picture showed the reader's position
+    for prepared in panel._ahead.kept:
+        fresh = W.GaussianEstimatorsPanel()
+        fresh.set(**prepared.values)
+        differing = float((np.abs(decoded(prepared.url) - pixels(fresh.frame_png)).max(-1) > 40).mean())
+        assert differing < 0.005, prepared.values
+        assert prepared.readout == fresh.readout.value

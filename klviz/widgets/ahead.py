@@ -5,7 +5,8 @@ headless Chromium on a 2-core machine, the kernel's share of such a step was 1.4
 update takes in a loop: between two key presses the CPU idles, and the next update starts with cold
 caches. So after each update, once the frame has left, a panel in a live kernel renders the
 positions one step away along the control the reader moved last (the direction of travel first),
-one per turn of the kernel's event loop, and keeps each frame with its readout. A change to one of
+in pieces (compute, artists, render, PNG, WebP), one piece per turn of the kernel's event loop so
+that a change arriving meanwhile waits for one piece at most, and keeps each frame with its readout. A change to one of
 them is answered with the kept frame, without computing or drawing anything; any other change is
 computed as before, and a kept frame is dropped as soon as the reader is no longer next to it.
 
@@ -21,7 +22,7 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +35,16 @@ if TYPE_CHECKING:
 
 __all__ = ["DrawAhead", "Prepared", "neighbours", "same_values"]
 
-#: seconds to wait after an update before drawing ahead: the frame, readout and status messages
-#: leave through the kernel's IOPub thread, which needs the interpreter lock the drawing would hold
-START_AFTER_S = 0.02
+#: seconds to wait after an update before drawing ahead. The frame, readout and status messages
+#: leave through the kernel's IOPub thread, which needs the interpreter lock the drawing would hold,
+#: and on two cores the drawing took the CPU the page needed to load the frame: measured in
+#: JupyterLab, a frame's load took 6-10 ms (median) when drawing ahead began after 20 ms, 5-7 ms after 80
+START_AFTER_S = 0.08
 #: prepared positions kept: the two neighbours of the reader's position and the position itself
 KEEP = 3
+#: seconds between two pieces of drawing ahead (compute, artists, render, PNG, WebP): a reader's
+#: change that arrives meanwhile is handled first, and waits for one piece at most
+PAUSE_S = 0.001
 #: changes closer together than this (a key held down) draw ahead only in the direction of travel:
 #: each frame drawn ahead takes 20-30 ms here, and a change arriving meanwhile waits for it
 QUICK_S = 0.25
@@ -146,6 +152,8 @@ class DrawAhead:
         self.used = 0  # changes answered with one of them
         self.drawing = False  # True while a position is being drawn ahead (nothing may reach the page)
         self._handle: asyncio.TimerHandle | None = None
+        #: the position being drawn, piece by piece (see _draw)
+        self._work: Generator[None, None, Prepared | None] | None = None
 
     @staticmethod
     def enabled() -> bool:
@@ -208,6 +216,7 @@ class DrawAhead:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._work = None  # the update drew over a position half drawn
         panel = self.panel
         loop = self.loop()
         if loop is None:
@@ -225,6 +234,7 @@ class DrawAhead:
             self._handle = loop.call_later(START_AFTER_S, self._next, panel._generation, targets, loop)
 
     def _next(self, generation: int, targets: list[dict[str, Any]], loop: asyncio.AbstractEventLoop) -> None:
+        """One piece of work per turn of the loop: a reader's change waits for one piece at most."""
         self._handle = None
         panel = self.panel
         if generation != panel._generation:
@@ -232,45 +242,64 @@ class DrawAhead:
         if not panel._lock.acquire(blocking=False):  # a background frame is being drawn: later
             self._handle = loop.call_later(START_AFTER_S, self._next, generation, targets, loop)
             return
-        prepared = None
         try:
-            prepared = self._draw(targets[0]) if targets else None
-            if targets[1:]:  # one position per turn: a message waiting is handled in between
-                self._handle = loop.call_later(0.001, self._next, generation, targets[1:], loop)
+            if self._work is None and targets:
+                self._work = self._draw(targets[0])
+            if self._work is not None:
+                try:
+                    self.drawing = True
+                    next(self._work)
+                except StopIteration as done:
+                    self._work, targets = None, targets[1:]
+                    if done.value is not None:
+                        self.kept = (self.kept + [done.value])[-KEEP:]
+                finally:
+                    self.drawing = False
+            if self._work is not None or targets:
+                self._handle = loop.call_later(PAUSE_S, self._next, generation, targets, loop)
             else:
                 self.restore()
         finally:
             panel._lock.release()
-        if prepared is not None:
-            self.kept = (self.kept + [prepared])[-KEEP:]
 
-    def _draw(self, values: dict[str, Any]) -> Prepared | None:
-        """Compute, draw and encode ``values`` without showing them (None if they raise: the
-        reader's change will show the error)."""
+    def _draw(self, values: dict[str, Any]) -> Generator[None, None, Prepared | None]:
+        """Compute, draw and encode ``values`` without showing them, in pieces (a generator: it
+        pauses between them and returns the :class:`Prepared` position, or None if it raised: the
+        reader's change will show the error). Anything that touches the figure in between (an
+        update, :meth:`restore`) drops it."""
         panel = self.panel
-        self.drawing = True
-        try:
+        spent = [0.0, 0.0]  # compute, draw: the pieces' own time, not the turns in between
+
+        def timed(i: int, piece: Any) -> Any:
             t0 = time.perf_counter()
-            data = panel.compute(**values)
+            try:
+                return piece()
+            finally:
+                spent[i] += time.perf_counter() - t0
+
+        try:
+            data = timed(0, lambda: panel.compute(**values))
+            yield
+            panel._figure_current = False
             with self._quiet_readout():
-                panel.draw(data)
+                timed(0, lambda: panel.draw(data))
                 text = panel.readout.value
-            t1 = time.perf_counter()
-            panel._frames.render(blit=panel._blitting())
-            png = panel._frames.png()
-            url = frame_url(np.asarray(panel.fig.canvas.buffer_rgba()), png)
-            t2 = time.perf_counter()
+            yield
+            timed(1, lambda: panel._frames.render(blit=panel._blitting()))
+            blitted = panel._frames.last_was_blit
+            yield
+            png = timed(1, panel._frames.png)
+            yield
+            url = timed(1, lambda: frame_url(np.asarray(panel.fig.canvas.buffer_rgba()), png))
         except Exception:  # noqa: BLE001 - shown by the ordinary update if the reader goes there
             return None
-        finally:
-            panel._figure_current = False
-            self.drawing = False
         self.made += 1
-        blitted = panel._frames.last_was_blit
-        return Prepared(values, data, png, url, text, (t1 - t0) * 1e3, (t2 - t1) * 1e3, blitted, "drawn ahead")
+        return Prepared(values, data, png, url, text, spent[0] * 1e3, spent[1] * 1e3, blitted, "drawn ahead")
 
     def restore(self) -> None:
-        """Put the figure's artists back to the position shown (drawing ahead moved them)."""
+        """Put the figure's artists back to the position shown (drawing ahead moved them); a
+        position half drawn is dropped."""
+        self._work = None
         panel = self.panel
         if panel._figure_current or not panel.last:
             return
