@@ -6,9 +6,10 @@ update takes in a loop: between two key presses the CPU idles, and the next upda
 caches. So after each update, once the frame has left, a panel in a live kernel renders the
 positions one step away along the control the reader moved last (the direction of travel first),
 in pieces (compute, artists, render, PNG, WebP), one piece per turn of the kernel's event loop so
-that a change arriving meanwhile waits for one piece at most, and keeps each frame with its readout. A change to one of
-them is answered with the kept frame, without computing or drawing anything; any other change is
-computed as before, and a kept frame is dropped as soon as the reader is no longer next to it.
+that a change arriving meanwhile waits for one piece at most, and keeps each frame with its
+readout. A change to one of them is answered with the kept frame, without computing or drawing
+anything; any other change is computed as before, and a kept frame is dropped as soon as the reader
+is no longer next to it.
 
 Nothing here runs outside an IPython kernel (a script, a test, even one with an event loop of its
 own running, such as Playwright's) or in static mode, and a panel that trains in the background
@@ -46,7 +47,7 @@ KEEP = 3
 #: change that arrives meanwhile is handled first, and waits for one piece at most
 PAUSE_S = 0.001
 #: changes closer together than this (a key held down) draw ahead only in the direction of travel:
-#: each frame drawn ahead takes 20-30 ms here, and a change arriving meanwhile waits for it
+#: each frame drawn ahead costs 20-30 ms of CPU here (100 ms and more for a view not seen before)
 QUICK_S = 0.25
 
 
