@@ -301,15 +301,21 @@ def run_until_interrupted(server: Server, announce: list[str]) -> int:
 
     Ctrl+C, SIGTERM and SIGHUP (the terminal closed) stop it; so does a broken pipe on the output.
     Returns the exit status for the command (0 after a requested stop).
-    """
 
-    def stop(*_args: object) -> None:
-        raise KeyboardInterrupt
+    The signal handler only notes the request, and the loop below polls for it: a handler that
+    raised could land between a lock's acquire and the block that releases it (``Popen.wait``
+    holds one while it reaps), and stopping the server then waited on that lock for ever
+    (seen once in five stops of ``make lab`` by SIGTERM).
+    """
+    requested: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        requested.append(signum)
 
     # SIGINT too: a command started in the background of a shell inherits SIGINT ignored, and Python
     # then installs no KeyboardInterrupt handler of its own; Ctrl+C must stop the server all the same
     handled = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
-    old = {s: signal.signal(s, stop) for s in handled}
+    old = {s: signal.signal(s, note) for s in handled}
     try:
         try:
             for line in announce:
@@ -317,9 +323,11 @@ def run_until_interrupted(server: Server, announce: list[str]) -> int:
         except (BrokenPipeError, OSError):
             with contextlib.suppress(OSError):  # nobody reads our output any more: keep quiet
                 sys.stdout = open(os.devnull, "w")  # lives until exit
-        code = server.proc.wait()
-        return code
-    except KeyboardInterrupt:
+        while not requested:
+            code = server.proc.poll()
+            if code is not None:
+                return code
+            time.sleep(POLL_S)
         with contextlib.suppress(BrokenPipeError, OSError):
             print("\nstopping the server ...", flush=True)
         return 0
@@ -327,6 +335,10 @@ def run_until_interrupted(server: Server, announce: list[str]) -> int:
         server.stop()
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+#: seconds between two looks at a running server (:func:`run_until_interrupted`): how long a stop waits
+POLL_S = 0.1
 
 
 @contextlib.contextmanager

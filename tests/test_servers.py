@@ -169,7 +169,7 @@ def _gone(port: str, timeout: float = 30) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["SIGHUP", "SIGKILL", "closed pipe"])
+@pytest.mark.parametrize("how", ["SIGHUP", "SIGTERM", "SIGKILL", "closed pipe"])
 def test_the_lab_ends_with_the_command_that_started_it(tmp_path, how):
     env = _env(tmp_path / "home")
     proc = subprocess.Popen(
@@ -232,3 +232,30 @@ def test_in_place_lab_saves_notebooks_without_outputs(tmp_path):
     saved = json.loads((lessons / "00_start.ipynb").read_text())
     assert saved["cells"][0]["outputs"] == [] and saved["cells"][0]["execution_count"] is None
     assert saved["cells"][0]["source"] in ("1 + 1", ["1 + 1"]) and "widgets" not in saved["metadata"]
+
+
+def test_a_signal_ends_the_wait_and_stops_the_server():
+    """The handler only notes the signal; the wait notices it and stops the server in the open
+    (a handler that raised could leave a lock held, and the stop then hung)."""
+    import threading
+
+    from klviz import servers
+
+    class Proc:
+        def poll(self):
+            return None  # still serving
+
+    class FakeServer:
+        proc = Proc()
+        stopped = 0
+
+        def stop(self):
+            self.stopped += 1
+
+    server = FakeServer()
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.perf_counter()
+    assert servers.run_until_interrupted(server, []) == 0  # type: ignore[arg-type]
+    assert server.stopped == 1 and time.perf_counter() - t0 < 0.3 + 10 * servers.POLL_S
+    assert signal.getsignal(signal.SIGTERM) is before  # the command's own handlers are back
