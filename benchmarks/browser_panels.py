@@ -299,7 +299,7 @@ def measure(
 
 
 _STATUS_TIMES = re.compile(r"compute ([0-9.]+) ms(?: · redraw ([0-9.]+) ms)?")
-_STATUS_AHEAD = re.compile(r"drawn ahead|shown before, kept")
+_STATUS_AHEAD = re.compile(r"drawn ahead while idle|shown before, kept")  # not "drawn ahead in part"
 
 
 def panel_times(page, selector: str) -> dict[str, float]:

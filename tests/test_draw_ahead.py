@@ -269,3 +269,30 @@ def test_a_position_half_drawn_is_dropped_when_the_figure_is_touched(kernel):
         differing = float((np.abs(decoded(prepared.url) - pixels(fresh.frame_png)).max(-1) > 40).mean())
         assert differing < 0.005, prepared.values
         assert prepared.readout == fresh.readout.value
+
+
+def test_a_step_to_the_position_being_drawn_ahead_finishes_it(kernel):
+    """The reader arrives while their next position is half drawn: the pieces left are done then,
+    and the step shows exactly what computing that setting shows."""
+
+    async def run():
+        panel = W.GaussianEstimatorsPanel()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while panel._ahead._work is None or panel._figure_current:  # its artists have moved, no more
+            assert loop.time() < end, "drawing ahead did not start"
+            await asyncio.sleep(0)
+        target, made = dict(panel._ahead._work_values), panel._ahead.made
+        (name,) = [k for k, v in target.items() if v != panel.values()[k]]
+        panel.controls[name].value = target[name]  # as the reader's slider does
+        assert panel._ahead.used == 1 and panel._ahead.made == made + 1
+        assert "drawn ahead in part, finished now" in panel.status.value
+        await idle(panel)
+        return panel
+
+    panel = in_loop(run)
+    fresh = W.GaussianEstimatorsPanel()
+    fresh.set(**panel.values())
+    assert panel.readout.value == fresh.readout.value
+    differing = float((np.abs(decoded(panel._image.value) - pixels(fresh.frame_png)).max(-1) > 40).mean())
+    assert differing < 0.005

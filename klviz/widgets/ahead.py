@@ -129,7 +129,8 @@ class Prepared:
     compute_ms: float
     draw_ms: float
     blitted: bool
-    #: how it came to be kept: "drawn ahead" (while the kernel idled) or "kept" (shown before)
+    #: how it came to be kept: "drawn ahead" (while the kernel idled), "finished" (drawn ahead in
+    #: part, finished when the reader arrived) or "kept" (shown before)
     how: str = "drawn ahead"
 
 
@@ -153,8 +154,9 @@ class DrawAhead:
         self.used = 0  # changes answered with one of them
         self.drawing = False  # True while a position is being drawn ahead (nothing may reach the page)
         self._handle: asyncio.TimerHandle | None = None
-        #: the position being drawn, piece by piece (see _draw)
+        #: the position being drawn, piece by piece (see _draw), and its values
         self._work: Generator[None, None, Prepared | None] | None = None
+        self._work_values: dict[str, Any] = {}
 
     @staticmethod
     def enabled() -> bool:
@@ -197,13 +199,34 @@ class DrawAhead:
             self.toward = 1
 
     def take(self, values: dict[str, Any]) -> Prepared | None:
-        """The position prepared for ``values``, if there is one (never without a loop to draw in)."""
-        if not self.kept or self.loop() is None:
+        """The position prepared for ``values``, if there is one, finished now if it was half drawn
+        (never without a loop to draw in)."""
+        if (not self.kept and self._work is None) or self.loop() is None:
             return None
         for prepared in self.kept:
             if same_values(prepared.values, values):
                 return prepared
+        if self._work is not None and same_values(self._work_values, values):
+            return self._finish()
         return None
+
+    def _finish(self) -> Prepared | None:
+        """Finish the position being drawn ahead, now that the reader has arrived there (the pieces
+        already done are not done again)."""
+        work, self._work = self._work, None
+        if work is None:
+            return None
+        self.drawing = True
+        try:
+            while True:
+                next(work)
+        except StopIteration as done:
+            prepared: Prepared | None = done.value
+        finally:
+            self.drawing = False
+        if prepared is not None:
+            prepared.how = "finished"
+        return prepared
 
     def keep_current(self, prepared: Prepared) -> None:
         """Keep the position just shown (the reader may step back to it)."""
@@ -245,7 +268,7 @@ class DrawAhead:
             return
         try:
             if self._work is None and targets:
-                self._work = self._draw(targets[0])
+                self._work, self._work_values = self._draw(targets[0]), targets[0]
             if self._work is not None:
                 try:
                     self.drawing = True
