@@ -36,6 +36,7 @@ each panel after its last press go to ``build/browser-bench/`` with ``--screensh
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -299,7 +300,14 @@ def measure(
 
 
 _STATUS_TIMES = re.compile(r"compute ([0-9.]+) ms(?: · redraw ([0-9.]+) ms)?")
-_STATUS_AHEAD = re.compile(r"drawn ahead while idle|shown before, kept")  # not "drawn ahead in part"
+
+
+@functools.cache
+def _ready_notes() -> re.Pattern[str]:
+    """The status notes of a press whose frame was ready: drawn ahead whole, or kept (not finished)."""
+    from klviz.widgets.ahead import NOTES  # imported when needed: --help stays quick
+
+    return re.compile("|".join(re.escape(NOTES[how]) for how in ("drawn ahead", "kept")))
 
 
 def panel_times(page, selector: str) -> dict[str, float]:
@@ -309,7 +317,7 @@ def panel_times(page, selector: str) -> dict[str, float]:
     found = _STATUS_TIMES.search(text)
     if not found:
         return {}
-    ahead = bool(_STATUS_AHEAD.search(text))
+    ahead = bool(_ready_notes().search(text))
     return {"compute": float(found.group(1)), "redraw": float(found.group(2) or "nan"), "ahead": ahead}
 
 

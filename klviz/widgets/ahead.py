@@ -34,7 +34,7 @@ from .frames import frame_url
 if TYPE_CHECKING:
     from .base import Panel
 
-__all__ = ["DrawAhead", "Prepared", "neighbours", "same_values"]
+__all__ = ["NOTES", "DrawAhead", "Prepared", "neighbours", "same_values"]
 
 #: seconds to wait after an update before drawing ahead. The frame, readout and status messages
 #: leave through the kernel's IOPub thread, which needs the interpreter lock the drawing would hold,
@@ -132,6 +132,19 @@ class Prepared:
     #: how it came to be kept: "drawn ahead" (while the kernel idled), "finished" (drawn ahead in
     #: part, finished when the reader arrived) or "kept" (shown before)
     how: str = "drawn ahead"
+
+    @property
+    def note(self) -> str:
+        """What the status line says of a position shown this way (see :data:`NOTES`)."""
+        return NOTES[self.how]
+
+
+#: the status line's note for each way a shown position was prepared (:attr:`Prepared.how`)
+NOTES = {
+    "drawn ahead": "drawn ahead while idle",
+    "finished": "drawn ahead in part, finished now",
+    "kept": "shown before, kept",
+}
 
 
 class _Text:

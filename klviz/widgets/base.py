@@ -260,8 +260,7 @@ class Panel:
         self._show_frame(prepared.png, prepared.url)
         self.readout.value = prepared.readout
         # the times it took when it was drawn; it is shown now without computing or drawing anything
-        notes = {"drawn ahead": "drawn ahead while idle", "finished": "drawn ahead in part, finished now"}
-        self._show_status(f" · {notes.get(prepared.how, 'shown before, kept')}", blitted=prepared.blitted)
+        self._show_status(f" · {prepared.note}", blitted=prepared.blitted)
         self._ahead.keep_current(prepared)
 
     def _frame_first(self) -> contextlib.ExitStack:
