@@ -18,6 +18,11 @@ PY          := $(BIN)/python
 STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
+# `make test` runs in TEST_WORKERS processes (pytest-xdist), a test file each at a time (a notebook's
+# cells share one kernel, so they must stay together): two halve the suite's time on two cores.
+# TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
+PARALLEL    := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: FORCE lab test lint setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts bench strip \
         sync-notebooks clean
@@ -49,7 +54,8 @@ $(STAMP): pyproject.toml constraints.txt $(TORCH_STAMP)
 	@echo "klviz environment ready in $(VENV)"
 
 test: $(STAMP)             # finds (or installs) a Chromium first: scripts/ensure_browser.py says how
-	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest --nbval-lax tests notebooks
+	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" \
+	  $(PY) -m pytest --nbval-lax $(PARALLEL) tests notebooks
 
 lint: $(STAMP)             # what CI checks before the tests (all four run; fails if any fails)
 	@status=0; \

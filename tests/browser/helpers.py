@@ -53,8 +53,16 @@ def move_slider(page: Page, panel: Locator, control: str, key: str = "ArrowRight
     """Press ``key`` on the slider handle of the control named ``control`` inside ``panel``."""
     handle = panel.locator(f".klviz-{control} .noUi-handle").first
     handle.scroll_into_view_if_needed()
-    handle.focus()
     for _ in range(times):
+        # JupyterLab may move the focus (to the active cell) while a notebook settles after running;
+        # a key pressed then goes to the notebook and the slider never moves: focus before each press
+        for _attempt in range(3):
+            handle.focus()
+            if handle.evaluate("el => el === document.activeElement"):
+                break
+            page.wait_for_timeout(100)
+        else:
+            raise AssertionError(f"the slider handle of {control!r} does not keep the keyboard focus")
         page.keyboard.press(key)
 
 

@@ -265,9 +265,20 @@ def _check_panel(page: Page, case: PanelCase, artifacts) -> None:
         step(partial)
     before_readout = settled_text(page, panel.locator(".klviz-readout"))
     run = Run(page, panel, watched, settled_text(page, watched), before_readout, settled_screenshot(page, figure))
-    for step in case.steps:
-        step(run)
-    no_error_shown(run)
+    try:
+        for step in case.steps:
+            step(run)
+        no_error_shown(run)
+    except AssertionError as err:
+        # what the reader would have seen, to tell a kernel that never answered from a press that
+        # never reached the slider
+        panel.screenshot(path=str(artifacts / f"FAILED-{case.artifact}"))
+        status = panel.locator(".klviz-status").inner_text() if panel.locator(".klviz-status").count() else ""
+        focused = page.evaluate("document.activeElement ? document.activeElement.className : null")
+        raise AssertionError(
+            f"{err}\n(panel status: {status!r}; focused element: {focused!r}; "
+            f"screenshot: FAILED-{case.artifact})"
+        ) from err
     panel.screenshot(path=str(artifacts / case.artifact))
 
 
