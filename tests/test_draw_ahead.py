@@ -296,3 +296,51 @@ def test_a_step_to_the_position_being_drawn_ahead_finishes_it(kernel):
     assert panel.readout.value == fresh.readout.value
     differing = float((np.abs(decoded(panel._image.value) - pixels(fresh.frame_png)).max(-1) > 40).mean())
     assert differing < 0.005
+
+
+def test_the_webp_is_encoded_off_the_loop_and_a_step_does_not_wait_for_it(kernel, monkeypatch):
+    """The last piece, the frame's WebP, runs on the encoder's thread: while it runs the loop is free,
+    and a step to that position is answered with the same pixels as a PNG at once, without waiting
+    for the encoder (here held until the step is done: a step that waited would find the encoder
+    still held, and its frame would be a WebP)."""
+    release, started = threading.Event(), threading.Event()
+    real = ahead._timed_frame_url
+
+    def held(rgba, png):
+        started.set()
+        release.wait(30)
+        return real(rgba, png)
+
+    monkeypatch.setattr(ahead, "_timed_frame_url", held)
+
+    async def run():
+        panel = W.GaussianEstimatorsPanel()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while not started.is_set():
+            assert loop.time() < end, "drawing ahead never reached the WebP"
+            await asyncio.sleep(0.001)
+        turns = 0
+        for _ in range(5):  # the loop keeps turning while the encoder works
+            await asyncio.sleep(0.002)
+            turns += 1
+        target = dict(panel._ahead._work_values)
+        (name,) = [k for k, v in target.items() if v != panel.values()[k]]
+        panel.controls[name].value = target[name]  # as the reader's slider does
+        still_held = not release.is_set()
+        release.set()
+        await idle(panel)
+        return panel, turns, still_held
+
+    try:
+        panel, turns, still_held = in_loop(run)
+    finally:
+        release.set()
+    assert turns == 5 and still_held
+    assert "drawn ahead in part, finished now" in panel.status.value
+    assert bytes(panel._image.value).startswith(b"data:image/png;base64,")
+    fresh = W.GaussianEstimatorsPanel()
+    fresh.set(**panel.values())
+    assert panel.readout.value == fresh.readout.value
+    differing = float((np.abs(decoded(panel._image.value) - pixels(fresh.frame_png)).max(-1) > 40).mean())
+    assert differing < 0.005

@@ -5,11 +5,12 @@ headless Chromium on a 2-core machine, the kernel's share of such a step was 1.4
 update takes in a loop: between two key presses the CPU idles, and the next update starts with cold
 caches. So after each update, once the frame has left, a panel in a live kernel renders the
 positions one step away along the control the reader moved last (the direction of travel first),
-in pieces (compute, artists, render, PNG, WebP), one piece per turn of the kernel's event loop so
-that a change arriving meanwhile waits for one piece at most, and keeps each frame with its
-readout. A change to one of them is answered with the kept frame, without computing or drawing
-anything; any other change is computed as before, and a kept frame is dropped as soon as the reader
-is no longer next to it.
+in pieces (compute, artists, render, PNG, one per turn of the kernel's event loop, so that a change
+arriving meanwhile waits for one piece at most; then the WebP, encoded on a thread of its own), and
+keeps each frame with its readout. A change to one of them is answered with the kept frame, without
+computing or drawing anything; a change to the position being drawn finishes it (with the PNG, if
+its WebP is not ready); any other change is computed as before, and a kept frame is dropped as soon
+as the reader is no longer next to it.
 
 Nothing here runs outside an IPython kernel (a script, a test, even one with an event loop of its
 own running, such as Playwright's) or in static mode, and a panel that trains in the background
@@ -22,14 +23,16 @@ import asyncio
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .frames import frame_url
+from .frames import frame_url, png_url
 
 if TYPE_CHECKING:
     from .base import Panel
@@ -43,9 +46,33 @@ __all__ = ["NOTES", "DrawAhead", "Prepared", "neighbours", "same_values"]
 START_AFTER_S = 0.08
 #: prepared positions kept: the two neighbours of the reader's position and the position itself
 KEEP = 3
-#: seconds between two pieces of drawing ahead (compute, artists, render, PNG, WebP): a reader's
-#: change that arrives meanwhile is handled first, and waits for one piece at most
+#: seconds between two pieces of drawing ahead (compute, artists, render, PNG; then, while the WebP
+#: is encoded on its thread, between two looks at it): a reader's change that arrives meanwhile is
+#: handled first, and waits for one piece at most
 PAUSE_S = 0.001
+#: the last piece, a frame's lossless WebP (10-16 ms a frame here, the longest piece but a new
+#: view's render), runs on this thread: Pillow releases the interpreter lock while it encodes, so a
+#: reader's change that arrives meanwhile is answered at once instead of waiting for it
+_ENCODER: ThreadPoolExecutor | None = None
+_ENCODER_LOCK = threading.Lock()
+
+
+def _encoder() -> ThreadPoolExecutor:
+    global _ENCODER
+    with _ENCODER_LOCK:
+        if _ENCODER is None:
+            _ENCODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klviz-encode")
+        return _ENCODER
+
+
+def _timed_frame_url(rgba: np.ndarray, png: bytes) -> tuple[bytes, float]:
+    """:func:`frame_url` and the CPU seconds the encoder's thread spent on it (not the time it
+    waited for a core: the page and the kernel's main thread share them)."""
+    t0 = time.thread_time()
+    url = frame_url(rgba, png)
+    return url, time.thread_time() - t0
+
+
 #: changes closer together than this (a key held down) draw ahead only in the direction of travel:
 #: each frame drawn ahead costs 20-30 ms of CPU here (100 ms and more for a view not seen before)
 QUICK_S = 0.25
@@ -170,6 +197,7 @@ class DrawAhead:
         #: the position being drawn, piece by piece (see _draw), and its values
         self._work: Generator[None, None, Prepared | None] | None = None
         self._work_values: dict[str, Any] = {}
+        self._finishing = False  # the reader has arrived at the position being drawn (see _finish)
 
     @staticmethod
     def enabled() -> bool:
@@ -225,18 +253,19 @@ class DrawAhead:
 
     def _finish(self) -> Prepared | None:
         """Finish the position being drawn ahead, now that the reader has arrived there (the pieces
-        already done are not done again)."""
+        already done are not done again; a WebP still being encoded is not waited for: the frame
+        goes as its PNG)."""
         work, self._work = self._work, None
         if work is None:
             return None
-        self.drawing = True
+        self.drawing = self._finishing = True
         try:
             while True:
                 next(work)
         except StopIteration as done:
             prepared: Prepared | None = done.value
         finally:
-            self.drawing = False
+            self.drawing = self._finishing = False
         if prepared is not None:
             prepared.how = "finished"
         return prepared
@@ -327,7 +356,16 @@ class DrawAhead:
             yield
             png = timed(1, panel._frames.png)
             yield
-            url = timed(1, lambda: frame_url(np.asarray(panel.fig.canvas.buffer_rgba()), png))
+            url = png_url(png)  # if the reader arrives first: the PNG at once rather than wait for the WebP
+            if not self._finishing:
+                # a copy: the figure is drawn on while the encoder works
+                rgba = timed(1, lambda: np.array(panel.fig.canvas.buffer_rgba()))
+                encoding: Future[tuple[bytes, float]] = _encoder().submit(_timed_frame_url, rgba, png)
+                while not (encoding.done() or self._finishing):
+                    yield
+                if encoding.done():
+                    url, seconds = encoding.result()
+                    spent[1] += seconds
         except Exception:  # noqa: BLE001 - shown by the ordinary update if the reader goes there
             return None
         self.made += 1

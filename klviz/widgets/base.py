@@ -22,7 +22,6 @@ Tests drive a panel without a browser: ``panel.set(name=value, ...)`` then read 
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
 import html
 import io
@@ -41,7 +40,7 @@ from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
 from .ahead import DrawAhead, Prepared, neighbours
-from .frames import FrameComposer, pixel_ratio
+from .frames import FrameComposer, pixel_ratio, png_url
 
 __all__ = ["Panel", "BackgroundRun", "Cancelled", "html_table", "move_policy_controls", "static_mode"]
 
@@ -410,7 +409,7 @@ class Panel:
     def _show_frame(self, png: bytes, url: bytes | None = None) -> None:
         """Send a frame: ``png``, or the same pixels as the ``data:`` URL ``url``."""
         self._frame_png = png
-        self._image.value = b"data:image/png;base64," + base64.b64encode(png) if url is None else url
+        self._image.value = png_url(png) if url is None else url
 
     @property
     def frame_png(self) -> bytes:

@@ -25,6 +25,7 @@ __all__ = [
     "encode_png",
     "frame_url",
     "pixel_ratio",
+    "png_url",
 ]
 
 
@@ -401,13 +402,20 @@ def encode_png(rgba: np.ndarray) -> bytes:
 WEBP_METHOD = int(os.environ.get("KLVIZ_WEBP_METHOD", "1"))
 
 
+def png_url(png: bytes) -> bytes:
+    """A ``data:`` URL of the PNG bytes ``png``."""
+    import base64
+
+    return b"data:image/png;base64," + base64.b64encode(png)
+
+
 def frame_url(rgba: np.ndarray, png: bytes) -> bytes:
     """A ``data:`` URL for a frame the page has not been sent yet: lossless WebP, else ``png``.
 
     Measured in headless Chromium, an image's ``load`` takes about as long as its compressed bytes
     are long: 4.8 ms (median) for a 70 kB PNG frame, 1.6 ms for the same pixels as a 37 kB lossless
-    WebP. Encoding WebP costs 7-13 ms a frame here, more than the PNG writer's bands, so it is spent only
-    on frames made while the kernel idles (:mod:`klviz.widgets.ahead`). Lossless: the page shows the
+    WebP. Encoding WebP costs 7-16 ms a frame here, more than the PNG writer's bands, so it is spent only
+    on frames made while the kernel idles, on a thread of their own (:mod:`klviz.widgets.ahead`). Lossless: the page shows the
     same pixels (``tests/test_panel_frames.py``). ``png`` (the same frame) is used when Pillow has no
     WebP support or the frame is not opaque.
     """
@@ -426,7 +434,7 @@ def frame_url(rgba: np.ndarray, png: bytes) -> bytes:
         )
         return b"data:image/webp;base64," + base64.b64encode(out.getvalue())
     except (ImportError, ValueError, OSError):
-        return b"data:image/png;base64," + base64.b64encode(png)
+        return png_url(png)
 
 
 class PngEncoder:

@@ -276,8 +276,7 @@ def _check_panel(page: Page, case: PanelCase, artifacts) -> None:
         status = panel.locator(".klviz-status").inner_text() if panel.locator(".klviz-status").count() else ""
         focused = page.evaluate("document.activeElement ? document.activeElement.className : null")
         raise AssertionError(
-            f"{err}\n(panel status: {status!r}; focused element: {focused!r}; "
-            f"screenshot: FAILED-{case.artifact})"
+            f"{err}\n(panel status: {status!r}; focused element: {focused!r}; screenshot: FAILED-{case.artifact})"
         ) from err
     panel.screenshot(path=str(artifacts / case.artifact))
 
