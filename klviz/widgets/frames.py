@@ -416,8 +416,8 @@ def frame_url(rgba: np.ndarray, png: bytes) -> bytes:
     are long: 4.8 ms (median) for a 70 kB PNG frame, 1.6 ms for the same pixels as a 37 kB lossless
     WebP. Encoding WebP costs 7-16 ms a frame here, more than the PNG writer's bands, so it is spent
     only on frames made while the kernel idles, on a thread of their own (:mod:`klviz.widgets.ahead`).
-    Lossless: the page shows the same pixels (``tests/test_panel_frames.py``). ``png`` (the same frame) is used when Pillow has no
-    WebP support or the frame is not opaque.
+    Lossless: the page shows the same pixels (``tests/test_panel_frames.py``). ``png`` (the same
+    frame) is used when Pillow has no WebP support or the frame is not opaque.
     """
     import base64
     import io
