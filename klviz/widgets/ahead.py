@@ -356,7 +356,7 @@ class DrawAhead:
             yield
             png = timed(1, panel._frames.png)
             yield
-            url = png_url(png)  # if the reader arrives first: the PNG at once rather than wait for the WebP
+            url: bytes | None = None
             if not self._finishing:
                 # a copy: the figure is drawn on while the encoder works
                 rgba = timed(1, lambda: np.array(panel.fig.canvas.buffer_rgba()))
@@ -366,6 +366,8 @@ class DrawAhead:
                 if encoding.done():
                     url, seconds = encoding.result()
                     spent[1] += seconds
+            if url is None:  # the reader has arrived: the PNG at once rather than wait for the WebP
+                url = png_url(png)
         except Exception:  # noqa: BLE001 - shown by the ordinary update if the reader goes there
             return None
         self.made += 1
