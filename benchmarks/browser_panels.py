@@ -98,7 +98,8 @@ RECORD_FRAMES = """
       const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
       const echo = el && el.closest && el.closest('.klviz-echo');
       if (echo) window.__klvizEcho.push({t, el: echo, text: echo.textContent});
-      const readout = el && el.closest && el.closest('.klviz-readout');
+      // a panel's readout is inside its text widget, whose content the page replaces as a whole
+      const readout = el && el.closest && (el.closest('.klviz-readout') || el.closest('.klviz-text'));
       if (readout) window.__klvizReadout.push({t, el: readout});
     }
     window.__klvizWake();

@@ -306,17 +306,17 @@ def test_panel_frames_decode_to_the_agg_buffer():
         assert np.array_equal(decoded, np.asarray(panel.fig.canvas.buffer_rgba()))
 
 
-def test_readout_and_status_follow_the_frame():
-    """The readout's and status line's messages are held until the frame has been handed over."""
+def test_the_text_under_the_figure_is_one_message_after_the_frame():
+    """A step sends the frame, then the readout and status line together, in one message."""
     panel = W.BregmanPanel()
     sent = []
-    for name, w in (("image", panel._image), ("readout", panel.readout), ("status", panel.status)):
+    for name, w in (("image", panel._image), ("text", panel.text)):
         w._send = lambda msg, buffers=None, _n=name: sent.append(_n)
-    panel.set(**dict([change_plan(panel, 1)[0]]))
-    assert "image" in sent and "status" in sent
-    assert sent.index("image") < sent.index("status")
-    if "readout" in sent:
-        assert sent.index("image") < sent.index("readout")
+    control, value = change_plan(panel, 1)[0]
+    panel.set(**{control: value})
+    assert sent == ["image", "text"], sent
+    assert panel.readout.value in panel.text.value and panel.status.value in panel.text.value
+    assert "compute" in panel.status.value
 
 
 def test_texts_seen_again_are_laid_over_from_their_layer_and_match_agg():

@@ -174,12 +174,6 @@ NOTES = {
 }
 
 
-class _Text:
-    """Stands in for the readout while a position is drawn ahead: nothing reaches the page."""
-
-    value = ""
-
-
 class DrawAhead:
     """A panel's prepared positions, and the kernel's idle turns that make them."""
 
@@ -387,9 +381,11 @@ class DrawAhead:
     @contextlib.contextmanager
     def _quiet_readout(self) -> Iterator[None]:
         """Let ``draw`` write the readout without the page seeing it (a stand-in while it runs)."""
+        from .base import PanelText  # base imports this module
+
         panel = self.panel
-        readout, panel.readout = panel.readout, _Text()  # type: ignore[assignment]
+        readout, panel.readout = panel.readout, PanelText()
         try:
             yield
         finally:
-            panel.readout = readout  # type: ignore[assignment]
+            panel.readout = readout
