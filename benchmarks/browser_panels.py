@@ -82,13 +82,34 @@ RECORD_FRAMES = """
     }
   }, true);
   window.addEventListener('keydown', () => { window.__klvizKeyAt = performance.now(); }, true);
-  // when the page hands a new frame to an image (its widget's view setting src)
+  // a panel's figure is a stack of images in one grid cell (klviz.widgets.stack): the one with the
+  // highest CSS order is seen; an image outside such a stack is always seen
+  const order = (el) => parseInt(el.style.order || '0', 10);
+  const onTop = (el) => {
+    const stack = el.parentElement;
+    if (!stack || !stack.classList.contains('klviz-figure')) return true;
+    return Array.from(stack.children).every(s => s === el || order(s) < order(el));
+  };
+  // when the page hands a new frame to an image (its widget's view setting src); a frame sent to an
+  // image beneath the one seen (drawn ahead, for later) is not an answer to a press
   window.__klvizSrc = [];
   const src = Object.getOwnPropertyDescriptor(HTMLImageElement.prototype, 'src');
   Object.defineProperty(HTMLImageElement.prototype, 'src', {
     get() { return src.get.call(this); },
-    set(v) { window.__klvizSrc.push({t: performance.now(), el: this}); src.set.call(this, v); },
+    set(v) { window.__klvizSrc.push({t: performance.now(), el: this, top: onTop(this)}); src.set.call(this, v); },
   });
+  // when an image already loaded beneath is brought to the top (its order raised): the page shows it
+  // at its next paint with nothing to load, as it shows a changed text
+  window.__klvizRaised = [];
+  new MutationObserver((records) => {
+    const t = performance.now();
+    for (const r of records) {
+      if (r.target.tagName === 'IMG' && onTop(r.target) && order(r.target) > 0) {
+        window.__klvizRaised.push({t, el: r.target});
+        window.__klvizWake();
+      }
+    }
+  }).observe(document, {subtree: true, attributes: true, attributeFilter: ['style']});
   // the baseline's text and the panels' readouts, timed when the page changes them (as exactly as
   // an image's load event)
   window.__klvizReadout = [];
@@ -152,8 +173,9 @@ RECORD_WIRE = """
 """
 
 # Resolves with ms from the last keydown to the moment the panel shows its answer: the new frame
-# loaded (the last one given to an image inside `panel`, or one drawn on a canvas there); a press
-# that leaves the frame as it was (the same pixels send nothing) is answered by its new readout.
+# loaded (the last one given to the image seen inside `panel`, or one drawn on a canvas there), or an
+# image loaded beneath brought to the top; a press that leaves the frame as it was (the same pixels
+# send nothing) is answered by its new readout.
 # For the baseline (`before` not null): until `panel`'s `.klviz-echo` shows text other than `before`.
 WAIT_FOR_FRAME = """
 async ([selector, before, timeoutMs]) => {
@@ -163,11 +185,14 @@ async ([selector, before, timeoutMs]) => {
     const t0 = window.__klvizKeyAt;
     if (t0 !== null) {
       if (before === null) {
-        const srcs = window.__klvizSrc.filter(e => e.t >= t0 && panel.contains(e.el));
+        const srcs = window.__klvizSrc.filter(e => e.t >= t0 && e.top && panel.contains(e.el));
         const shown = window.__klvizFrames.filter(f => f.t >= t0 && panel.contains(f.canvas));
         const last = srcs[srcs.length - 1];
-        const f = last ? shown.find(f => f.t >= last.t && f.canvas === last.el) : shown[0];
+        const f = last ? shown.find(f => f.t >= last.t && f.canvas === last.el)
+                       : shown.find(f => f.canvas.tagName !== 'IMG');
         if (f) return f.t - t0;
+        const raised = window.__klvizRaised.find(e => e.t >= t0 && panel.contains(e.el));
+        if (raised && !last) return raised.t - t0;
         const text = window.__klvizReadout.find(e => e.t >= t0 && panel.contains(e.el));
         if (text && !last) return text.t - t0;
       } else {
@@ -194,16 +219,19 @@ BREAKDOWN = """
   const replies = wire.filter(m => m.dir === 'in' && ids.has(m.parent));
   const busy = replies.find(m => m.type === 'status' && m.state === 'busy');
   const updates = replies.filter(m => m.type === 'comm_msg' && m.method === 'update');
-  // the frame: the update carrying a binary buffer (the PNG); the baseline: the HTML's new value
-  const main = updates.find(m => m.nbuf > 0) || updates.find(m => m.keys === 'value');
+  // the answer: the first update carrying a binary buffer (the frame) or raising an image beneath
+  // (frames sent beneath later, while the kernel idles, come after it); the baseline: the HTML's value
+  const main = updates.find(m => m.nbuf > 0 || m.keys === 'order') || updates.find(m => m.keys === 'value');
   if (!busy || !main) return null;
   const end = t0 + total;
   const panel = document.querySelector(selector);
-  const set = (window.__klvizSrc || []).find(e => e.t >= main.t && panel.contains(e.el));
+  const raised = main.keys === 'order';
+  const set = raised ? window.__klvizRaised.find(e => e.t >= main.t && panel.contains(e.el))
+                     : (window.__klvizSrc || []).find(e => e.t >= main.t && e.top && panel.contains(e.el));
   return {slider: outs[0].t - t0, to_kernel: busy.kt - outs[0].t, kernel: main.kt - busy.kt,
           to_page: main.t - main.kt, in_page: end - main.t, kb: main.bytes / 1024,
-          to_src: set ? set.t - main.t : NaN, src_load: set ? end - set.t : NaN,
-          messages: replies.filter(m => m.type === 'comm_msg').length};
+          to_src: set ? set.t - main.t : NaN, src_load: set ? end - set.t : NaN, raised,
+          messages: replies.filter(m => m.type === 'comm_msg' && m.t <= end).length};
 }
 """
 
@@ -336,6 +364,7 @@ PARTS = [
     ("kb", "kB"),
     ("messages", "msgs"),
     ("ahead", "ready"),
+    ("raised", "on page"),
 ]
 
 
@@ -343,7 +372,7 @@ def breakdown_row(name: str, parts: list[dict]) -> list[str]:
     row = [name]
     for key, _ in PARTS:
         values = [p[key] for p in parts if key in p and p[key] == p[key]]
-        if key == "ahead":  # how many presses found their frame drawn ahead (or kept), of all timed
+        if key in ("ahead", "raised"):  # how many presses found their frame ready (on the page), of all
             row.append(f"{sum(values)}/{len(parts)}" if values else "-")
             continue
         row.append(f"{median(values):.1f}" if values else "-")
@@ -520,8 +549,10 @@ def main(argv: list[str] | None = None) -> int:
             " (its status line), spent while the kernel\n   idled for a frame drawn ahead; ->page = until that"
             " message reaches the page; page = until the frame has\n   loaded (the text is shown), of which"
             " (->src load) = until the page gives the image its new frame, then\n   until it has loaded;"
-            " ready = presses whose frame was drawn ahead or kept. ->kernel and ->page compare\n   the kernel's"
-            " clock (header.date) with the page's, so they share an offset of a few ms; their sum does not."
+            " ready = presses whose frame was drawn ahead or kept; on page = of those, presses answered\n   by"
+            " raising the frame, loaded beneath the one seen while the kernel idled (kB: the raise's message)."
+            " ->kernel\n   and ->page compare the kernel's clock (header.date) with the page's, so they share an"
+            " offset of a few ms;\n   their sum does not."
         )
         print_table(["panel"] + [h for _, h in PARTS], [breakdown_row(n, v) for n, v in parts.items()])
     print("   load average at the end " + " ".join(f"{v:.2f}" for v in os.getloadavg()))

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import klviz.widgets as W
-from klviz.widgets import ahead
+from klviz.widgets import ahead, stack
 from klviz.widgets.ahead import neighbours, same_values
 from klviz.widgets.base import Panel
 from klviz.widgets.frames import frame_url
@@ -64,6 +64,21 @@ async def idle(panel: Panel, timeout: float = 20.0) -> None:
     while panel._ahead.pending:
         assert loop.time() < end, "drawing ahead did not finish"
         await asyncio.sleep(0.005)
+
+
+def keys_of(msg: dict) -> tuple[str, ...]:
+    """The keys a widget's update message sets (binary values travel as buffers, named by path)."""
+    return tuple(sorted([*msg.get("state", {}), *(path[0] for path in msg.get("buffer_paths", []))]))
+
+
+def record_messages(panel: Panel) -> list[tuple[str, tuple[str, ...]]]:
+    """From now on, each message the panel's figure and text send: (what, the keys of its state)."""
+    sent: list[tuple[str, tuple[str, ...]]] = []
+    parts = [("text", panel.text)]
+    parts += [(what, w) for image in panel._stack.images for what, w in (("image", image), ("layout", image.layout))]
+    for what, w in parts:
+        w._send = lambda msg, buffers=None, _what=what: sent.append((_what, keys_of(msg)))
+    return sent
 
 
 def decoded(url: bytes) -> np.ndarray:
@@ -147,12 +162,17 @@ def test_a_step_to_a_position_drawn_ahead_shows_what_computing_it_shows(name, ke
         assert panel._ahead.made >= 1, "nothing was drawn ahead after the panel was built"
         shown_url, shown_readout = panel._image.value, panel.readout.value
         assert panel._figure_current  # the artists were put back after drawing ahead
+        await asyncio.sleep(stack.SETTLE_S)  # the frames sent beneath have had time to load
+        sent = record_messages(panel)
         steps = [neighbours(panel.controls[control])[0]]
         for value in steps:
             panel.controls[control].value = value  # as the reader's slider does
             assert panel._ahead.used == 1, "the step was computed, not answered from the frame drawn ahead"
             assert "drawn ahead" in panel.status.value
             assert panel._image.value != shown_url and panel.readout.value != shown_readout
+            # the frame was on the page already, beneath: the step raised it and sent no frame
+            assert panel._stack.raised == 1
+            assert sent == [("layout", ("order",)), ("text", ("value",))], sent
             await idle(panel)
         return panel
 
@@ -346,3 +366,48 @@ def test_the_webp_is_encoded_off_the_loop_and_a_step_does_not_wait_for_it(kernel
     assert panel.readout.value == fresh.readout.value
     differing = float((np.abs(decoded(panel._image.value) - pixels(fresh.frame_png)).max(-1) > 40).mean())
     assert differing < 0.005
+
+
+def test_a_walk_raises_the_frames_beneath_and_each_shows_its_own_position(kernel):
+    """Walking a slider (four steps up, three back): each step lands on a frame sent beneath while
+    the kernel idled; the three images are reused, and each step shows the pixels of its setting."""
+    steps = [1, 1, 1, 1, -1, -1, -1]
+
+    async def run():
+        panel = W.BregmanPanel()
+        control = panel.first_slider()
+        shown = []
+        for toward in steps:
+            await idle(panel)
+            await asyncio.sleep(stack.SETTLE_S)
+            before = panel._stack.raised
+            panel.controls[control].value = neighbours(panel.controls[control], toward)[0]
+            assert panel._stack.raised == before + 1, f"step {len(shown) + 1} was sent its frame"
+            shown.append((panel.values(), bytes(panel._image.value), panel.readout.value))
+        return panel, shown
+
+    panel, shown = in_loop(run)
+    assert len(panel._stack.images) == ahead.KEEP
+    fresh = W.BregmanPanel()
+    for values, url, readout in shown:
+        fresh.set(**values)
+        assert readout == fresh.readout.value
+        differing = float((np.abs(decoded(url) - pixels(fresh.frame_png)).max(-1) > 40).mean())
+        assert differing < 0.005, f"{values}: {100 * differing:.2f}% of pixels differ"
+
+
+def test_a_step_before_the_frame_beneath_has_settled_is_sent_its_frame(kernel, monkeypatch):
+    """A frame sent beneath may not have loaded yet: a step there sooner than SETTLE_S sends it again."""
+    monkeypatch.setattr(stack, "SETTLE_S", 3600.0)
+
+    async def run():
+        panel = W.BregmanPanel()
+        control = panel.first_slider()
+        await idle(panel)
+        sent = record_messages(panel)
+        panel.controls[control].value = neighbours(panel.controls[control])[0]
+        return panel, sent
+
+    panel, sent = in_loop(run)
+    assert panel._ahead.used == 1 and panel._stack.raised == 0
+    assert sent[0] == ("image", ("value",)) and ("layout", ("order",)) not in sent, sent

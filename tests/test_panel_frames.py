@@ -49,8 +49,11 @@ def test_views_seen_before_come_back_blitted(name):
     hiding and showing artists to render a layer, may look like a change)."""
     panel = getattr(W, name)()
     plan = [(c, v) for c, v in change_plan(panel, 4) if c not in SKIP_SLOW_CONTROLS.get(name, ())]
-    for control, value in plan:
-        panel.set(**{control: value})
+    # the RLHF lab trains a setting the first time it is shown; run alone (nothing trained by other
+    # tests before), the frames of that first pass are not yet those of later passes: one pass more
+    for _ in range(2 if name == "RLHFLabPanel" else 1):
+        for control, value in plan:
+            panel.set(**{control: value})
     for control, value in plan:
         panel.set(**{control: value})
         assert panel._frames.last_was_blit, f"{name}: {control}={value!r} was rendered again"
@@ -243,18 +246,18 @@ def test_frames_are_images_and_can_be_sharper(monkeypatch):
     from klviz.widgets.frames import pixel_ratio
 
     panel = W.StartHerePanel()
-    assert "klviz-figure" in panel._image._dom_classes
+    assert "klviz-figure" in panel._canvas._dom_classes and panel._image in panel._canvas.children
     # the image widget holds the frame as a PNG data URL (no Blob for the page to load): frame_png's bytes
     assert panel._image.format == "url"
     assert panel._image.value == b"data:image/png;base64," + base64.b64encode(panel.frame_png)
     width, height = Image.open(io.BytesIO(panel.frame_png)).size
-    css_width = int(panel._image.layout.width.removesuffix("px"))
-    assert width == css_width
+    assert (width, height) == (int(panel._image.width), int(panel._image.height))  # its size on the page
+    assert panel._canvas.layout.width == f"{width}px" and panel._canvas.layout.max_width == "100%"
     monkeypatch.setenv("KLVIZ_PIXEL_RATIO", "2")
     sharp = W.StartHerePanel()
     w2, h2 = Image.open(io.BytesIO(sharp.frame_png)).size
     assert (w2, h2) == (2 * width, 2 * height)
-    assert sharp._image.layout.width == panel._image.layout.width  # same size on the page
+    assert (sharp._image.width, sharp._image.height) == (panel._image.width, panel._image.height)  # same size
     for bad in ("0.5", "4", "two"):
         monkeypatch.setenv("KLVIZ_PIXEL_RATIO", bad)
         with pytest.raises(ValueError, match="KLVIZ_PIXEL_RATIO"):

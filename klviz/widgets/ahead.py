@@ -7,10 +7,12 @@ caches. So after each update, once the frame has left, a panel in a live kernel 
 positions one step away along the control the reader moved last (the direction of travel first),
 in pieces (compute, artists, render, PNG, one per turn of the kernel's event loop, so that a change
 arriving meanwhile waits for one piece at most; then the WebP, encoded on a thread of its own), and
-keeps each frame with its readout. A change to one of them is answered with the kept frame, without
-computing or drawing anything; a change to the position being drawn finishes it (with the PNG, if
-its WebP is not ready); any other change is computed as before, and a kept frame is dropped as soon
-as the reader is no longer next to it.
+keeps each frame with its readout. Each frame drawn ahead is sent to the page at once, to an image
+beneath the one seen (:mod:`klviz.widgets.stack`). A change to one of those positions is answered by
+raising that image, with no frame to send, compute or draw (or with the kept frame, if the page has not
+had it for long); a change to the position being drawn finishes it (with the PNG, if its WebP is not
+ready); any other change is computed as before, and a kept frame is dropped as soon as the reader is
+no longer next to it.
 
 Nothing here runs outside an IPython kernel (a script, a test, even one with an event loop of its
 own running, such as Playwright's) or in static mode, and a panel that trains in the background
@@ -266,6 +268,7 @@ class DrawAhead:
 
     def keep_current(self, prepared: Prepared) -> None:
         """Keep the position just shown (the reader may step back to it)."""
+        self.panel._stack.label(prepared)
         if self.loop() is None:
             self.kept = []
             return
@@ -313,6 +316,8 @@ class DrawAhead:
                     self._work, targets = None, targets[1:]
                     if done.value is not None:
                         self.kept = (self.kept + [done.value])[-KEEP:]
+                        # to the page now, beneath the frame shown: a step there only raises it
+                        panel._stack.put_beneath(done.value.url, done.value, keep=self.kept)
                 finally:
                     self.drawing = False
             if self._work is not None or targets:

@@ -8,7 +8,8 @@ not ipympl). Errors raised while updating are shown inside the panel instead of 
 The status line shows the device and how long the last update took: compute, then the redraw,
 marked "(blitted)" when only the changed artists were drawn. In a live kernel a panel draws ahead:
 while the kernel idles it prepares the frames one step either side of the reader's position
-(:mod:`klviz.widgets.ahead`), and a step to one of them is answered with that frame, marked "drawn ahead".
+(:mod:`klviz.widgets.ahead`) and sends them to the page beneath the frame shown
+(:mod:`klviz.widgets.stack`); a step to one of them raises that frame, marked "drawn ahead".
 
 Work that takes seconds (training a model) runs in a thread when the reader moves a control: a
 panel overrides :meth:`Panel.start_background` and starts it with :meth:`Panel.run_in_background`;
@@ -42,8 +43,9 @@ import traitlets
 from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
-from .ahead import DrawAhead, Prepared, neighbours
+from .ahead import KEEP, DrawAhead, Prepared, neighbours
 from .frames import FrameComposer, pixel_ratio, png_url
+from .stack import FrameStack
 
 __all__ = ["Panel", "PanelText", "BackgroundRun", "Cancelled", "html_table", "move_policy_controls", "static_mode"]
 
@@ -255,7 +257,7 @@ class Panel:
                         values,
                         data,
                         self._frame_png,
-                        bytes(self._image.value),
+                        bytes(self._stack.shown.value),
                         self.readout.value,
                         self.last_compute_ms,
                         self.last_draw_ms,
@@ -272,7 +274,10 @@ class Panel:
         self.last_compute_ms, self.last_draw_ms = prepared.compute_ms, prepared.draw_ms
         self.updates += 1
         self._ahead.used += 1
-        self._show_frame(prepared.png, prepared.url)
+        if self._stack.bring_up(prepared):  # already on the page, beneath the frame shown
+            self._frame_png = prepared.png
+        else:
+            self._show_frame(prepared.png, prepared.url)
         self.readout.value = prepared.readout
         # the times it took when it was drawn; it is shown now without computing or drawing anything
         self._show_status(f" · {prepared.note}", blitted=prepared.blitted)
@@ -399,7 +404,8 @@ class Panel:
             run.thread.join(timeout)
 
     def _make_canvas(self) -> widgets.Widget:
-        """The widget that shows the frames: an ``ipywidgets.Image`` fed with each frame as a PNG data URL.
+        """The widget that shows the frames: ``ipywidgets.Image`` views fed with data URLs, stacked
+        (:class:`klviz.widgets.stack.FrameStack`: the frame shown on top, frames drawn ahead beneath).
 
         Not ipympl's canvas, measured in JupyterLab with headless Chromium: ipympl's front end
         re-encodes the previous frame as a PNG in the browser for every frame it receives
@@ -407,24 +413,26 @@ class Panel:
         frames could leave a stale picture when the browser dropped one. The panels use none of
         ipympl's zoom or pan tools.
 
-        The image's value is a ``data:image/png;base64,...`` URL (``format="url"``), not the PNG
-        bytes (``format="png"``): for bytes, the widget's view wraps them in a Blob URL that
-        Chromium then loads through its network service, 8-10 ms from ``src`` to ``load`` for a
-        60 kB frame, where a data URL loads in about 1 ms (the base64 text is a third larger, and
-        encoding it takes about 0.1 ms). :attr:`frame_png` is the frame's PNG bytes.
+        An image's value is a ``data:image/...;base64,...`` URL (``format="url"``), not the bytes
+        (``format="png"``): for bytes, the widget's view wraps them in a Blob URL that Chromium
+        then loads through its network service, 8-10 ms from ``src`` to ``load`` for a 60 kB frame,
+        where a data URL loads in about 1 ms (the base64 text is a third larger, and encoding it
+        takes about 0.1 ms). :attr:`frame_png` is the PNG bytes of the frame shown. A panel that
+        does not draw ahead (or in static mode) has one image.
         """
         ratio = pixel_ratio()
         width_px = int(round(self.fig.get_figwidth() * self.fig.dpi))
         height_px = int(round(self.fig.get_figheight() * self.fig.dpi))
         if ratio != 1.0:
             self.fig.set_dpi(self.fig.dpi * ratio)  # sharper on high-density screens, same size
-        # a fixed size: the page keeps its layout before the first frame has loaded and after
-        self._image = widgets.Image(
-            format="url",
-            layout=widgets.Layout(width=f"{width_px}px", height=f"{height_px}px", min_height=f"{height_px}px"),
-        )
-        self._image.add_class("klviz-figure")
-        return self._image
+        ahead = self.draw_ahead and DrawAhead.enabled() and not static_mode()
+        self._stack = FrameStack(width_px, height_px, slots=KEEP if ahead else 1)
+        return self._stack.widget
+
+    @property
+    def _image(self) -> widgets.Image:
+        """The image the reader sees (the top of the stack)."""
+        return self._stack.shown
 
     def _freeze_layout(self) -> None:
         """Lay the figure out once, then keep the layout: constrained layout on every redraw is slow."""
@@ -444,7 +452,7 @@ class Panel:
     def _show_frame(self, png: bytes, url: bytes | None = None) -> None:
         """Send a frame: ``png``, or the same pixels as the ``data:`` URL ``url``."""
         self._frame_png = png
-        self._image.value = png_url(png) if url is None else url
+        self._stack.show(png_url(png) if url is None else url)
 
     @property
     def frame_png(self) -> bytes:

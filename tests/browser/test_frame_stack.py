@@ -1,0 +1,103 @@
+"""A panel's figure in a real browser: the frame seen is the image on top of its stack, at its own aspect.
+
+Frames drawn ahead are sent to images beneath the one seen, and a step there raises one
+(``klviz.widgets.stack``). What the reader sees must then be exactly that frame: these tests step a
+panel whose next frames were loaded beneath, then compare the screenshot of the figure with the
+frame the top image holds, pixel for pixel, and check which image the page hit-tests (its paint
+order) and that a narrow page shrinks the figure without distorting it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from .helpers import open_and_run
+
+pytestmark = pytest.mark.browser
+
+CELL = "import klviz\nimport klviz.widgets as W\nklviz.setup_notebook()\npanel = W.TokenEstimatorsPanel()\npanel"
+
+# The images of the panel's figure, the one with the highest CSS order (the one painted on top), and
+# which image the page finds at a few points inside the figure (hit testing follows paint order).
+STACK = """panel => {
+  const box = panel.querySelector('.klviz-figure');
+  const imgs = Array.from(box.querySelectorAll('img'));
+  const order = el => parseInt(el.style.order || '0', 10);
+  const top = imgs.reduce((a, b) => (order(b) > order(a) ? b : a));
+  const r = box.getBoundingClientRect();
+  const hits = [[0.2, 0.3], [0.5, 0.5], [0.8, 0.7]].map(([fx, fy]) =>
+    document.elementFromPoint(r.left + fx * r.width, r.top + fy * r.height) === top);
+  const t = top.getBoundingClientRect();
+  return {n: imgs.length, orders: imgs.map(order), src: top.src, hits, complete: top.complete,
+          natural: [top.naturalWidth, top.naturalHeight], shown: [t.width, t.height], box: [r.width, r.height],
+          at: {x: t.left + window.scrollX, y: t.top + window.scrollY, width: t.width, height: t.height},
+          panel: panel.getBoundingClientRect().width};
+}"""
+
+
+def _decode(url: str) -> np.ndarray:
+    head, _, body = url.partition(",")
+    assert head in ("data:image/webp;base64", "data:image/png;base64"), head[:40]
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(body))).convert("RGB")).astype(np.int16)
+
+
+def _step(page, panel) -> None:
+    """Press the right arrow on the panel's first slider and wait for the readout to change."""
+    readout = panel.locator(".klviz-readout").first
+    before = readout.inner_text()
+    handle = panel.locator(".noUi-handle").first
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    for _ in range(100):
+        page.wait_for_timeout(50)
+        if readout.inner_text() != before:
+            return
+    raise AssertionError("the readout did not change after a step")
+
+
+def test_a_step_to_a_frame_loaded_beneath_paints_exactly_that_frame(page, lab_server, artifacts):
+    notebook = "frame_stack_check.ipynb"
+    cells = [{"cell_type": "code", "id": "c0", "metadata": {}, "execution_count": None, "outputs": [], "source": CELL}]
+    nb = {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}},
+        "cells": cells,
+    }
+    (lab_server["root"] / notebook).write_text(json.dumps(nb))
+    page.set_viewport_size({"width": 1700, "height": 1100})  # the figure at its own size: pixels compare exactly
+    open_and_run(page, lab_server, notebook)
+    panel = page.locator(".klviz-panel").first
+    panel.scroll_into_view_if_needed()
+    for _ in range(3):
+        page.wait_for_timeout(800)  # the kernel idles: the next frames are drawn and sent beneath
+        _step(page, panel)
+    page.wait_for_timeout(300)
+    state = panel.evaluate(STACK)
+    seen = {k: v for k, v in state.items() if k != "src"}  # for the messages: the frame itself is long
+    assert state["n"] == 3, seen
+    assert max(state["orders"]) >= 4, f"the steps were not answered by raising frames beneath: {state['orders']}"
+    assert all(state["hits"]), f"another image is painted over the one on top: {seen}"
+    assert state["complete"] and state["natural"] == [round(v) for v in state["shown"]], seen
+    png = page.screenshot(clip=state["at"], full_page=True)  # what the page paints where the top image is
+    (artifacts / "frame_stack_step.png").write_bytes(png)
+    shot = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    frame = _decode(state["src"])
+    assert shot.shape == frame.shape, (shot.shape, frame.shape, state["at"], state["box"])
+    worst = int(np.abs(shot.astype(np.int16) - frame).max())
+    assert worst <= 3, f"the figure seen differs from the frame on top by up to {worst} levels"
+
+    # a page narrower than the figure shrinks it, at its own aspect, inside the panel
+    page.set_viewport_size({"width": 800, "height": 1100})
+    page.wait_for_timeout(500)
+    narrow = panel.evaluate(STACK)
+    narrow.pop("src")
+    (width, height), (nat_w, nat_h) = narrow["box"], narrow["natural"]
+    assert width < nat_w and width <= narrow["panel"] + 1, narrow
+    assert abs(height - width * nat_h / nat_w) <= 1.5, f"the figure is distorted: {narrow}"
