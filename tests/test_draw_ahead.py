@@ -220,7 +220,8 @@ def test_a_position_that_raises_is_not_kept_and_its_step_shows_the_error(kernel)
     async def run():
         panel = _Refuses()
         await idle(panel)
-        assert [p.values["x"] for p in panel._ahead.kept] == [0.25]  # 0.75 raised while drawn ahead
+        # the position built (0.5) and one neighbour: 0.75 raised while drawn ahead
+        assert [p.values["x"] for p in panel._ahead.kept] == [0.5, 0.25]
         assert panel.readout.value == "x = 0.5" and panel.error.value == ""  # nothing reached the page
         panel.controls["x"].value = 0.75
         assert isinstance(panel.last_error, ValueError) and "too large" in panel.error.value
@@ -277,8 +278,9 @@ def test_a_position_half_drawn_is_dropped_when_the_figure_is_touched(kernel):
         shown = panel.png()  # between two pieces
         assert panel._ahead._work is None and panel._figure_current
         await idle(panel)
-        # the dropped position was drawn again from its start, then the other neighbour
-        assert panel._ahead.made == made + 2 and len(panel._ahead.kept) == 2
+        # the dropped position was drawn again from its start, then the other neighbour (kept with
+        # the position built)
+        assert panel._ahead.made == made + 2 and len(panel._ahead.kept) == 3
         return panel, shown
 
     panel, shown = in_loop(run)
@@ -411,3 +413,23 @@ def test_a_step_before_the_frame_beneath_has_settled_is_sent_its_frame(kernel, m
     panel, sent = in_loop(run)
     assert panel._ahead.used == 1 and panel._stack.raised == 0
     assert sent[0] == ("image", ("value",)) and ("layout", ("order",)) not in sent, sent
+
+
+def test_a_step_back_to_the_first_position_raises_its_frame(kernel):
+    """The position a panel was built at stays on the page beneath: one step away and back is two raises,
+    and the step back shows the first frame's pixels."""
+
+    async def run():
+        panel = W.BregmanPanel()
+        control = panel.first_slider()
+        first = (panel.values(), panel.frame_png, panel.readout.value)
+        for toward in (1, -1):
+            await idle(panel)
+            await asyncio.sleep(stack.SETTLE_S)
+            panel.controls[control].value = neighbours(panel.controls[control], toward)[0]
+        return panel, first
+
+    panel, (values, png, readout) = in_loop(run)
+    assert panel._stack.raised == 2 and same_values(panel.values(), values)
+    assert panel.readout.value == readout
+    assert np.array_equal(decoded(panel._image.value), pixels(png))

@@ -267,9 +267,10 @@ class DrawAhead:
         return prepared
 
     def keep_current(self, prepared: Prepared) -> None:
-        """Keep the position just shown (the reader may step back to it)."""
+        """Keep the position just shown (the reader may step back to it; the panel's first position
+        too, while it is being built: its frame stays on the page, so a first step back raises it)."""
         self.panel._stack.label(prepared)
-        if self.loop() is None:
+        if self.loop() is None and self.panel._built:
             self.kept = []
             return
         self.kept = [p for p in self.kept if not same_values(p.values, prepared.values)][-(KEEP - 1) :] + [prepared]
