@@ -105,7 +105,8 @@ RECORD_FRAMES = """
     const t = performance.now();
     for (const r of records) {
       if (r.target.tagName === 'IMG' && onTop(r.target) && order(r.target) > 0) {
-        window.__klvizRaised.push({t, el: r.target});
+        // complete: its frame had loaded (else the page shows the image's previous frame until it has)
+        window.__klvizRaised.push({t, el: r.target, loaded: r.target.complete});
         window.__klvizWake();
       }
     }
@@ -231,6 +232,7 @@ BREAKDOWN = """
   return {slider: outs[0].t - t0, to_kernel: busy.kt - outs[0].t, kernel: main.kt - busy.kt,
           to_page: main.t - main.kt, in_page: end - main.t, kb: main.bytes / 1024,
           to_src: set ? set.t - main.t : NaN, src_load: set ? end - set.t : NaN, raised,
+          unloaded: raised && !!set && !set.loaded,
           messages: replies.filter(m => m.type === 'comm_msg' && m.t <= end).length};
 }
 """
@@ -365,6 +367,7 @@ PARTS = [
     ("messages", "msgs"),
     ("ahead", "ready"),
     ("raised", "on page"),
+    ("unloaded", "unloaded"),
 ]
 
 
@@ -372,7 +375,7 @@ def breakdown_row(name: str, parts: list[dict]) -> list[str]:
     row = [name]
     for key, _ in PARTS:
         values = [p[key] for p in parts if key in p and p[key] == p[key]]
-        if key in ("ahead", "raised"):  # how many presses found their frame ready (on the page), of all
+        if key in ("ahead", "raised", "unloaded"):  # how many presses found their frame ready (on the page), of all
             row.append(f"{sum(values)}/{len(parts)}" if values else "-")
             continue
         row.append(f"{median(values):.1f}" if values else "-")
@@ -550,7 +553,9 @@ def main(argv: list[str] | None = None) -> int:
             " message reaches the page; page = until the frame has\n   loaded (the text is shown), of which"
             " (->src load) = until the page gives the image its new frame, then\n   until it has loaded;"
             " ready = presses whose frame was drawn ahead or kept; on page = of those, presses answered\n   by"
-            " raising the frame, loaded beneath the one seen while the kernel idled (kB: the raise's message)."
+            " raising the frame, loaded beneath the one seen while the kernel idled (kB: the raise's message);"
+            " unloaded = of those, raised before\n   its frame had loaded (the page showed that image's"
+            " previous frame until it had)."
             " ->kernel\n   and ->page compare the kernel's clock (header.date) with the page's, so they share an"
             " offset of a few ms;\n   their sum does not."
         )
