@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from klviz.widgets import stack
+from klviz.widgets.frames import blank_png
 from klviz.widgets.stack import FrameStack
 
 WEBP = b"data:image/webp;base64,AAAA"
@@ -69,3 +70,22 @@ def test_a_frame_is_raised_only_once_it_has_had_time_to_load(monkeypatch):
     assert not frames.bring_up(key) and frames.top == 0
     monkeypatch.setattr(stack, "SETTLE_S", 0.0)
     assert frames.bring_up(key) and frames.top == 1
+
+
+def test_an_image_before_its_first_frame_is_transparent_at_the_figure_s_aspect():
+    """No source would draw a broken image; a placeholder of another aspect would resize the stack."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    frames = FrameStack(960, 340, slots=3)
+    for image in frames.images:
+        head, _, body = bytes(image.value).partition(b",")
+        assert head == b"data:image/png;base64" and len(body) < 1400
+        blank = Image.open(io.BytesIO(base64.b64decode(body)))
+        assert blank.size == (960, 340)
+        assert not np.asarray(blank.convert("RGBA"))[..., 3].any()  # every pixel fully transparent
+    with pytest.raises(ValueError, match="width and height"):
+        blank_png(0, 10)

@@ -22,6 +22,7 @@ __all__ = [
     "PngEncoder",
     "legend_signature",
     "text_signature",
+    "blank_png",
     "encode_png",
     "frame_url",
     "pixel_ratio",
@@ -400,6 +401,17 @@ def encode_png(rgba: np.ndarray) -> bytes:
 
 #: libwebp's effort for frames drawn ahead (``method``; 0 fastest): see :func:`frame_url`
 WEBP_METHOD = int(os.environ.get("KLVIZ_WEBP_METHOD", "1"))
+
+
+def blank_png(width: int, height: int) -> bytes:
+    """A fully transparent ``width`` x ``height`` PNG (grey and alpha samples, all zero; under 1 kB
+    at a panel's size)."""
+    import zlib
+
+    if width < 1 or height < 1:
+        raise ValueError(f"width and height must be at least 1, got {width} x {height}")
+    raw = bytes((1 + 2 * width) * height)  # per row: filter byte 0 ("none"), then two zero samples a pixel
+    return _png(width, height, 4, zlib.compress(raw, 9))
 
 
 def png_url(png: bytes) -> bytes:

@@ -17,18 +17,31 @@ with the highest ``order`` is seen, with no style sheet needed. Only opaque fram
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 
 import ipywidgets as widgets
 
-__all__ = ["SETTLE_S", "FrameStack"]
+from .frames import blank_png, png_url
+
+__all__ = ["SETTLE_S", "FrameStack", "blank_url"]
 
 #: seconds a frame sent beneath waits before it may be brought to the top. The page keeps showing an
 #: image's previous frame until its new one has loaded (measured above: 5-10 ms, under load more), so
 #: one raised sooner could show an older frame for a moment; a step that comes sooner is sent its
 #: frame as before
 SETTLE_S = 0.03
+
+
+@functools.lru_cache(maxsize=16)
+def blank_url(width_px: int, height_px: int) -> bytes:
+    """A fully transparent frame of ``width_px`` x ``height_px`` as a ``data:`` URL (under 1 kB).
+
+    What an image of the stack holds before its first frame: an image with no source is drawn as a
+    broken image (an icon and a border) in Chromium, and a placeholder of another aspect would give
+    the image, and so the stack, that aspect once it has loaded."""
+    return png_url(blank_png(width_px, height_px))
 
 
 class FrameStack:
@@ -46,6 +59,7 @@ class FrameStack:
         # width and height attributes give it before a frame has loaded, so the page keeps its layout)
         self.images = [
             widgets.Image(
+                value=blank_url(width_px, height_px),
                 format="url",
                 width=str(width_px),
                 height=str(height_px),
