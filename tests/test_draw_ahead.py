@@ -162,7 +162,7 @@ def test_a_step_to_a_position_drawn_ahead_shows_what_computing_it_shows(name, ke
         assert panel._ahead.made >= 1, "nothing was drawn ahead after the panel was built"
         shown_url, shown_readout = panel._image.value, panel.readout.value
         assert panel._figure_current  # the artists were put back after drawing ahead
-        await asyncio.sleep(stack.SETTLE_S)  # the frames sent beneath have had time to load
+        await asyncio.sleep(stack.SETTLE_S + 0.01)  # the frames sent beneath have had time to load
         sent = record_messages(panel)
         steps = [neighbours(panel.controls[control])[0]]
         for value in steps:
@@ -381,7 +381,7 @@ def test_a_walk_raises_the_frames_beneath_and_each_shows_its_own_position(kernel
         shown = []
         for toward in steps:
             await idle(panel)
-            await asyncio.sleep(stack.SETTLE_S)
+            await asyncio.sleep(stack.SETTLE_S + 0.01)
             before = panel._stack.raised
             panel.controls[control].value = neighbours(panel.controls[control], toward)[0]
             assert panel._stack.raised == before + 1, f"step {len(shown) + 1} was sent its frame"
@@ -425,7 +425,7 @@ def test_a_step_back_to_the_first_position_raises_its_frame(kernel):
         first = (panel.values(), panel.frame_png, panel.readout.value)
         for toward in (1, -1):
             await idle(panel)
-            await asyncio.sleep(stack.SETTLE_S)
+            await asyncio.sleep(stack.SETTLE_S + 0.01)
             panel.controls[control].value = neighbours(panel.controls[control], toward)[0]
         return panel, first
 
