@@ -210,6 +210,24 @@ def test_panel_stop_logic_and_readout_changes(panel):
     assert panel.last["stop_step"] is None and "never exceeds" in panel.readout.value
 
 
+def test_per_token_axis_is_one_scale_per_response(panel):
+    """Stepping keeps the right plot's axis (one scale per response, every step inside it), and a
+    step to a view seen before is blitted rather than rendered in full."""
+    for row in (0, 1, 3, 59):
+        limits = set()
+        for step in range(panel.num_steps + 1):
+            d = panel.set(step=step, row=row, color_by="k2")
+            lo, hi = panel.ax_t.get_ylim()
+            limits.add((lo, hi))
+            for q, v in d["per_token"].items():
+                assert lo <= v.min() and v.max() <= hi, (row, step, q)
+            assert panel.ax_t.get_xlim() == (-0.5, max(d["n"], 2) - 0.5)
+        assert len(limits) == 1, (row, limits)
+    panel.set(step=2, row=1)
+    panel.set(step=3)
+    assert panel._frames.last_was_blit
+
+
 def test_panel_update_is_fast(panel):
     compute, total = [], []
     for s in range(0, panel.num_steps + 1, 2):

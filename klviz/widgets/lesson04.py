@@ -18,7 +18,7 @@ from .. import lm
 from ..devices import single_thread
 from ..divergences import exact_kl
 from ..estimators import k1, k2, k3, masked_mean
-from ..plotting import COLORS, panel_figure, sticky_limits
+from ..plotting import COLORS, panel_figure, snapped_limits, sticky_limits
 from .base import Panel
 
 __all__ = ["WorkedTokensPanel"]
@@ -94,6 +94,15 @@ class WorkedTokensPanel(Panel):
             pos = self.token_values[q][self.token_values[q] > 0]
             self.colour_span[q] = max(1e-6, float(torch.quantile(pos.double(), 0.99))) if pos.numel() else 1.0
         self.labels = [f"{i}: {p}|{r}" for i, (p, r) in enumerate(zip(ro.prompts, ro.responses))]
+        # each response's per-token axis spans its values over every step (a function of the response
+        # alone): stepping keeps the scale, so a bar twice as high is twice the value at any step
+        values = torch.stack(list(self.token_values.values()))  # [Q, S, B, R]; padding is 0
+        lows = values.amin(dim=(0, 1, 3)).clamp(max=0.0)
+        highs = values.amax(dim=(0, 1, 3)).clamp(min=0.0)
+        self.token_limits = [
+            snapped_limits(float(lo), float(hi)) if hi > lo else (-0.05, 0.05)
+            for lo, hi in zip(lows.tolist(), highs.tolist())
+        ]
 
     # -- panel ------------------------------------------------------------------------------------
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
@@ -241,16 +250,12 @@ class WorkedTokensPanel(Panel):
 
         n = data["n"]
         width = self.ids.shape[1]
-        lo, hi = 0.0, 0.0
         for q, line in self.tok_lines.items():
             y = np.full(width, np.nan)
             y[:n] = data["per_token"][q]
             line.set_ydata(y)
-            if n:
-                lo, hi = min(lo, float(np.nanmin(y))), max(hi, float(np.nanmax(y)))
-        pad = 0.08 * (hi - lo) if hi > lo else 0.05
-        sticky_limits(self.ax_t, "y", lo - pad, hi + pad)
-        sticky_limits(self.ax_t, "x", -0.5, max(n, 2) - 0.5)
+        self.ax_t.set_ylim(*self.token_limits[data["row"]])
+        self.ax_t.set_xlim(-0.5, max(n, 2) - 0.5)
         self.ax_t.set_title(f"response #{data['row']} at step {s}: per-token values", fontsize=10)
         self.readout.value = self._strip_html(data) + self._summary_html(data)
 

@@ -564,7 +564,8 @@ for est in (plain_k3, corrected):
 #
 # The response strip shows old's tokens coloured by the chosen quantity at the chosen update step (hover a
 # token for its log-probabilities and all four values). The left plot shows the batch means against the
-# update step with MiniMind's early-stop threshold; the right one the chosen response's per-token values.
+# update step with MiniMind's early-stop threshold; the right one the chosen response's per-token values, on one scale for that response at every step, so a
+# point twice as high is twice the value whichever step you compare it with.
 # Move **update step** and watch which tokens light up; switch the colouring between $k_1$ (signed: blue
 # tokens became more likely), $k_2$, $k_3$ and the exact KL at each position.
 
