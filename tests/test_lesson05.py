@@ -368,6 +368,26 @@ def test_flow_panel_defaults_and_extremes(flow_panel):
     assert flow_panel.last_error is None and flow_panel.error.value == ""
 
 
+def test_flow_panel_sends_its_frame_before_the_other_sliders_maximum(flow_panel):
+    """A step of one start slider changes the other's maximum; the page hears of the new frame and
+    readout first (the maximum makes the page lay out a slider, which would delay the frame)."""
+    flow_panel.set(start_mat=0.08, start_sofa=0.12, steps=60)
+    sent: list[str] = []
+    sofa = flow_panel.controls["start_sofa"]
+    watched = [("sofa", sofa), ("text", flow_panel.text)]
+    watched += [("frame", w) for image in flow_panel._stack.images for w in (image, image.layout)]
+    for what, w in watched:
+        w._send = lambda msg, buffers=None, _what=what: sent.append(_what)
+    try:
+        flow_panel.controls["start_mat"].value = 0.2
+    finally:
+        for _, w in watched:
+            del w._send
+    assert sofa.max == 0.79 and flow_panel.last["start"][0] == pytest.approx(0.2)
+    assert "sofa" in sent and "frame" in sent and "text" in sent, sent
+    assert sent.index("sofa") > max(sent.index("frame"), sent.index("text")), sent
+
+
 def test_bandit_panel(bandit_panel):
     from klviz.bandit import BETA_GRID
 

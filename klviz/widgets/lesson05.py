@@ -77,6 +77,9 @@ class SimplexFlowPanel(Panel):
         self.lr = lr
         self.grid_xy, self.fields = _fields(11, REF_PROBS)
         super().__init__(device)
+        # after the panel's own observers: a step sends its frame and readout first, then the other
+        # slider's new maximum (which the page lays out before it handles the next message)
+        self._link_start_sliders(self.controls)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         controls: dict[str, widgets.ValueWidget] = {
@@ -109,32 +112,35 @@ class SimplexFlowPanel(Panel):
                 value=60, min=5, max=400, step=5, description="descent steps", style=_STYLE, continuous_update=False
             ),
         }
-        self._link_start_sliders(controls)
+        mat, sofa = controls["start_mat"], controls["start_sofa"]
+        mat.max, sofa.max = self._room(sofa.value), self._room(mat.value)
         return controls
 
     #: the smallest start probability of each token (the sliders' minimum, and what " moon" keeps)
     START_MIN = 0.01
 
     @classmethod
+    def _room(cls, other: float) -> float:
+        """The largest start probability one token can take when the other takes ``other``."""
+        return round(max(cls.START_MIN, 1.0 - cls.START_MIN - float(other)), 2)
+
+    @classmethod
     def _link_start_sliders(cls, controls: dict[str, widgets.ValueWidget]) -> None:
         """Keep every start point inside the triangle: π(mat) + π(sofa) <= 1 - START_MIN.
 
-        Each slider's maximum follows the other's value, so a slider cannot be moved past the edge (ipywidgets
-        clamps the value to the new maximum). The observers are registered before the panel's own, so the
-        panel only ever computes a valid start.
+        Each slider's maximum follows the other's value, so a slider cannot be moved past the edge
+        (ipywidgets clamps a value to its slider's maximum). Moving one slider within its maximum
+        leaves the other's value at or below the other's new maximum, so the panel computes a valid
+        start whichever observer runs first.
         """
         mat, sofa = controls["start_mat"], controls["start_sofa"]
 
-        def room(other: float) -> float:
-            return round(max(cls.START_MIN, 1.0 - cls.START_MIN - float(other)), 2)
-
         def follow(target: widgets.FloatSlider) -> Any:
             def on_change(change: dict[str, Any]) -> None:
-                target.max = room(change["new"])
+                target.max = cls._room(change["new"])
 
             return on_change
 
-        mat.max, sofa.max = room(sofa.value), room(mat.value)
         mat.observe(follow(sofa), names="value")
         sofa.observe(follow(mat), names="value")
 
