@@ -14,6 +14,11 @@ sources only, so running a lesson (outputs, execution counts, widget state) is n
   overwrite it; without a terminal (a script, CI) it keeps the copy and says so; ``--force``
   overwrites after saving the old copy under ``DIR/backups/<time>/``.
 
+DIR must be a folder this user owns and no other user can write (:func:`check_own_folder`): one
+created by someone else (in a shared ``/tmp``) is refused in one line, since its owner could have
+planted links or modules in it. Nothing is written through a link: files are created with
+``O_EXCL``/``O_NOFOLLOW`` under a fresh name and renamed over their target.
+
 JupyterLab then starts in DIR on 127.0.0.1 with a random token, locked as :mod:`klviz.servers`
 describes, and the URL, token included, is printed once the server answers.
 """
@@ -21,10 +26,12 @@ describes, and the URL, token included, is printed once the server answers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
-import shutil
+import secrets
+import stat
 import sys
 import webbrowser
 from collections.abc import Callable
@@ -41,6 +48,8 @@ __all__ = [
     "sync_lessons",
     "SyncReport",
     "lesson_fingerprint",
+    "check_own_folder",
+    "UnsafeFolderError",
     "start_lab",
     "main",
 ]
@@ -92,7 +101,140 @@ def resolve_lesson(lesson: str, directory: str | os.PathLike[str] | None = None)
     return matches[0]
 
 
+# -- a folder only this user controls ------------------------------------------------------------
+class UnsafeFolderError(ValueError):
+    """DIR is not a folder that only this user controls, or holds a link where klviz would write.
+
+    The message is one line that names the path and says why."""
+
+
+def _others_share_group(gid: int) -> bool:
+    """Whether a user other than this one belongs to group ``gid`` (by membership or as primary group)."""
+    import grp
+    import pwd
+
+    uid = os.geteuid()
+    me = pwd.getpwuid(uid).pw_name if uid in {p.pw_uid for p in pwd.getpwall()} else None
+    try:
+        members = set(grp.getgrgid(gid).gr_mem) - {me}
+    except KeyError:
+        return True  # a group nobody can name: assume the worst
+    return bool(members) or any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
+
+
+def check_own_folder(path: str | os.PathLike[str], *, what: str = "DIR") -> Path:
+    """``path`` resolved, if it is a folder this user owns and no other user can write; else raise
+    :class:`UnsafeFolderError` with one line saying why.
+
+    Another local user who created the folder (in a shared ``/tmp``, say), or who may write in it,
+    could have planted links that klviz would write through, or a ``klviz.py`` that a kernel started
+    there would import. A symbolic link given as ``path`` must itself belong to this user. A folder
+    writable by its group is accepted only when no other user is in that group (a private group).
+    """
+    given = Path(path).expanduser()
+    if not hasattr(os, "geteuid"):  # no POSIX owners to check (Windows): only the kind of file
+        if not given.is_dir():
+            raise UnsafeFolderError(f"{what} {given} is not a folder")
+        return given.resolve()
+    uid = os.geteuid()
+    link = os.lstat(given)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid != uid:
+        raise UnsafeFolderError(
+            f"{what} {given} is a link made by another user (uid {link.st_uid}); choose another folder"
+        )
+    folder = given.resolve()
+    info = os.stat(folder)
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeFolderError(f"{what} {folder} exists and is not a folder")
+    if info.st_uid != uid:
+        raise UnsafeFolderError(
+            f"{what} {folder} belongs to another user (uid {info.st_uid}), who could plant files in it; "
+            "choose a folder of your own"
+        )
+    if info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and _others_share_group(info.st_gid)):
+        raise UnsafeFolderError(
+            f"{what} {folder} can be written by other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            f"run `chmod go-w {folder}` or choose another folder"
+        )
+    return folder
+
+
+class _Folder:
+    """A folder opened once; every file in it is read and written through this handle, and never
+    through a symbolic link (``O_NOFOLLOW``; a new file is made with ``O_EXCL`` under a fresh name,
+    then renamed over its target, which replaces a link instead of following it)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    @classmethod
+    def open(cls, path: Path) -> _Folder:
+        return cls(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def kind(self, name: str) -> str | None:
+        """``"link"``, ``"folder"``, ``"file"``, ``"other"``, or None where nothing has that name."""
+        try:
+            mode = os.lstat(name, dir_fd=self.fd).st_mode
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(mode):
+            return "link"
+        return "folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+    def refuse_link(self, name: str) -> None:
+        """Raise :class:`UnsafeFolderError` if ``name`` is a link or not a plain file."""
+        kind = self.kind(name)
+        if kind == "link":
+            raise UnsafeFolderError(
+                f"{self.path / name} is a symbolic link; klviz lab writes no file through a link: remove it"
+            )
+        if kind not in (None, "file"):
+            raise UnsafeFolderError(f"{self.path / name} is not a plain file; remove it or choose another folder")
+
+    def read_bytes(self, name: str) -> bytes:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write ``name`` atomically: a new file under a fresh name, then renamed over ``name``."""
+        tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
+
+    def subfolder(self, name: str) -> _Folder:
+        """The folder ``name`` inside this one, made if missing; a link there is refused."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=self.fd)
+        if self.kind(name) != "folder":
+            raise UnsafeFolderError(f"{self.path / name} is not a folder (a link?); remove it or choose another DIR")
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self.fd)
+        return _Folder(self.path / name, fd)
+
+
 # -- copying without destroying a learner's work ------------------------------------------------
+def _fingerprint(data: bytes) -> str | None:
+    try:
+        cells = json.loads(data.decode("utf-8"))["cells"]
+        content = [
+            (c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"]) for c in cells
+        ]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()
+
+
 def lesson_fingerprint(path: Path) -> str | None:
     """SHA-256 of a notebook's cell types and sources (``None`` if it is not a readable notebook).
 
@@ -100,13 +242,9 @@ def lesson_fingerprint(path: Path) -> str | None:
     its fingerprint.
     """
     try:
-        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        content = [
-            (c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"]) for c in cells
-        ]
-    except (OSError, ValueError, KeyError, TypeError):
+        return _fingerprint(Path(path).read_bytes())
+    except OSError:
         return None
-    return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()
 
 
 @dataclass
@@ -152,53 +290,73 @@ def sync_lessons(
 
     ``ask(name)`` is called for each edited copy when given (a terminal); it returns True to
     overwrite. Without it an edited copy is kept, unless ``force``.
+
+    ``dest`` must be a folder this user controls (:func:`check_own_folder`; a missing one is made),
+    and nothing is written through a link in it: a lesson, the manifest or ``backups`` that is a
+    link raises :class:`UnsafeFolderError` before anything is written.
     """
     src_dir = Path(source) if source is not None else shipped_notebooks_dir()
-    dest = Path(dest).expanduser()
-    if dest.exists() and not dest.is_dir():
-        raise ValueError(f"dest {str(dest)!r} exists and is not a folder")
-    dest.mkdir(parents=True, exist_ok=True)
-    dest = dest.resolve()
-    report = SyncReport(dest)
-    if dest == src_dir.resolve():  # working directly in the shipped folder: nothing to copy
+    given = Path(dest).expanduser()
+    if not given.exists() and not given.is_symlink():
+        given.mkdir(parents=True)
+    folder_path = check_own_folder(given)
+    report = SyncReport(folder_path)
+    if folder_path == src_dir.resolve():  # working directly in the shipped folder: nothing to copy
         report.unchanged = [p.name for p in lesson_paths(src_dir)]
         return report
-    manifest_path = dest / MANIFEST
+    lessons = lesson_paths(src_dir)
+    folder = _Folder.open(folder_path)
     try:
-        manifest = json.loads(manifest_path.read_text())
-        if not isinstance(manifest, dict):
+        for name in [MANIFEST] + [p.name for p in lessons]:
+            folder.refuse_link(name)  # all refusals before the first write
+        if folder.kind(BACKUPS) not in (None, "folder"):
+            raise UnsafeFolderError(f"{folder_path / BACKUPS} is not a folder (a link?); remove it")
+        try:
+            manifest = json.loads(folder.read_bytes(MANIFEST))
+            if not isinstance(manifest, dict):
+                manifest = {}
+        except (OSError, ValueError):
             manifest = {}
-    except (OSError, ValueError):
-        manifest = {}
+        backups: _Folder | None = None
 
-    def backup(target: Path) -> None:
-        if report.backup_dir is None:
-            report.backup_dir = dest / BACKUPS / datetime.now().strftime("%Y%m%d-%H%M%S")
-            report.backup_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(target, report.backup_dir / target.name)
+        def backup(name: str) -> None:
+            nonlocal backups
+            if backups is None:
+                stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+                parent = folder.subfolder(BACKUPS)
+                try:
+                    backups = parent.subfolder(stamp)
+                finally:
+                    parent.close()
+                report.backup_dir = folder_path / BACKUPS / stamp
+            backups.write_bytes(name, folder.read_bytes(name))
 
-    for src in lesson_paths(src_dir):
-        target = dest / src.name
-        shipped = lesson_fingerprint(src)
-        if not target.exists():
-            shutil.copyfile(src, target)
-            report.copied.append(src.name)
-        else:
-            current = lesson_fingerprint(target)
-            if current is not None and current == shipped:
-                report.unchanged.append(src.name)
-            elif current is not None and current == manifest.get(src.name):
-                shutil.copyfile(src, target)
-                report.updated.append(src.name)
-            elif force or (ask is not None and ask(src.name)):
-                backup(target)
-                shutil.copyfile(src, target)
-                report.overwritten.append(src.name)
+        for src in lessons:
+            data = src.read_bytes()
+            shipped = _fingerprint(data)
+            if folder.kind(src.name) is None:
+                folder.write_bytes(src.name, data)
+                report.copied.append(src.name)
             else:
-                report.kept.append(src.name)
-                continue  # the manifest keeps the hash of what klviz last copied there
-        manifest[src.name] = shipped
-    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+                current = _fingerprint(folder.read_bytes(src.name))
+                if current is not None and current == shipped:
+                    report.unchanged.append(src.name)
+                elif current is not None and current == manifest.get(src.name):
+                    folder.write_bytes(src.name, data)
+                    report.updated.append(src.name)
+                elif force or (ask is not None and ask(src.name)):
+                    backup(src.name)
+                    folder.write_bytes(src.name, data)
+                    report.overwritten.append(src.name)
+                else:
+                    report.kept.append(src.name)
+                    continue  # the manifest keeps the hash of what klviz last copied there
+            manifest[src.name] = shipped
+        folder.write_bytes(MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+        if backups is not None:
+            backups.close()
+    finally:
+        folder.close()
     return report
 
 
@@ -249,18 +407,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.port is not None and not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
 
-    if args.in_place:
-        folder = Path(args.dir).resolve()
-        if not folder.is_dir():
-            print(f"klviz lab: {folder} is not a folder", file=sys.stderr)
-            return 2
-    else:
-        ask = _ask_on_terminal if (sys.stdin is not None and sys.stdin.isatty() and not args.force) else None
-        try:
+    try:
+        if args.in_place:
+            folder = check_own_folder(args.dir)
+        else:
+            ask = _ask_on_terminal if (sys.stdin is not None and sys.stdin.isatty() and not args.force) else None
             report = sync_lessons(args.dir, force=args.force, ask=ask)
-        except (ValueError, FileNotFoundError) as err:
-            print(f"klviz lab: {err}", file=sys.stderr)
-            return 2
+    except FileNotFoundError as err:
+        print(f"klviz lab: {f'{err.filename}: no such folder' if err.filename else err}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as err:
+        print(f"klviz lab: {err}", file=sys.stderr)
+        return 2
+    if not args.in_place:
         for line in report.lines():
             print(f"klviz lab: {line}", flush=True)
         if args.copy_only:

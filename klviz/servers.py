@@ -9,7 +9,9 @@ Every server klviz starts:
 - is then **probed**: a request without the token and from a foreign origin must be refused, else
   the server is stopped and klviz refuses to run (:func:`verify_locked`);
 - runs with its working directory in a private folder, so nothing in the lesson folder (a learner's
-  ``random.py``, a ``voila.py``) can be imported by the server in place of the real module;
+  ``random.py``, a ``voila.py``) can be imported by the server in place of the real module, and
+  starts its kernels with ``PYTHONSAFEPATH=1``, so a ``klviz.py`` in the lesson folder is not
+  imported by the lessons either (:func:`safe_import_path`);
 - lives exactly as long as the command that started it: Ctrl+C, SIGTERM, closing the terminal
   (SIGHUP) or a broken output pipe stop it with its kernels, and on Linux the kernel delivers
   SIGTERM to it if the klviz process dies without cleaning up;
@@ -43,6 +45,7 @@ __all__ = [
     "Server",
     "start_server",
     "start_lab_server",
+    "safe_import_path",
     "verify_locked",
     "run_until_interrupted",
     "free_port",
@@ -216,6 +219,7 @@ def start_server(
     run_env = dict(os.environ if env is None else env)
     run_env.pop("JUPYTER_TOKEN", None)
     run_env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    run_env["PYTHONSAFEPATH"] = "1"  # kernels too: a lesson folder's klviz.py is never imported (safe_import_path)
     cmd = [sys.executable, "-m", *args, f"--config={config_file}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and Binder-like machines run as root
@@ -253,6 +257,25 @@ LOCKED_SERVER_SETTINGS = {
 }
 
 
+def safe_import_path(root: Path) -> None:
+    """Make sure a kernel started in ``root`` imports the installed modules, not files in ``root``.
+
+    A kernel's working folder is the notebook's. Python and IPython normally put it on ``sys.path``,
+    so a ``klviz.py`` (or ``torch.py``) planted there would run on ``import klviz``. Every server
+    klviz starts passes ``PYTHONSAFEPATH=1`` to its kernels (:func:`start_server`), which Python 3.11+
+    and IPython 9.7+ honour: the working folder is not on the import path. On an older Python, which
+    has no such switch, a folder holding Python modules is refused with ``RuntimeError`` instead.
+    """
+    if sys.version_info >= (3, 11):
+        return
+    modules = sorted(p.name for p in Path(root).iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file())
+    if modules:
+        raise RuntimeError(
+            f"{root} holds Python modules ({', '.join(modules[:3])}) that a kernel there would import in place of "
+            "the installed ones; Python < 3.11 cannot be told not to: move them, or use Python 3.11 or newer"
+        )
+
+
 def start_lab_server(
     root: Path,
     *,
@@ -269,6 +292,7 @@ def start_lab_server(
     :mod:`klviz.notebook_format`), for serving the repository's own lessons. ``extra`` is merged into
     the config (``{"LabApp": {"expose_app_in_browser": True}}`` for tests).
     """
+    safe_import_path(root)
     folder = private_folder("klviz-lab-")
     config: dict[str, Any] = {
         "ServerApp": {"root_dir": str(Path(root).resolve()), **LOCKED_SERVER_SETTINGS},

@@ -129,7 +129,7 @@ def test_ask_decides_and_force_backs_up(tmp_path, shipped):
 def test_bad_destination_and_lesson_names(tmp_path, shipped):
     afile = tmp_path / "afile"
     afile.write_text("x")
-    with pytest.raises(ValueError, match="dest"):
+    with pytest.raises(ValueError, match="afile exists and is not a folder"):
         labcmd.sync_lessons(afile, source=shipped)
     assert labcmd.resolve_lesson("0", shipped).name == "00_start.ipynb"
     assert labcmd.resolve_lesson("01_next", shipped).name == "01_next.ipynb"
@@ -137,6 +137,118 @@ def test_bad_destination_and_lesson_names(tmp_path, shipped):
         labcmd.resolve_lesson("7", shipped)
     with pytest.raises(ValueError, match="lesson"):
         labcmd.resolve_lesson(str(tmp_path / "missing.ipynb"), shipped)
+
+
+# -- a folder someone else controls -------------------------------------------------------------
+def test_a_folder_of_another_user_is_refused_before_anything_is_written(tmp_path, shipped, monkeypatch, capsys):
+    """Another local user pre-created DIR (in a shared /tmp, say): klviz refuses it in one line."""
+    dest = tmp_path / "klviz-lessons"
+    dest.mkdir()
+    monkeypatch.setattr(labcmd.os, "geteuid", lambda: os.stat(dest).st_uid + 1)  # DIR is now someone else's
+    with pytest.raises(labcmd.UnsafeFolderError, match="belongs to another user"):
+        labcmd.sync_lessons(dest, source=shipped)
+    assert list(dest.iterdir()) == []
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert labcmd.main([str(dest), "--copy-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "belongs to another user" in err and str(dest) in err
+    assert labcmd.main([str(dest), "--in-place"]) == 2
+    assert "belongs to another user" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o757, 0o1777])
+def test_a_folder_others_can_write_is_refused(tmp_path, shipped, mode):
+    dest = tmp_path / "shared"
+    dest.mkdir()
+    dest.chmod(mode)
+    with pytest.raises(labcmd.UnsafeFolderError, match=r"can be written by other users .*chmod go-w"):
+        labcmd.sync_lessons(dest, source=shipped)
+    assert list(dest.iterdir()) == []
+    dest.chmod(0o755)
+    assert labcmd.sync_lessons(dest, source=shipped).copied == ["00_start.ipynb", "01_next.ipynb"]
+
+
+def test_a_group_writable_folder_is_refused_when_the_group_has_other_users(tmp_path, shipped, monkeypatch):
+    dest = tmp_path / "group"
+    dest.mkdir()
+    dest.chmod(0o775)
+    monkeypatch.setattr(labcmd, "_others_share_group", lambda gid: True)
+    with pytest.raises(labcmd.UnsafeFolderError, match="can be written by other users"):
+        labcmd.sync_lessons(dest, source=shipped)
+    monkeypatch.setattr(labcmd, "_others_share_group", lambda gid: False)  # a private group: fine
+    assert labcmd.sync_lessons(dest, source=shipped).copied
+
+
+def test_a_link_made_by_another_user_as_dir_is_refused(tmp_path, shipped, monkeypatch):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    link = tmp_path / "klviz-lessons"
+    link.symlink_to(mine)
+    real_lstat = os.lstat
+    monkeypatch.setattr(
+        labcmd.os,
+        "lstat",
+        lambda p, **kw: (
+            os.stat_result((*real_lstat(p, **kw)[:4], 12345, *real_lstat(p, **kw)[5:]))
+            if Path(p) == link
+            else real_lstat(p, **kw)
+        ),
+    )
+    with pytest.raises(labcmd.UnsafeFolderError, match="link made by another user"):
+        labcmd.sync_lessons(link, source=shipped)
+    assert list(mine.iterdir()) == []
+
+
+def test_nothing_is_written_through_a_link(tmp_path, shipped):
+    """A manifest linked to a victim's file, a dangling lesson link, a linked backups folder: each is
+    refused before the first write, and the files they point at are untouched or never created."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "bashrc").write_text("export PS1=mine\n")
+    dest = tmp_path / "work"
+    dest.mkdir()
+    (dest / labcmd.MANIFEST).symlink_to(victim / "bashrc")
+    with pytest.raises(labcmd.UnsafeFolderError, match=r"\.klviz-lessons\.json is a symbolic link"):
+        labcmd.sync_lessons(dest, source=shipped)
+    assert (victim / "bashrc").read_text() == "export PS1=mine\n"
+    assert sorted(p.name for p in dest.iterdir()) == [labcmd.MANIFEST]  # no lesson was copied first
+
+    (dest / labcmd.MANIFEST).unlink()
+    (dest / "00_start.ipynb").symlink_to(victim / "planted.ipynb")  # dangling
+    with pytest.raises(labcmd.UnsafeFolderError, match="00_start.ipynb is a symbolic link"):
+        labcmd.sync_lessons(dest, source=shipped)
+    assert not (victim / "planted.ipynb").exists()
+
+    (dest / "00_start.ipynb").unlink()
+    labcmd.sync_lessons(dest, source=shipped)
+    (dest / "00_start.ipynb").write_text("edited")
+    (dest / labcmd.BACKUPS).symlink_to(victim)
+    with pytest.raises(labcmd.UnsafeFolderError, match="backups is not a folder"):
+        labcmd.sync_lessons(dest, source=shipped, force=True)
+    assert sorted(p.name for p in victim.iterdir()) == ["bashrc"]
+    assert (dest / "00_start.ipynb").read_text() == "edited"
+
+
+def test_writes_replace_a_link_instead_of_following_it(tmp_path):
+    """The low-level write: a new file under a fresh name (O_EXCL, O_NOFOLLOW), renamed over the
+    target, so a link raced in after the checks is replaced, never followed."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("victim")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "x.ipynb").symlink_to(victim)
+    folder = labcmd._Folder.open(work)
+    try:
+        folder.write_bytes("x.ipynb", b"lesson")
+        with pytest.raises(OSError):
+            folder.read_bytes("nothing-here")
+    finally:
+        folder.close()
+    assert victim.read_text() == "victim"
+    assert not (work / "x.ipynb").is_symlink() and (work / "x.ipynb").read_text() == "lesson"
+    assert sorted(p.name for p in work.iterdir()) == ["x.ipynb"]  # no temporary file left
+    with pytest.raises(OSError):  # the folder itself is opened without following a link
+        labcmd._Folder.open(tmp_path / "link-to-work") if (tmp_path / "link-to-work").symlink_to(work) is None else None
 
 
 def test_cli_without_terminal_keeps_edits_and_says_so(tmp_path, monkeypatch, capsys):

@@ -155,6 +155,87 @@ def test_lesson_folder_cannot_shadow_the_servers_modules(tmp_path):
         assert "lesson-folder module" not in server.log_tail(200)
 
 
+def _run_in_kernel(server: servers.Server, notebook: str, code: str, timeout: float = 120) -> str:
+    """Start a kernel for ``notebook`` through the server's REST API (so its working folder is the
+    notebook's, as for a reader), run ``code`` over the kernel's websocket, and return its stdout."""
+    import asyncio
+    import uuid
+
+    from tornado.websocket import websocket_connect
+
+    base, token = server.url.split("/lab")[0], server.url.rsplit("token=", 1)[1]
+    body = json.dumps({"path": notebook, "type": "notebook", "name": notebook, "kernel": {"name": "python3"}})
+    req = urllib.request.Request(
+        f"{base}/api/sessions?token={token}",
+        data=body.encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        kernel_id = json.load(r)["kernel"]["id"]
+
+    async def run() -> str:
+        ws_url = base.replace("http://", "ws://") + f"/api/kernels/{kernel_id}/channels?token={token}"
+        ws = await websocket_connect(ws_url)
+        msg_id = uuid.uuid4().hex
+        header = {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "username": "t",
+            "session": uuid.uuid4().hex,
+            "version": "5.3",
+            "date": "",
+        }
+        content = {"code": code, "silent": False, "store_history": False, "allow_stdin": False, "stop_on_error": True}
+        ws.write_message(
+            json.dumps(
+                {
+                    "header": header,
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": content,
+                    "channel": "shell",
+                    "buffers": [],
+                }
+            )
+        )
+        out: list[str] = []
+        while True:  # until the kernel says the request is done (an event, not a fixed wait)
+            raw = await asyncio.wait_for(ws.read_message(), timeout)
+            if raw is None:
+                raise RuntimeError("the kernel's websocket closed")
+            msg = json.loads(raw)
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = msg["header"]["msg_type"]
+            if kind == "stream":
+                out.append(msg["content"]["text"])
+            elif kind == "error":
+                out.append("ERROR " + msg["content"]["ename"] + ": " + msg["content"]["evalue"])
+            elif kind == "status" and msg["content"]["execution_state"] == "idle":
+                ws.close()
+                return "".join(out)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_a_kernel_in_the_lesson_folder_imports_the_installed_klviz(tmp_path):
+    """A ``klviz.py`` planted in the lesson folder must not run when a lesson there imports klviz."""
+    lessons = _lessons(tmp_path / "lessons")
+    planted = tmp_path / "planted-ran"
+    (lessons / "klviz.py").write_text(f"open({str(planted)!r}, 'w').write('ran')\n")
+    server = servers.start_lab_server(lessons, env=_env(tmp_path / "home"))
+    with servers.running(server):
+        out = _run_in_kernel(
+            server, "00_start.ipynb", "import os, sys, klviz; print(os.getcwd()); print(klviz.__file__)"
+        )
+    cwd, module = out.split()
+    assert Path(cwd) == lessons.resolve()  # the kernel did start in the lesson folder ...
+    assert Path(module).resolve() == (ROOT / "klviz" / "__init__.py").resolve()  # ... and imported the real klviz
+    assert not planted.exists()
+
+
 def _gone(port: str, timeout: float = 30) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
