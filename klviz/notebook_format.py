@@ -20,6 +20,10 @@ import re
 
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")
 KEEP_CELL_METADATA = ("jupyter", "tags")
+#: A code cell tagged so holds a lesson's regression checks (asserts on the numbers it states): it runs
+#: under nbval like every cell, but is stored with its source collapsed, and the site, the presenter
+#: and a reader's JupyterLab fold it away (a reader sees a lecture, not a test file).
+CHECK_TAG = "klviz-check"
 NBFORMAT = (4, 5)
 CELL_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # nbformat 4.5 schema
 
@@ -57,6 +61,8 @@ def strip(nb: dict) -> dict:
             c["id"] = derived_id(i, kept)
             kept.add(c["id"])
         c["metadata"] = {k: v for k, v in c.get("metadata", {}).items() if k in KEEP_CELL_METADATA}
+        if CHECK_TAG in c["metadata"].get("tags", []):
+            c["metadata"]["jupyter"] = {**c["metadata"].get("jupyter", {}), "source_hidden": True}
         if c["cell_type"] == "code":
             c["outputs"] = []
             c["execution_count"] = None
@@ -81,6 +87,9 @@ def problems(nb: dict) -> list[str]:
         found.append("execution counts")
     if "widgets" in nb.get("metadata", {}):
         found.append("widget state")
+    tagged = [c for c in nb.get("cells", []) if CHECK_TAG in c.get("metadata", {}).get("tags", [])]
+    if any(not c["metadata"].get("jupyter", {}).get("source_hidden") for c in tagged):
+        found.append(f"a {CHECK_TAG} cell whose source is not collapsed")
     return found
 
 

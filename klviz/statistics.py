@@ -11,7 +11,8 @@ Every "value ± standard error" the suite prints comes from here:
 - :func:`control_variate_lambda`: λ* = −Cov(k1, r) / Var(r), the coefficient that minimises
   Var(k1 + λ (r − 1)), from exact or sampled moments alike;
 - :data:`RESOLVED_AT_SE`, :func:`is_resolved` and :func:`verdict`: when the lessons call a difference
-  between training runs resolved.
+  between training runs resolved, and :func:`seeds_to_resolve`: how many seeds it would take;
+- :data:`PM_SE` and :func:`plus_minus`: the one "±" convention of the suite (2 SE, always labelled).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ __all__ = [
     "is_resolved",
     "verdict",
     "ROUNDING",
+    "PM_SE",
+    "plus_minus",
+    "seeds_to_resolve",
 ]
 
 #: A paired difference of training runs over seeds is called resolved when its mean is at least this many
@@ -50,6 +54,30 @@ RESOLVED_AT_SE = 3.0
 #: Differences below this fraction of the compared values are float rounding, never an effect (two runs that
 #: differ only in the last bits of their arithmetic, such as a mask of all tokens replayed).
 ROUNDING = 1e-6
+
+
+#: Every "±" the suite prints (readouts, tables, error bars and bands) is this many standard errors, and says so.
+PM_SE = 2
+
+
+def plus_minus(mean: float, se: float, fmt: str = ".4g") -> str:
+    """``mean ± PM_SE·se``, labelled: ``plus_minus(0.05, 0.001)`` is ``"0.05 ± 0.002 (2 SE)"``.
+
+    ``fmt`` formats the mean; the half-width gets two significant digits. A NaN or infinite ``se``
+    (one sample, say) prints as ``"± n/a"`` instead of a number that looks measured.
+    """
+    if not math.isfinite(se):
+        return f"{mean:{fmt}} ± n/a"
+    return f"{mean:{fmt}} ± {PM_SE * se:.2g} ({PM_SE} SE)"
+
+
+def seeds_to_resolve(diff: float, se: float, n: int) -> int | None:
+    """How many seeds a paired difference measured as ``diff`` ± ``se`` over ``n`` seeds would need to be
+    resolved (:data:`RESOLVED_AT_SE` standard errors), if its mean and spread stayed as measured: the SE
+    shrinks like 1/sqrt(n). None when ``diff`` is 0 or not finite (no number of seeds would do)."""
+    if not (math.isfinite(diff) and math.isfinite(se)) or diff == 0 or n < 1:
+        return None
+    return max(n, math.ceil(n * (RESOLVED_AT_SE * se / abs(diff)) ** 2))
 
 
 def is_resolved(diff: float, se: float, scale: float = 0.0) -> bool:
