@@ -191,7 +191,8 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
         "--max-tokens",
         type=_positive_int,
         default=None,
-        help="refuse arrays declaring more elements than this (default 134,217,728 = 2**27)",
+        help="refuse arrays declaring more elements than this, or more bytes than 8 per element of it "
+        "(default 134,217,728 = 2**27 elements, 1 GiB)",
     )
     p.add_argument("--logprob-key", default="logprob", help="key of the policy's log-probs (default: logprob)")
     p.add_argument("--ref-key", default="ref_logprob", help="key of the reference log-probs (default: ref_logprob)")

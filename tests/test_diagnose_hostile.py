@@ -217,6 +217,31 @@ def test_a_wide_string_npz_member_is_refused_in_small_memory(tmp_path):
     assert c.peak < SMALL_MIB, c.peak
 
 
+def test_a_pickle_of_many_tiny_objects_is_refused_in_small_memory(tmp_path):
+    """60 MB of EMPTY_LIST opcodes (one byte each) would build 60M lists, about 4 GB; the pickle is counted."""
+    lp, ref, mask = _batch()
+    good = tmp_path / "good.pt"
+    torch.save({"logprob": lp, "ref_logprob": ref, "response_mask": mask}, good)
+    with zipfile.ZipFile(good) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    bomb = b"}" + b"X" + struct.pack("<I", 4) + b"junk" + b"(" + b"]" * (60 << 20) + b"ls0"  # {'junk': [[]...]}
+    p = rezip(good, tmp_path / "lists.pt", {"data.pkl": pkl[:2] + bomb + pkl[2:]})
+    c = run_child(["diagnose", p])
+    assert_bad_input(c.rc, c.stderr, "2,097,152 objects")
+    assert c.peak < SMALL_MIB + 150 and c.wall < 60, (c.peak, c.wall)
+
+
+def test_a_large_pickle_of_token_strings_is_read_by_the_counting_unpickler(tmp_path):
+    lp, ref, mask = _batch(B=200, T=500)
+    tokens = [[f"t{i % 97}_{j}" for j in range(500)] for i in range(200)]
+    p = tmp_path / "tokens.pt"
+    torch.save({"logprob": lp, "ref_logprob": ref, "response_mask": mask, "tokens": tokens}, p)
+    with zipfile.ZipFile(p) as z:
+        assert next(i for i in z.infolist() if i.filename.endswith("data.pkl")).file_size > 1 << 20
+    r = dg.load_rollouts(p)
+    assert r.tokens[199, 499] == "t5_499" and torch.equal(r.logprob.float(), lp)
+
+
 def test_strings_are_budgeted_in_bytes_not_elements(tmp_path):
     lp, ref, mask = _batch(B=10, T=10)
     p = tmp_path / "s.npz"
@@ -262,6 +287,17 @@ def test_ragged_or_mixed_token_lists_are_named_not_numpy_errors(tmp_path, capsys
     code, _out, err = run_cli(["diagnose", p], capsys)
     assert_bad_input(code, err, "'tokens'", *words)
     assert "inhomogeneous" not in err
+
+
+def test_ragged_lists_given_as_tensors_are_named(tmp_path):
+    lp, ref, mask = _batch(B=2, T=4)
+    for kw, name in (({"token_ids": [[1, 2, 3, 4], [3]]}, "'token_ids'"), ({"tokens": [["a"] * 4, ["c"]]}, "'tokens'")):
+        with pytest.raises(dg.RolloutFileError, match=name) as err:
+            dg.rollouts_from_tensors(lp, ref, mask, **kw)
+        assert "inhomogeneous" not in str(err.value)
+    with pytest.raises(dg.RolloutFileError, match="'logprob'") as err:
+        dg.rollouts_from_tensors([[-1.0, -2.0, -1.0, -1.0], [-1.0]], ref, mask)
+    assert "inhomogeneous" not in str(err.value)
 
 
 # -- item 4: layouts other than rows -----------------------------------------------------------------

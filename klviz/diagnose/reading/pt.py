@@ -28,6 +28,46 @@ from .sources import MAX_MEMBERS, member_source, open_zip
 __all__ = ["open_pt", "SafeUnpickler", "TokenRows"]
 
 _MAX_PICKLE = 64 << 20  # bytes of a .pt's data.pkl (tensors are outside it)
+_FAST_PICKLE = 1 << 20  # up to this size data.pkl is read by the C unpickler (at most ~64 MiB of objects)
+_MAX_OBJECTS = 1 << 21  # objects a larger data.pkl may create (about 160 MiB): 2M token strings
+#: Opcodes that create a new object (a string, number, container, or the result of a call).
+_CREATING_OPCODES = (
+    pickle.EMPTY_DICT,
+    pickle.EMPTY_LIST,
+    pickle.EMPTY_SET,
+    pickle.FROZENSET,
+    pickle.LIST,
+    pickle.DICT,
+    pickle.TUPLE,
+    pickle.TUPLE1,
+    pickle.TUPLE2,
+    pickle.TUPLE3,
+    pickle.BINUNICODE,
+    pickle.SHORT_BINUNICODE,
+    pickle.BINUNICODE8,
+    pickle.UNICODE,
+    pickle.STRING,
+    pickle.BINSTRING,
+    pickle.SHORT_BINSTRING,
+    pickle.BINBYTES,
+    pickle.SHORT_BINBYTES,
+    pickle.BINBYTES8,
+    pickle.BYTEARRAY8,
+    pickle.INT,
+    pickle.BININT,
+    pickle.BININT1,
+    pickle.BININT2,
+    pickle.LONG,
+    pickle.LONG1,
+    pickle.LONG4,
+    pickle.FLOAT,
+    pickle.BINFLOAT,
+    pickle.REDUCE,
+    pickle.NEWOBJ,
+    pickle.NEWOBJ_EX,
+    pickle.INST,
+    pickle.OBJ,
+)
 _STORAGES = MappingProxyType(
     {
         "DoubleStorage": "float64",
@@ -217,12 +257,10 @@ def _allowed_globals() -> dict[str, Any]:
     return allowed
 
 
-class SafeUnpickler(pickle.Unpickler):
-    """Knows tensors, dicts, lists, strings and numbers; refuses every other global before calling it."""
+class _Restricted:
+    """What both unpicklers below share: the allowed globals (a fresh, immutable table) and storages."""
 
-    def __init__(self, file: IO[bytes]) -> None:
-        super().__init__(file)
-        self._allowed = _allowed_globals()
+    _allowed: dict[str, Any]
 
     def find_class(self, module: str, name: str) -> Any:
         full = f"{module}.{name}"
@@ -243,7 +281,52 @@ class SafeUnpickler(pickle.Unpickler):
         raise _Refused("an unknown persistent object")
 
 
+class SafeUnpickler(_Restricted, pickle.Unpickler):
+    """Knows tensors, dicts, lists, strings and numbers; refuses every other global before calling it.
+
+    Python's fast (C) unpickler: used for pickles up to ``_FAST_PICKLE`` bytes, which cannot build more
+    than about 64 bytes of objects per byte (an empty list is one opcode)."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        super().__init__(file)
+        self._allowed = _allowed_globals()
+
+
+class CountingUnpickler(_Restricted, pickle._Unpickler):
+    """The same rules, in Python's own unpickler, counting every object a pickle creates: a larger pickle
+    (token strings in lists) may create at most ``_MAX_OBJECTS``, however few bytes each one costs it."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file: IO[bytes], max_objects: int) -> None:
+        super().__init__(file)
+        self._allowed = _allowed_globals()
+        self._objects_left = max_objects
+
+    def _count(self) -> None:
+        self._objects_left -= 1
+        if self._objects_left < 0:
+            raise _Refused("OBJECTS")
+
+
+def _counted(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    def load(self: Any) -> None:  # self is a CountingUnpickler
+        self._count()
+        original(self)
+
+    return load
+
+
+for _op in _CREATING_OPCODES:
+    CountingUnpickler.dispatch[_op[0]] = _counted(pickle._Unpickler.dispatch[_op[0]])
+
+
 def _refused_message(what: str) -> str:
+    if what == "OBJECTS":
+        return (
+            f"refused: the file's pickle creates more than {_MAX_OBJECTS:,} objects (more token strings than klviz "
+            "reads from a .pt, or a memory bomb); save token ids as a tensor and use --vocab"
+        )
     if what == "META":
         return "refused: the file holds a meta tensor (shape without data); save real values"
     if what == "SPARSE":
@@ -256,7 +339,9 @@ def _refused_message(what: str) -> str:
 
 def _unpickle(data: bytes) -> Any:
     try:
-        return SafeUnpickler(io.BytesIO(data)).load()
+        if len(data) <= _FAST_PICKLE:
+            return SafeUnpickler(io.BytesIO(data)).load()
+        return CountingUnpickler(io.BytesIO(data), _MAX_OBJECTS).load()
     except _Refused as err:
         raise RolloutFileError(_refused_message(str(err))) from None
     except RolloutFileError:

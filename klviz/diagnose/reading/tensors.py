@@ -124,10 +124,20 @@ def _to_array(value: Any, key: str) -> np.ndarray:
         if value.dtype.kind not in "biuf":
             raise RolloutFileError(f"key {quoted(key)} has dtype {value.dtype}; expected numbers")
         return np.ascontiguousarray(value.astype(value.dtype.newbyteorder("="), copy=False))
-    arr = np.asarray(value)
+    arr = _rectangular(value, key)
     if arr.dtype.kind not in "biuf":
         raise RolloutFileError(f"key {quoted(key)} holds a {type(value).__name__}, expected a tensor or array")
     return arr
+
+
+def _rectangular(value: Any, key: str, dtype: Any = None) -> np.ndarray:
+    """``np.asarray(value)`` with NumPy's own complaint about ragged lists replaced by one naming ``key``."""
+    try:
+        return np.asarray(value, dtype=dtype)
+    except (ValueError, TypeError):
+        raise RolloutFileError(
+            f"{quoted(key)} is not a [batch, tokens] array (rows of different lengths, or mixed types?)"
+        ) from None
 
 
 def _dtype_name(value: Any) -> str:
@@ -183,8 +193,8 @@ def rollouts_from_tensors(
         for role, a in arrays.items()
         if role != "response_mask"
     }
-    tok = None if tokens is None else np.asarray(tokens, dtype=object)
-    ids = None if token_ids is None else np.asarray(token_ids)
+    tok = None if tokens is None else _rectangular(tokens, "tokens", dtype=object)
+    ids = None if token_ids is None else _rectangular(token_ids, "token_ids")
     for name, extra in (("tokens", tok), ("token_ids", ids)):
         if extra is not None and extra.shape != lp.shape:
             raise RolloutFileError(
