@@ -202,7 +202,7 @@ def test_a_wide_string_npz_member_is_refused_in_small_memory(tmp_path):
     p = tmp_path / "wide.npz"
     lp, ref, mask = _batch(B=64, T=64)
     chunk = ("x" * (1 << 18)).encode("utf-32-le")  # 1 MiB: four elements of <U65536
-    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
         for name, a in (("logprob", lp), ("ref_logprob", ref), ("response_mask", mask)):
             buf = io.BytesIO()
             np.save(buf, a.numpy())
@@ -218,17 +218,32 @@ def test_a_wide_string_npz_member_is_refused_in_small_memory(tmp_path):
 
 
 def test_a_pickle_of_many_tiny_objects_is_refused_in_small_memory(tmp_path):
-    """60 MB of EMPTY_LIST opcodes (one byte each) would build 60M lists, about 4 GB; the pickle is counted."""
+    """16 MB of EMPTY_LIST opcodes (one byte each) would build 16M lists, about 1 GB; the pickle is counted."""
     lp, ref, mask = _batch()
     good = tmp_path / "good.pt"
     torch.save({"logprob": lp, "ref_logprob": ref, "response_mask": mask}, good)
     with zipfile.ZipFile(good) as z:
         pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
-    bomb = b"}" + b"X" + struct.pack("<I", 4) + b"junk" + b"(" + b"]" * (60 << 20) + b"ls0"  # {'junk': [[]...]}
+    bomb = b"}" + b"X" + struct.pack("<I", 4) + b"junk" + b"(" + b"]" * (16 << 20) + b"ls0"  # {'junk': [[]...]}
     p = rezip(good, tmp_path / "lists.pt", {"data.pkl": pkl[:2] + bomb + pkl[2:]})
     c = run_child(["diagnose", p])
     assert_bad_input(c.rc, c.stderr, "2,097,152 objects")
     assert c.peak < SMALL_MIB + 150 and c.wall < 60, (c.peak, c.wall)
+    legacy = tmp_path / "legacy.pt"  # the same bomb as a bare pickle: looked at only as far as 1 MiB
+    legacy.write_bytes(b"\x80\x02(" + b"]" * (16 << 20) + b"l.")
+    c = run_child(["diagnose", legacy])
+    assert_bad_input(c.rc, c.stderr, "legacy")
+    assert c.peak < SMALL_MIB, c.peak
+
+
+def test_dict_keys_too_long_to_print_are_described(tmp_path, capsys):
+    lp, ref, mask = _batch()
+    p = tmp_path / "keys.pt"
+    torch.save({"logprob": lp, "ref_logprob": ref, "response_mask": mask, 10**5000: 1, (10**5000,): 2}, p)
+    code, _out, err = run_cli(["diagnose", p], capsys)
+    assert code == 0, err
+    with pytest.raises(dg.RolloutFileError, match="about 5,001 digits"):
+        dg.open_dump(p, ref_key="nope")
 
 
 def test_a_large_pickle_of_token_strings_is_read_by_the_counting_unpickler(tmp_path):
@@ -327,10 +342,12 @@ def test_fortran_order_dumps_stay_flat_in_memory(tmp_path):
     assert f_order.peak < c_order.peak + 48, (c_order.peak, f_order.peak)
 
 
-def test_every_layout_reads_the_same_rows(tmp_path, monkeypatch):
+@pytest.mark.parametrize("block", [512, 64], ids=["column bands", "column pieces"])
+def test_every_layout_reads_the_same_rows(tmp_path, monkeypatch, block):
     """Column-major arrays (Fortran order, transposed and sliced tensors, compressed or not) read through the
-    column-block file give exactly the rows of the C-order array; a small block makes every path run."""
-    monkeypatch.setattr(core, "BLOCK_BYTES", 512)
+    column-block file give exactly the rows of the C-order array; a small block makes every path run (bands
+    of columns, one column per read when they lie far apart, a column in pieces when it exceeds a block)."""
+    monkeypatch.setattr(core, "BLOCK_BYTES", block)
     g = np.random.default_rng(1)
     lp = -g.exponential(1.0, (37, 53)).astype(np.float32)
     ref = (lp + 0.1 * g.standard_normal(lp.shape)).astype(np.float32)
@@ -353,8 +370,10 @@ def test_every_layout_reads_the_same_rows(tmp_path, monkeypatch):
     )
     gaps = torch.zeros(37, 1000)  # rows 1000 elements apart: read one row at a time
     gaps[:, :53] = torch.from_numpy(ref)
+    far = torch.zeros(53, 200)  # columns 200 elements apart: one read per column
+    far[:, :37] = torch.from_numpy(lp).t()
     torch.save(
-        {"logprob": torch.from_numpy(lp), "ref_logprob": gaps[:, :53], "response_mask": torch.from_numpy(mask)},
+        {"logprob": far[:, :37].t(), "ref_logprob": gaps[:, :53], "response_mask": torch.from_numpy(mask)},
         tmp_path / "g.pt",
     )
     expected = dg.load_rollouts(tmp_path / "c.npz")
@@ -369,11 +388,12 @@ def test_every_layout_reads_the_same_rows(tmp_path, monkeypatch):
         assert d.estimates == d0.estimates, name
 
 
-def test_a_strided_view_too_large_to_read_whole_is_refused_with_advice(tmp_path, monkeypatch):
-    monkeypatch.setattr(core, "BLOCK_BYTES", 512)
-    base = torch.zeros(64, 64)
+def test_a_strided_view_is_read_when_small_and_refused_with_advice_when_large(tmp_path, monkeypatch):
+    base = -torch.rand(64, 64)
     p = tmp_path / "strided.pt"
     torch.save({"logprob": base[::2, ::2], "ref_logprob": base[:32, :32], "response_mask": torch.ones(32, 32)}, p)
+    assert torch.equal(dg.load_rollouts(p).logprob.float(), base[::2, ::2])
+    monkeypatch.setattr(core, "BLOCK_BYTES", 512)
     with pytest.raises(dg.RolloutFileError, match="contiguous"):
         dg.open_dump(p)
 
@@ -519,8 +539,14 @@ def test_deep_json_exits_2(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "step,words",
-    [(10**4000, ["4,001 digits", "int64"]), (float("nan"), ["expected a finite number"]), ("ten", ["one number"])],
-    ids=["huge int", "nan", "string"],
+    [
+        (10**4000, ["about 4,001 digits", "int64"]),
+        (10**5000, ["about 5,001 digits", "int64"]),
+        (2**63, ["beyond int64"]),
+        (float("nan"), ["expected a finite number"]),
+        ("ten", ["one number"]),
+    ],
+    ids=["huge int", "beyond str", "int64 + 1", "nan", "string"],
 )
 def test_a_step_that_is_not_a_step_exits_2(tmp_path, capsys, step, words):
     lp, ref, mask = _batch()
@@ -687,3 +713,5 @@ def test_math_of_the_budget_is_exact():
     with pytest.raises(dg.RolloutFileError, match="cap"):
         core.judge("a", [10, 11], 1, limits)
     assert math.prod(core.judge("a", [0, 10**6], 8, core.Limits(10**6)).shape) == 0
+    with pytest.raises(dg.RolloutFileError, match="~1e5000"):
+        core.judge("a", [10**5000, 1], 8, limits)

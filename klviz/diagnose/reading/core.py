@@ -44,6 +44,7 @@ __all__ = [
     "BYTES_PER_TOKEN",
     "BLOCK_BYTES",
     "FLOAT_DTYPES",
+    "digits",
 ]
 
 #: Largest number of elements (tokens) one array may declare: 2**27 = 134,217,728, e.g. 16,384
@@ -120,9 +121,9 @@ class Limits:
 
 @dataclass(frozen=True)
 class Header:
-    """One array as judged: ``shape``; ``strides`` in elements and ``offset`` within the bytes read
-    (``None`` strides: C order); ``layout`` is ``"rows"`` (a row's elements adjacent), ``"columns"`` (a
-    column's elements adjacent) or ``"small"`` (any other layout, read whole because it is small)."""
+    """One array as judged: ``shape``; ``strides`` in elements and ``offset`` within the bytes read;
+    ``layout`` is ``"rows"`` (a row's elements adjacent), ``"columns"`` (a column's elements adjacent) or
+    ``"small"`` (any other layout, read whole because it is small)."""
 
     key: str
     shape: tuple[int, ...]
@@ -266,8 +267,13 @@ def _layout(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> 
     return "small" if extent * itemsize <= BLOCK_BYTES else "other"
 
 
+def digits(n: int) -> int:
+    """About how many decimal digits ``n`` has, without converting it (a 5,000-digit int cannot be)."""
+    return int(abs(n).bit_length() * 0.30103) + 1
+
+
 def _shape_text(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(f"{d:,}" if d < 10**30 else f"~1e{len(str(d)) - 1}" for d in shape) + ")"
+    return "(" + ", ".join(f"{d:,}" if d < 10**30 else f"~1e{digits(d) - 1}" for d in shape) + ")"
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -297,19 +303,18 @@ class _Transposed:
         try:
             for c0 in range(0, self.c, self.k):
                 kb = min(self.k, self.c - c0)
-                span = (kb - 1) * s1 + self.r
-                if kb > 1 and span * item <= 2 * BLOCK_BYTES:  # a band of whole columns: one read
-                    flat = spec.read_elements(h.offset + c0 * s1, span)
-                    band = np.lib.stride_tricks.as_strided(flat, (self.r, kb), (item, s1 * item))
-                    self.file.write(np.ascontiguousarray(band).tobytes())
-                elif kb > 1:  # columns far apart: one read per column
-                    cols = [spec.read_elements(h.offset + (c0 + j) * s1, self.r) for j in range(kb)]
-                    self.file.write(np.ascontiguousarray(np.stack(cols, axis=1)).tobytes())
-                else:  # one column, in pieces no larger than a block
-                    step = max(1, BLOCK_BYTES // item)
+                if self.r * item > BLOCK_BYTES:  # one column larger than a block: copied in pieces
+                    step = BLOCK_BYTES // item
                     for a in range(0, self.r, step):
-                        m = min(step, self.r - a)
-                        self.file.write(spec.read_elements(h.offset + c0 * s1 + a, m).tobytes())
+                        self.file.write(spec.read_elements(h.offset + c0 * s1 + a, min(step, self.r - a)).data)
+                    continue
+                block = np.empty((self.r, kb), dtype=self.dtype)
+                per = max(1, (BLOCK_BYTES // item - self.r) // max(s1, 1) + 1)  # columns one block-sized read spans
+                for a in range(0, kb, per):
+                    b = min(kb, a + per)
+                    flat = spec.read_elements(h.offset + (c0 + a) * s1, (b - a - 1) * s1 + self.r)
+                    block[:, a:b] = np.lib.stride_tricks.as_strided(flat, (self.r, b - a), (item, s1 * item))
+                self.file.write(block.data)
         except BaseException:
             self.file.close()
             raise

@@ -22,7 +22,7 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 
-from .core import MAX_TOKEN_CHARS, ArraySpec, Limits, RolloutFileError, escape_text, judge, quoted
+from .core import MAX_TOKEN_CHARS, ArraySpec, Limits, RolloutFileError, digits, escape_text, judge, quoted
 from .sources import MAX_MEMBERS, member_source, open_zip
 
 __all__ = ["open_pt", "SafeUnpickler", "TokenRows"]
@@ -354,13 +354,23 @@ def _unpickle(data: bytes) -> Any:
         raise RolloutFileError(f"not a readable PyTorch file ({type(err).__name__}: {escape_text(err, 120)})") from None
 
 
+def _key_text(key: Any) -> str:
+    """A dict key as text; an int too long to print (Python refuses 4,300+ digits) is described instead."""
+    if isinstance(key, int) and abs(key) >= 10**30:
+        return f"<an integer of about {digits(key):,} digits>"
+    try:
+        return str(key)
+    except ValueError:
+        return f"<a {type(key).__name__} key>"
+
+
 def _flatten(obj: Mapping, prefix: str = "", out: dict[str, Any] | None = None, depth: int = 0) -> dict[str, Any]:
     """Flatten nested mappings into ``a.b`` keys (a verl-style ``{"batch": {...}}`` dict works)."""
     out = {} if out is None else out
     if depth > 4:
         return out
     for k, v in obj.items():
-        name = f"{prefix}{k}"
+        name = f"{prefix}{_key_text(k)}"
         if isinstance(v, Mapping):
             _flatten(v, name + ".", out, depth + 1)
         else:
@@ -428,7 +438,7 @@ def _value_spec(key: str, v: Any, limits: Limits) -> ArraySpec:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return ArraySpec(key, type(v).__name__, shape=())
     if isinstance(v, int) and not -_INT64 <= v < _INT64:
-        raise RolloutFileError(f"{quoted(key)} holds an integer of {len(str(abs(v))):,} digits, beyond int64")
+        raise RolloutFileError(f"{quoted(key)} holds an integer of about {digits(v):,} digits, beyond int64")
     if isinstance(v, float) and not math.isfinite(v):
         raise RolloutFileError(f"{quoted(key)} holds {v}; expected a finite number")
     return ArraySpec(key, "int64" if isinstance(v, int) else "float64", value=np.asarray(v), shape=())
@@ -454,7 +464,7 @@ def _tensor_spec(
 def _legacy(fh: IO[bytes]) -> NoReturn:
     """The pre-1.6 format (a pickle first): look at it with the restricted unpickler only, then refuse."""
     try:
-        SafeUnpickler(io.BytesIO(fh.read(_MAX_PICKLE))).load()
+        SafeUnpickler(io.BytesIO(fh.read(_FAST_PICKLE))).load()  # only to say what it asks for
     except _Refused as err:
         raise RolloutFileError(_refused_message(str(err))) from None
     except Exception:  # noqa: BLE001 - a legacy file is refused whatever its pickle holds
