@@ -704,14 +704,18 @@ def test_one_line_errors_name_the_file_kind(tmp_path, capsys):
     assert_bad_input(code, err, "character device")
 
 
-def test_math_of_the_budget_is_exact():
+def test_the_judge_checks_dtype_then_dimensions_then_elements_then_bytes():
     limits = core.Limits(100)
     assert limits.max_bytes == 800
-    assert core.judge("a", [10, 10], 8, limits).shape == (10, 10)
+    f8, s9 = np.dtype("f8"), np.dtype("S9")
+    assert core.judge("a", [10, 10], f8, limits).shape == (10, 10)
     with pytest.raises(dg.RolloutFileError, match="budget"):
-        core.judge("a", [10, 10], 9, limits)
+        core.judge("a", [10, 10], s9, limits)
     with pytest.raises(dg.RolloutFileError, match="cap"):
-        core.judge("a", [10, 11], 1, limits)
-    assert math.prod(core.judge("a", [0, 10**6], 8, core.Limits(10**6)).shape) == 0
+        core.judge("a", [10, 11], np.dtype("i1"), limits)
+    assert math.prod(core.judge("a", [0, 10**6], f8, core.Limits(10**6)).shape) == 0
     with pytest.raises(dg.RolloutFileError, match="~1e5000"):
-        core.judge("a", [10**5000, 1], 8, limits)
+        core.judge("a", [10**5000, 1], f8, limits)
+    for dtype, words in ((np.dtype("O"), "pickled"), (np.dtype("c16"), "expected numbers"), (np.dtype("U0"), "empty")):
+        with pytest.raises(dg.RolloutFileError, match=words):
+            core.judge("a", [2, 2], dtype, limits)

@@ -153,22 +153,32 @@ def _int_dim(value: Any) -> int | None:
 def judge(
     key: str,
     shape: Any,
-    itemsize: int,
+    dtype: np.dtype,
     limits: Limits,
     *,
-    chars: int | None = None,
     strides: Any = None,
     offset: Any = 0,
     storage: int | None = None,
 ) -> Header:
     """Judge an array from its header alone; raise :class:`RolloutFileError` saying why it is refused.
 
+    ``dtype`` is the NumPy dtype of the stored bytes: numbers, booleans or fixed-width strings only.
     ``shape`` and ``strides`` are taken as the file gave them (any Python object): their length is
-    checked before anything else. ``chars`` is the declared width of a string dtype. ``storage`` is the
-    number of elements the file holds for a view (``strides``/``offset`` index into it); without it the
-    array is the whole of its bytes in C order (or in the given ``strides``, e.g. Fortran order).
+    checked before anything else. ``storage`` is the number of elements the file holds for a view
+    (``strides``/``offset`` index into it); without ``strides`` the array is C order.
     """
     what = f"array {quoted(key)}"
+    if dtype.hasobject:
+        raise RolloutFileError(
+            f"refused: {what} holds pickled Python objects; klviz never unpickles an array, so nothing in it "
+            "was executed. Save numeric arrays only"
+        )
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "biufUS":
+        raise RolloutFileError(f"{what} has dtype {escape_text(dtype)}; expected numbers or strings")
+    if dtype.itemsize == 0:
+        raise RolloutFileError(f"{what} has an empty dtype {escape_text(dtype)}")
+    itemsize = dtype.itemsize
+    chars = itemsize // 4 if dtype.kind == "U" else itemsize if dtype.kind == "S" else None
     if not isinstance(shape, (tuple, list)):
         raise RolloutFileError(f"{what} declares a shape that is not a list of dimensions")
     if len(shape) > MAX_DIMS:

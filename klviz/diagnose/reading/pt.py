@@ -398,7 +398,7 @@ def _token_spec(key: str, v: list | tuple, limits: Limits) -> ArraySpec:
     """A list of lists of strings: rectangular, each string at most ``MAX_TOKEN_CHARS``, all of them
     (every occurrence of a shared string counted) within the byte budget."""
     width = len(v[0])
-    judge(key, (len(v), width), 8, limits)
+    judge(key, (len(v), width), np.dtype(np.intp), limits)  # the element cap; the strings are budgeted below
     per_row: dict[int, int] = {}
     chars = 0
     for i, row in enumerate(v):
@@ -449,7 +449,7 @@ def _tensor_spec(
 ) -> ArraySpec:
     st = t.storage
     disk = np.dtype(order + _DISK[st.dtype]) if st.dtype not in ("bool", "int8", "uint8") else np.dtype(_DISK[st.dtype])
-    header = judge(key, t.size, disk.itemsize, limits, strides=t.stride, offset=t.offset, storage=st.numel)
+    header = judge(key, t.size, disk, limits, strides=t.stride, offset=t.offset, storage=st.numel)
     info = members.get(prefix + "data/" + st.key)
     if info is None:
         raise RolloutFileError(f"tensor {quoted(key)}: its storage is missing from the archive")

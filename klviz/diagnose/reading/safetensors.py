@@ -62,7 +62,7 @@ def _entry(key: str, meta: Any, data: FileBytes, limits: Limits) -> ArraySpec:
         raise RolloutFileError(f"tensor {quoted(key)} is malformed or has an unsupported dtype")
     dtype = _DTYPES[meta["dtype"]]
     disk = np.dtype(_DISK[dtype])
-    header = judge(key, meta.get("shape"), disk.itemsize, limits)
+    header = judge(key, meta.get("shape"), disk, limits)
     offsets = meta.get("data_offsets")
     if (
         not isinstance(offsets, list)
