@@ -4,12 +4,13 @@ A format module (:mod:`.npz`, :mod:`.pt`, :mod:`.safetensors`) only finds, in it
 array *declares*: a dtype, a shape, and for views of a storage the strides and offset. :func:`judge`
 decides from that alone, before any data is read, whether the array may be read, in this order:
 
-1. the number of dimensions (at most :data:`MAX_DIMS`), before any arithmetic on the shape, so a
+1. the dtype: numbers, booleans or fixed-width strings (never objects, which would be pickles);
+2. the number of dimensions (at most :data:`MAX_DIMS`), before any arithmetic on the shape, so a
    header declaring a million dimensions costs microseconds;
-2. each dimension a non-negative integer, and the element count within the cap (``--max-tokens``);
-3. the bytes the array holds in memory (elements × item size; a string of n characters is 4n bytes)
-   within the byte budget, and a token string's declared width within :data:`MAX_TOKEN_CHARS`;
-4. for a view of a storage: strides and offset inside the storage, no two elements at one place, and a
+3. each dimension a non-negative integer, and the element count within the cap (``--max-tokens``);
+4. a token string's declared width within :data:`MAX_TOKEN_CHARS`, and the bytes the array holds
+   (elements × item size; a string of n characters is 4n bytes) within the byte budget;
+5. for a view of a storage: strides and offset inside the storage, no two elements at one place, and a
    layout klviz can stream (rows, or columns; any other layout only when small).
 
 :class:`ArraySpec` then reads ``[rows, tokens]`` slices of an accepted 2-D array with memory that does
