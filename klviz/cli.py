@@ -3,7 +3,9 @@
 Each subcommand is one ``_add_<name>`` function that declares its arguments and one ``_run_<name>``
 function that runs it and returns the exit status. Exit status 0: fine; 1: ``diagnose --fail-on``
 found trouble; 2: the input could not be used, including an allocation failure (one line on stderr,
-never a traceback); 3: a bug in klviz.
+never a traceback); 3: a bug in klviz. Output is written for any terminal or pipe: text and JSON never
+carry a raw control, bidi or unencodable character, and a reader that stops early (``| head``) ends
+the output quietly without changing the status.
 
 Start-up stays fast: this module imports only the standard library, and ``import klviz`` loads
 nothing heavy, so ``klviz --help`` and ``klviz diagnose --help`` parse and print without torch,
@@ -14,10 +16,13 @@ matplotlib or ipywidgets. A subcommand imports what it needs inside its ``_run_<
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -28,7 +33,46 @@ def _error(message: str, limit: int = 400) -> None:
     line = " ".join(_escape(" ".join(str(message).split())).split())
     if len(line) > limit:
         line = line[: limit - 3] + "..."
-    print(f"klviz: error: {line}", file=sys.stderr)
+    try:
+        print(f"klviz: error: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr closed too: nothing more can be said
+        pass
+
+
+def _write(text: str, *, utf8: bool = False) -> bool:
+    """Print ``text`` (already escaped); ``False`` when the reader has gone (a closed pipe, ``| head``).
+
+    ``utf8``: the bytes are UTF-8 whatever the locale says (JSON); otherwise the output's own encoding,
+    with anything it cannot encode written as an escape."""
+    out = sys.stdout
+    try:
+        buffer = getattr(out, "buffer", None)
+        if utf8 and buffer is not None:
+            out.flush()
+            buffer.write((text + "\n").encode("utf-8"))
+            buffer.flush()
+        else:
+            encoding = getattr(out, "encoding", None) or "utf-8"
+            try:
+                text.encode(encoding)
+            except (UnicodeEncodeError, LookupError):
+                text = text.encode(encoding, "backslashreplace").decode(encoding, "replace")
+            out.write(text + "\n")
+            out.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+        return False
+    return True
+
+
+def _silence_stdout() -> None:
+    """After the reader closed the pipe: send what is still buffered nowhere, so exit stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture): nothing to silence
+        pass
 
 
 # -- klviz diagnose ---------------------------------------------------------------------------
@@ -37,15 +81,29 @@ EXIT_FAIL_ON = 1
 _GUIDE = Path(__file__).resolve().parent / "docs" / "rollout_format.md"
 
 
-def _escape(text: str) -> str:
-    """Control and format characters shown as escapes, so nothing a file holds reaches the terminal raw."""
+def _escape(text: str, keep: str = "") -> str:
+    """Control, format (bidi) and unpaired-surrogate characters shown as escapes (``\\x9b``, ``\\u202e``),
+    so nothing a file or its name holds reaches the terminal raw; characters in ``keep`` stay."""
     out = []
     for ch in str(text):
-        if unicodedata.category(ch)[0] == "C" or ch in "\u2028\u2029":
-            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        if (unicodedata.category(ch)[0] == "C" or ch in "\u2028\u2029") and ch not in keep:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
         else:
             out.append(ch)
     return "".join(out)
+
+
+def _clean_json(obj: object) -> object:
+    """Every string of a report (keys included) escaped like :func:`_escape`: valid UTF-8 JSON whatever
+    the file names, and no raw control or bidi character in it."""
+    if isinstance(obj, str):
+        return _escape(obj)
+    if isinstance(obj, dict):
+        return {_escape(str(k)): _clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean_json(v) for v in obj]
+    return obj
 
 
 def _positive_int(text: str) -> int:
@@ -55,6 +113,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0 or value != float(text):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {2**32 - 1:,}, got {_escape(text)!r}")
     return value
 
 
@@ -68,6 +136,17 @@ def _clip(text: str) -> float:
     return value
 
 
+_DIAGNOSE_STATUSES = """\
+exit status (the same for one file and for a folder or several files; the highest applies):
+  0  every dump was read and analysed, and --fail-on (if given) found nothing
+  1  --fail-on found a trouble sign of that severity or worse
+  2  the input could not be used: an option or --vocab file is wrong, a dump is refused or
+     unreadable (in a run: any one of them; the others are still reported and the unreadable
+     ones are listed), not enough memory, or NaN/inf log-probs at counted tokens
+  3  a bug in klviz (the message says so; please report it)
+A reader that stops early (| head) ends the output quietly; the status is still that of the check."""
+
+
 def _add_diagnose(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "diagnose",
@@ -78,8 +157,7 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
         "engine-trainer mismatch and trouble signs. Without FILE, the sample dump shipped with klviz "
         "is used; several files or a folder give a trend across the run.",
         epilog=f"The dump format, with snippets for verl, TRL and OpenRLHF, and the JSON schema: {_GUIDE} "
-        "(klviz diagnose --format-guide prints it). Exit status: 0 fine; 1 --fail-on found trouble; "
-        "2 the input could not be used (or NaN/inf at counted tokens); 3 a bug in klviz.",
+        "(klviz diagnose --format-guide prints it).\n\n" + _DIAGNOSE_STATUSES,
     )
     p.add_argument(
         "file", nargs="*", metavar="FILE", help="rollout dump(s) or a folder of them (default: the shipped sample)"
@@ -113,7 +191,8 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
         "--max-tokens",
         type=_positive_int,
         default=None,
-        help="refuse arrays declaring more elements than this (default 134,217,728 = 2**27)",
+        help="refuse arrays declaring more elements than this, or more bytes than 8 per element of it "
+        "(default 134,217,728 = 2**27 elements, 1 GiB)",
     )
     p.add_argument("--logprob-key", default="logprob", help="key of the policy's log-probs (default: logprob)")
     p.add_argument("--ref-key", default="ref_logprob", help="key of the reference log-probs (default: ref_logprob)")
@@ -129,16 +208,36 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
         help="key of the rollout engine's log-probs (default: rollout_logprob if present)",
     )
     p.add_argument("--format-guide", action="store_true", help="print the rollout-format guide and exit")
-    p.set_defaults(run=_run_diagnose)
+    p.set_defaults(run=_run_diagnose_quietly)
+
+
+def _quiet_numerics() -> contextlib.ExitStack:
+    """NumPy's floating-point warnings silenced: extreme values are reported in the report, not as
+    multi-line warnings on stderr."""
+    import warnings
+
+    import numpy as np
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore", RuntimeWarning)
+    stack.enter_context(np.errstate(all="ignore"))
+    return stack
+
+
+def _run_diagnose_quietly(args: argparse.Namespace) -> int:
+    with _quiet_numerics():
+        return _run_diagnose(args)
 
 
 def _run_diagnose(args: argparse.Namespace) -> int:
     if args.format_guide:
         try:
-            print(_GUIDE.read_text(encoding="utf-8"))
+            text = _GUIDE.read_text(encoding="utf-8")
         except OSError as err:
             _error(f"cannot read the format guide {_GUIDE}: {err}")
             return EXIT_BAD_INPUT
+        _write(text)
         return EXIT_OK
     from . import diagnose as dg
 
@@ -163,6 +262,9 @@ def _run_diagnose(args: argparse.Namespace) -> int:
         paths = dg.collect_dumps(files)
     except ValueError as err:
         _error(str(err))
+        return EXIT_BAD_INPUT
+    except OSError as err:  # a folder that cannot be listed
+        _error(f"cannot read {err.filename}: {err.strerror or err}")
         return EXIT_BAD_INPUT
     if len(paths) > 1:
         return _run_series(args, dg, paths, open_kwargs, vocab, logged)
@@ -199,9 +301,9 @@ def _emit(
     if args.json:
         import json
 
-        print(json.dumps(as_json(), ensure_ascii=False, indent=1, allow_nan=False))
+        _write(json.dumps(_clean_json(as_json()), ensure_ascii=False, indent=1, allow_nan=False), utf8=True)
     else:
-        print(as_text())
+        _write(_escape(as_text(), keep="\n"))
     return _plot(draw, args.plot, quiet=args.json) if args.plot else EXIT_OK
 
 
@@ -215,7 +317,7 @@ def _plot(draw: Callable[[str], object], out: str, quiet: bool) -> int:
 
         plt.close(fig)
         if not quiet:
-            print(f"\nPNG report written to {out}")
+            _write(_escape(f"\nPNG report written to {out}", keep="\n"))
     except (OSError, ValueError) as err:
         _error(f"could not write the plot to {out}: {err}")
         return EXIT_BAD_INPUT
@@ -232,10 +334,8 @@ def _fail_on(args: argparse.Namespace, severities: list[str]) -> int:
     return EXIT_OK
 
 
-def _run_series(
-    args: argparse.Namespace, dg: object, paths: list, open_kwargs: dict, vocab: object, logged: list
-) -> int:
-    def each(_p: object, d: object) -> None:
+def _run_series(args: argparse.Namespace, dg: Any, paths: list, open_kwargs: dict, vocab: object, logged: list) -> int:
+    def each(_p: object, d: Any) -> None:
         d.logged = dg.match_logged(d, logged) if logged else []
 
     try:
@@ -248,9 +348,20 @@ def _run_series(
     )
     if status:
         return status
-    severities = [t.severity for _n, _s, d in items if not isinstance(d, str) for t in d.trouble]
-    severities += ["error" for _n, _s, d in items if isinstance(d, str)]
-    return _fail_on(args, severities)
+    unreadable = [name for name, _s, d in items if isinstance(d, str)]
+    nonfinite = [name for name, _s, d in items if not isinstance(d, str) and d.has_nonfinite]
+    if unreadable or nonfinite:
+        parts = []
+        for names, what in (
+            (unreadable, "could not be used"),
+            (nonfinite, "have NaN or inf log-probs at counted tokens"),
+        ):
+            if names:
+                shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                parts.append(f"{len(names)} of {len(items)} dumps {what} ({shown})")
+        _error("; ".join(parts) + " (see the report above)")
+        return EXIT_BAD_INPUT
+    return _fail_on(args, [t.severity for _n, _s, d in items for t in d.trouble])
 
 
 # -- klviz audit ------------------------------------------------------------------------------
@@ -280,7 +391,7 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--vocab-size", type=_positive_int, default=4)
     p.add_argument("--length", type=_positive_int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the toy policies (an integer, 0 to 2**32 - 1)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=_run_audit)
 
@@ -377,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     except KeyboardInterrupt:  # pragma: no cover
         return 130
+    except BrokenPipeError:  # the reader stopped early (| head): quiet, as the output itself would be
+        _silence_stdout()
+        return EXIT_OK
     except MemoryError:
         _error("not enough memory for this input")
         return EXIT_BAD_INPUT

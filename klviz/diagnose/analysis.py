@@ -1044,7 +1044,7 @@ def _trouble(d: Diagnosis, edge: dict[str, int], filler_counted: int) -> list[Tr
                 "The mask starts one token late: the first response token is left out (a mask shifted right by one).",
             )
     if d.n_large:
-        worst = ", ".join(f"[{i}, {j}] log r = {v:+.1f}" for i, j, v in d.large_tokens[:3])
+        worst = ", ".join(f"[{i}, {j}] log r = {v:+.4g}" for i, j, v in d.large_tokens[:3])
         add(
             "large_log_ratio",
             "warning",

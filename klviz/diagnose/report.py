@@ -33,6 +33,15 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _fixed(x: float, spec: str = ".4f") -> str:
+    """``x`` in ``spec`` when it is an ordinary number; extreme or non-finite values as :func:`_fmt` writes them."""
+    return _fmt(x) if x is None or not math.isfinite(x) or abs(x) >= 1e6 else format(x, spec)
+
+
+def _pct(fraction: float, spec: str = ".0f") -> str:
+    return "n/a" if fraction is None or not math.isfinite(fraction) else f"{100 * fraction:{spec}}%"
+
+
 def _pm(x: float, se: float) -> str:
     return f"{_fmt(x)} ± {_fmt(2 * se)}"
 
@@ -123,8 +132,8 @@ def format_report(d: Diagnosis) -> str:
         f"  k1 − k3 (token-mean) = {_pm(a['k1_minus_k3'], a['k1_minus_k3_se'])} = mean"
         + ("(ρ (1 − π_ref/π))" if d.off_policy else "(1 − π_ref/π)")
         + " over the tokens (0 in expectation)",
-        f"  mean of {a['ratio']} = {a['mean_ratio']:.4f} ± {_fmt(2 * a['mean_ratio_se'])} (1 in expectation when the "
-        "tokens are samples of the sampler whose log-probs you saved)",
+        f"  mean of {a['ratio']} = {_fixed(a['mean_ratio'])} ± {_fmt(2 * a['mean_ratio_se'])} (1 in expectation when "
+        "the tokens are samples of the sampler whose log-probs you saved)",
         f"  k2 − k3 = {_fmt(a['k2_minus_k3'])} (k2's bias; third order in log r when π ≈ π_ref)",
     ]
     if not d.off_policy:
@@ -143,7 +152,7 @@ def format_report(d: Diagnosis) -> str:
         if c["kind"] == "input" and not c.get("value_can_change", True):
             line += "  forward value cannot change (the output clamp binds there too); it only zeroes these gradients"
         else:
-            line += f"  mean shift {c['mean_shift']:+.3g}"
+            line += f"  mean shift {_fixed(c['mean_shift'], '+.3g')}"
         lines.append(line)
     lines += _positions_lines(d)
     r = d.ratio
@@ -183,12 +192,12 @@ def format_report(d: Diagnosis) -> str:
         lines += ["", f"Tokens that dominate each estimate ({tr['distinct']:,} distinct tokens)"]
         for k in ("k1", "k3"):
             parts = [
-                f"{x['token']!r} {100 * x['share']:.0f}% of the sum in {100 * x['token_share']:.1f}% of tokens"
+                f"{x['token']!r} {_pct(x['share'])} of the sum in {_pct(x['token_share'], '.1f')} of tokens"
                 for x in tr[k][:3]
             ]
             lines.append(f"  {k}: " + "; ".join(parts))
     if d.sequences:
-        parts = [f"row {x['row']} ({x['tokens']} tokens) {100 * x['share']:.0f}%" for x in d.sequences["k3"][:3]]
+        parts = [f"row {x['row']} ({x['tokens']} tokens) {_pct(x['share'])}" for x in d.sequences["k3"][:3]]
         lines += ["", "Sequences that carry the most of the k3 sum: " + ", ".join(parts)]
     mm = d.mismatch
     if mm:
@@ -201,8 +210,8 @@ def format_report(d: Diagnosis) -> str:
             f"  per sequence: k1 sum {_fmt(mm['seq_sum_k1'])}, k3 sum {_fmt(mm['seq_sum_k3'])}, max k3 "
             f"{_fmt(mm['seq_max_k3'])}",
             f"  χ² per token {_fmt(mm['chi2_token'])}, per sequence {_fmt(mm['chi2_seq'])}; perplexity ratio "
-            f"{mm['ppl_ratio']:.4f}; token_mult_prob_error {mm['token_mult_prob_error']:.4f}",
-            f"  E[π_old/π_rollout] = {mm['mean_ratio']:.4f} ± {_fmt(2 * mm['mean_ratio_se'])} (1 unless the engine "
+            f"{_fixed(mm['ppl_ratio'])}; token_mult_prob_error {_fixed(mm['token_mult_prob_error'])}",
+            f"  E[π_old/π_rollout] = {_fixed(mm['mean_ratio'])} ± {_fmt(2 * mm['mean_ratio_se'])} (1 unless the engine "
             "truncates the support)",
             f"  a TIS cap of {mm['tis_cap']:g} changes {100 * mm['tis_fraction']:.3f}% of tokens; a mask band "
             f"[{mm['mask_band'][0]:g}, {mm['mask_band'][1]:g}] drops {100 * mm['mask_fraction']:.3f}%",
