@@ -31,7 +31,7 @@ from pathlib import Path
 from .analysis import LARGE_LOG_RATIO as LARGE_LOG_RATIO  # the report's threshold, not in __all__
 from .analysis import SEVERITIES, Diagnosis, Trouble, diagnose
 from .analysis import clamp_rows as clamp_rows  # the clamp table's rows, from CLAMP_RULES
-from .identify import METRICS, identify
+from .identify import METRICS
 from .logged import (
     HISTORY_FILES,
     LOGGED_NAMES,
@@ -86,7 +86,6 @@ __all__ = [
     "parse_logged_text",
     "LOGGED_NAMES",
     "METRICS",
-    "identify",
     "read_history",
     "is_history",
     "history_names",

@@ -919,6 +919,26 @@ def _rounds_to(exact: float, given: float, digits: int) -> bool:
     return float(f"{exact:.{digits}g}") == float(f"{given:.{digits}g}")
 
 
-def describe(metric: LoggedMetric) -> str:
-    """One line for the format guide: the metric, its setting and its source."""
-    return f"{metric.label} ({metric.setting}); {metric.source}"
+def markdown_table() -> str:
+    """The format guide's table of the logged metrics klviz knows, from :data:`METRICS`."""
+    lines = [
+        "| framework | logged as | formula, aggregation | setting | estimates | upstream |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in METRICS:
+        agg = m.aggregation.replace("-", " ")
+        default = " (default)" if m.default else ""
+        lines.append(
+            f"| {m.framework} | `{m.name}`{default} | {m.formula}, {agg} | {m.setting} | {m.estimates} | {m.source} |"
+        )
+    return "\n".join(lines)
+
+
+GUIDE_START = "<!-- logged metrics: generated from klviz/diagnose/identify.py by scripts/format_guide_tables.py -->"
+GUIDE_END = "<!-- end of logged metrics -->"
+
+
+def write_guide_table(guide: str) -> str:
+    """The format guide's text with the metrics table between its markers replaced by :func:`markdown_table`."""
+    start, end = guide.index(GUIDE_START) + len(GUIDE_START), guide.index(GUIDE_END)
+    return guide[:start] + "\n" + markdown_table() + "\n" + guide[end:]

@@ -6,7 +6,7 @@ and returns a :class:`Finding` (the message, and a severity or advice when they 
 ``None``. :func:`find_trouble` runs them in registry order; a rule sees the codes found before it (the heavy-tail
 rule gives no advice on the estimator once the data itself looks wrong). :func:`markdown_table` writes the table
 of trouble codes in the format guide (``klviz/docs/rollout_format.md``), which a test keeps equal to this registry;
-``python -m klviz.diagnose.rules`` prints it. Each rule has its own test in ``tests/test_diagnose_rules.py``.
+``python scripts/format_guide_tables.py`` rewrites it. Each rule has its own test in ``tests/test_diagnose_rules.py``.
 """
 
 from __future__ import annotations
@@ -613,5 +613,11 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    print(markdown_table())
+GUIDE_START = "<!-- trouble codes: generated from klviz/diagnose/rules.py by scripts/format_guide_tables.py -->"
+GUIDE_END = "<!-- end of trouble codes -->"
+
+
+def write_guide_table(guide: str) -> str:
+    """The format guide's text with the table between its markers replaced by :func:`markdown_table`."""
+    start, end = guide.index(GUIDE_START) + len(GUIDE_START), guide.index(GUIDE_END)
+    return guide[:start] + "\n" + markdown_table() + "\n" + guide[end:]
