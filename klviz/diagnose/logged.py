@@ -187,6 +187,21 @@ def _window(steps: list[float], logged_steps: list[float], target: float) -> lis
     return [s for s in steps if lo < s <= target]
 
 
+def _missing_steps(window: list[float], logged_steps: list[float], target: float) -> list[float]:
+    """Integer steps the value logged at ``target`` averages but no dump holds."""
+    before = [s for s in logged_steps if s < target]
+    lo = max(before) if before else min(window)
+    if not all(float(s).is_integer() for s in [*window, lo, target]):
+        return []
+    first = int(lo) + 1 if before else int(lo)
+    return [float(k) for k in range(first, int(target) + 1) if float(k) not in window]
+
+
+def _span(missing: list[float], window: list[float]) -> str:
+    steps = sorted({*missing, *window})
+    return f"{steps[0]:g}–{steps[-1]:g}" if len(steps) > 1 else f"{steps[0]:g}"
+
+
 def _combined(items: list[tuple[str, float, Diagnosis]]) -> RowTerms | None:
     """The per-row sums of several dumps as one batch: the ranks of one step share micro-batch indices,
     different steps never do."""
@@ -235,7 +250,23 @@ def check_history(
             rec = history[target]
             logged = [(name, value) for name, value in sorted(rec.items()) if name in known]
             entry: dict[str, Any] = {"step": target, "dumps": [n for n, _s, _d in members], "logged": []}
-            if rt is not None:
+            missing = _missing_steps(window, logged_steps, target)
+            if missing:
+                entry["incomplete"] = missing
+                entry["logged"] = [
+                    {
+                        "name": name,
+                        "value": value,
+                        "consistent": None,
+                        "matches": [],
+                        "closest": None,
+                        "note": f"the value logged at step {target:g} averages steps {_span(missing, window)}; "
+                        f"no dump of step(s) {', '.join(f'{m:g}' for m in missing[:5])}"
+                        + ("…" if len(missing) > 5 else ""),
+                    }
+                    for name, value in logged
+                ]
+            elif rt is not None:
                 entry["logged"] = [identify(name, value, rt) for name, value in logged]
             rows.append(entry)
         by_offset[offset] = rows
