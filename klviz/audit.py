@@ -27,7 +27,8 @@ rounding level (about 1e-15 in float64, 1e-7 through a framework's float32 arith
 pair of *structural* gradients a term can follow differs by a relative error of at least
 :data:`TARGET_SEPARATION` (0.3, six times the threshold): the reverse and the forward target; from length 2,
 the token-level "partial" reverse gradient Σ_t E[∇ log π(y_t) k1_t] (what per-token losses follow at
-best); off-policy from length 2, per-token ρ·k3 (what TRL's and NeMo-RL's corrections compute). A term that
+best) and the gradient of a per-token k3 loss (verl's default); off-policy from length 2, per-token ρ·k3 (what
+TRL's and NeMo-RL's corrections compute). A term that
 follows one of them is then at least 0.25 from every other, on every seed (``tests/test_audit.py`` checks
 the verdicts of the frameworks' own terms over many seeds).
 
@@ -325,6 +326,7 @@ def _structural(
     out = {"reverse_kl": toy.true_gradient(theta, ref), "forward_kl": _forward_gradient(toy, theta, ref)}
     if toy.length > 1:
         out["token_level"] = _token_level_gradient(toy, theta, ref)
+        out["token_level_k3_loss"] = _fingerprint_gradient(FINGERPRINTS[2], toy, theta, ref, old)
         if old is not None:
             out["per_token_rho_k3"] = _fingerprint_gradient(FINGERPRINTS[4], toy, theta, ref, old)
     return out
