@@ -340,6 +340,7 @@ class _Accumulator:
         self.ident = (
             ident.TermAccumulator(terms, src.shape[0], src.shape[1], src.dtypes, set(src.roles)) if terms else None
         )
+        self._seg: ident.RowSegments | None = None
         self.tis_cap, self.mask_band = tis_cap, mask_band
         B, T = src.shape
         self.B, self.T = B, T
@@ -395,7 +396,8 @@ class _Accumulator:
     def _add_sum(self, name: str, values: np.ndarray, rows: np.ndarray, r0: int, r1: int) -> None:
         """Add per-token ``values`` (1-D, one per counted token, in row order) to per-response sums."""
         s = self.sums.setdefault(name, np.zeros(self.B))
-        s[r0:r1] += np.bincount(rows, weights=values, minlength=r1 - r0)
+        seg = self._seg if self._seg is not None and self._seg.rows is rows else ident.RowSegments(rows, r1 - r0)
+        s[r0:r1] += seg.sums(values)
 
     def _k(self, d: np.ndarray) -> dict[str, np.ndarray]:
         """k1, k2, k3 of a 1-D float64 array (the kernel's formulas; k3 through its buffer version)."""
@@ -449,7 +451,8 @@ class _Accumulator:
         old, ro = v.get("old_logprob"), v.get("rollout_logprob")
         for role, x in v.items():
             self.positive[role] += int(np.count_nonzero(x > 1e-3))
-        self.n[r0:r1] += np.bincount(rows, minlength=r1 - r0)
+        self._seg = ident.RowSegments(rows, r1 - r0)
+        self.n[r0:r1] += self._seg.counts
         if old is not None and lp.size:
             self.shift = max(self.shift, float(np.abs(lp - old).max()))
         d = ref - lp
@@ -474,7 +477,7 @@ class _Accumulator:
                 self.sample.append(d[keep])
                 self.sample_k3.append(ks["k3"][keep])
         if self.ident is not None:
-            self.ident.add(rows, r0, r1, v)
+            self.ident.add(rows, r0, r1, dict(v), self._seg)
         self._alignment(raw, mask, finite)
         sampler = {"logprob": lp, "old_logprob": old, "rollout_logprob": ro}[self.sampler_role]
         d_s = (ref - sampler) if sampler is not lp else d
