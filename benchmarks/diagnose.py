@@ -77,7 +77,7 @@ def make_dump(path: Path, batch: int, tokens: int, seed: int = 0) -> tuple[int, 
     lp, ref = lp.masked_fill(~mask, 0.0).float(), ref.masked_fill(~mask, 0.0).float()
     torch.save({"logprob": lp, "ref_logprob": ref, "response_mask": mask.to(torch.int8)}, path)
     m = mask.float()
-    d = ref - lp  # grpo_trainer.py _compute_loss: exp(ref - logp) - (ref - logp) - 1, then (x * mask).sum() / mask.sum()
+    d = ref - lp  # TRL _compute_loss: exp(ref - logp) - (ref - logp) - 1, then (x * mask).sum() / mask.sum()
     kl = float(((torch.exp(d) - d - 1) * m).sum() / m.sum().clamp(min=1.0))
     return int(mask.sum()), kl
 

@@ -198,22 +198,24 @@ class _Source:
     """Rows of a dump, from a file or from tensors."""
 
     def __init__(self, r: RolloutDump | DumpFile) -> None:
-        self.r = r
+        dump: Any = r  # a DumpFile or a RolloutDump: the methods below read what each one has
+        self.r = dump
         self.file = isinstance(r, DumpFile)
+        self.step: float | None
         self.shape = tuple(r.shape)
         self.keys = dict(r.keys)
         self.dtypes = dict(r.dtypes)
         self.source = r.source
         if self.file:
             self.roles = set(r.keys)
-            self.step = r.step()
+            self.step = dump.step()
         else:
             self.roles = {"logprob", "ref_logprob", "response_mask"} | {
                 role
                 for role in ("old_logprob", "rollout_logprob", "tokens", "token_ids")
                 if getattr(r, role) is not None
             }
-            self.step = r.step
+            self.step = dump.step
 
     def groups(self) -> np.ndarray | None:
         """The micro-batch index of each row, when the dump carries one (key ``micro_batch``, ``[batch]``)."""
@@ -238,7 +240,8 @@ class _Top:
     """The k largest values seen so far, with a payload each."""
 
     def __init__(self, k: int) -> None:
-        self.k, self.items = k, []
+        self.k = k
+        self.items: list[tuple[float, Any]] = []
 
     def add(self, scores: np.ndarray, payload: Callable[[np.ndarray], list]) -> None:
         if scores.size == 0:
@@ -355,11 +358,11 @@ class _Accumulator:
         self.min_: dict[str, float] = {}
         self.neg: dict[str, int] = {}
         self.moments = {k: RunningMoments() for k in kernel.ESTIMATORS}
-        self.nonfinite = {
+        self.nonfinite: dict[str, int] = {
             role: 0 for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob") if role in src.roles
         }
         self.examples: list[tuple[str, int, int, float]] = []
-        self.positive = {role: 0 for role in self.nonfinite}
+        self.positive: dict[str, int] = {role: 0 for role in self.nonfinite}
         self.trl_in, self.trl_out = 0, 0
         self.shift = 0.0
         self.clamp_defs = clamp_rows()
@@ -380,7 +383,7 @@ class _Accumulator:
         self.pos = {side: {q: np.zeros(T) for q in ("n", "lr", "lr2", "k3", "k32", "k1")} for side in ("start", "end")}
         self.edge = {q: 0 for q in ("rows", "last_filler", "after_rows", "after_real", "first_rows", "before_real")}
         self.filler_counted = 0
-        self.prec = {
+        self.prec: dict[str, dict[str, Any]] = {
             role: {"nonzero": 0, "bf16": 0, "fp16": 0, "f32": 0, "ulp2": {"bfloat16": 0.0, "float16": 0.0}}
             for role in ("logprob", "ref_logprob")
         }
@@ -403,11 +406,12 @@ class _Accumulator:
         """k1, k2, k3 of a 1-D float64 array (the kernel's formulas; k3 through its buffer version)."""
         k3 = np.empty_like(d)
         kernel.k3_into(d, k3, np.empty_like(d), np.empty_like(d))
-        return {"k1": kernel.k1(d), "k2": kernel.k2(d), "k3": k3}
+        est: Any = kernel  # the kernel's formulas work on NumPy arrays as on tensors
+        return {"k1": est.k1(d), "k2": est.k2(d), "k3": k3}
 
     def add(self, r0: int, r1: int) -> None:
         src = self.src
-        raw = {
+        raw: dict[str, np.ndarray] = {
             role: src.rows(role, r0, r1)
             for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob")
             if role in src.roles
@@ -446,7 +450,7 @@ class _Accumulator:
             finite = fin if finite is None else finite & fin
         valid = mask & ~trl if finite is None else mask & finite & ~trl
         rows, cols = np.nonzero(valid)
-        v = {role: a[rows, cols].astype(np.float64) for role, a in raw.items()}  # counted tokens only
+        v: dict[str, np.ndarray] = {role: a[rows, cols].astype(np.float64) for role, a in raw.items()}  # counted only
         lp, ref = v["logprob"], v["ref_logprob"]
         old, ro = v.get("old_logprob"), v.get("rollout_logprob")
         for role, x in v.items():
@@ -480,7 +484,7 @@ class _Accumulator:
             self.ident.add(rows, r0, r1, dict(v), self._seg)
         self._alignment(raw, mask, finite)
         sampler = {"logprob": lp, "old_logprob": old, "rollout_logprob": ro}[self.sampler_role]
-        d_s = (ref - sampler) if sampler is not lp else d
+        d_s = d if sampler is None or sampler is lp else ref - sampler
         for c in MARKOV_THRESHOLDS:
             hit = rows[d_s >= math.log(c)]
             if hit.size:
@@ -513,7 +517,7 @@ class _Accumulator:
 
         self.top_large.add(absd, payload)
         # positions, from each response's first and last counted token
-        has = mask.any(1)
+        has = np.asarray(mask.any(1))
         first = np.where(has, mask.argmax(1), 0)
         last = np.where(has, self.T - 1 - mask[:, ::-1].argmax(1), 0)
         k3 = ks["k3"]
@@ -1079,7 +1083,8 @@ class _Accumulator:
         std_lr = math.sqrt(max(float(S["mm_lr2"].sum()) / total - mean_lr**2, 0.0))
         out["length_x_kl"] = lengths["mean"] * out["k1"]
         out["max_length_x_kl"] = lengths["max"] * out["k1"]
-        out["log_weight_clamp_rate"] = float(log_weight_clamp_rate(mean_lr, std_lr, max(lengths["mean"], 1.0)))
+        mean_length: Any = max(lengths["mean"], 1.0)  # a mean length: a float where the function expects counts
+        out["log_weight_clamp_rate"] = float(log_weight_clamp_rate(mean_lr, std_lr, mean_length))
         for nm, key in (
             ("ρ_e·k1, ρ_e = π/π_rollout", "eng_rho_k1"),
             ("ρ_e·k3, ρ_e = π/π_rollout", "eng_rho_k3"),

@@ -587,7 +587,7 @@ class TermAccumulator:
         pair = "ref|policy" if t.pair == "ref|sampler" else t.pair
         return Term(pair, t.estimator, t.input_clamp, t.output_clamp, "none")
 
-    def _pair(self, pair: str, v: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    def _pair(self, pair: str, v: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | float] | None:
         """log r of a pair and the storage half-ulp bound of log r (absolute)."""
         lp, ref = v["logprob"], v["ref_logprob"]
         old = v.get("old_logprob")
@@ -729,7 +729,7 @@ class TermAccumulator:
             (sums[2], err, base.error[idx]),
             (sums[3], stor_v, old_b),
         ):
-            diff = np.asarray(new_x - old_x, dtype=np.float64)
+            diff = np.asarray(np.asarray(new_x) - np.asarray(old_x), dtype=np.float64)
             if diff.ndim == 0:
                 diff = np.full(idx.size, float(diff))
             acc += np.bincount(rows, weights=diff, minlength=nb)
@@ -929,7 +929,7 @@ def identify(
     ms = list(metrics) if metrics is not None else metrics_for(name)
     known = any(m.name == _base_name(name) for m in METRICS)
     evals = [e for e in (evaluate(m, rt) for m in ms) if e is not None and math.isfinite(e.value)]
-    cands = []
+    cands: list[dict[str, Any]] = []
     for e in evals:
         diff = value - e.value
         cands.append(

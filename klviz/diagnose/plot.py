@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -16,13 +17,16 @@ import torch
 from .. import kernel
 from .analysis import Diagnosis
 
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
 __all__ = ["plot_report", "plot_series"]
 
 
 _SEVERITY_COLOR = {"error": "#c0392b", "warning": "#d68910", "info": "#7f7f7f"}
 
 
-def plot_report(d: Diagnosis, path: str | Path | None = None):
+def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
     """A four-panel figure of the diagnosis with its trouble signs: each sign listed under the panels in the
     colour of its severity, and marked on the panel that shows it (the Markov bound on the log-ratio
     histogram, the shifted-copy test and the mask's edges on the per-position panel). Saved as PNG to
@@ -55,10 +59,10 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
     tb = d.tail_bound
     if tb and tb.get("above"):
         c, (frac, _se) = max(tb["above"].items(), key=lambda kv: kv[1][0] * kv[0])
-        x = math.log(c)
+        x_c = math.log(c)
         bad = "not_sampler_tokens" in codes
-        if lo - 0.02 * span <= x <= hi + 0.02 * span:
-            ax_lr.axvline(x, color=_SEVERITY_COLOR["error" if bad else "info"], lw=1.2, ls=":")
+        if lo - 0.02 * span <= x_c <= hi + 0.02 * span:
+            ax_lr.axvline(x_c, color=_SEVERITY_COLOR["error" if bad else "info"], lw=1.2, ls=":")
         ax_lr.text(
             0.02,
             0.96,
@@ -163,7 +167,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
     return fig
 
 
-def plot_series(items: list, path: str | Path | None = None):
+def plot_series(items: list, path: str | Path | None = None) -> Figure:
     """The trend of a run: k1, k3 (and ρ·k3, ppo_kl, engine mismatch when present) per dump, ± 2 SE."""
     from ..plotting import COLORS, new_figure
     from .report import _trend_values

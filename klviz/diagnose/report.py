@@ -39,7 +39,7 @@ def _pm(x: float, se: float) -> str:
 
 def _positions_lines(d: Diagnosis) -> list[str]:
     st, en = d.positions.get("start"), d.positions.get("end")
-    if not st or not st["count"]:
+    if not st or not st["count"] or not en:
         return []
     lines = [
         "",

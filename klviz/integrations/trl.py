@@ -165,7 +165,7 @@ def _torch() -> Any:
 def _callback(recorder: KLDumpRecorder, trainer: Any) -> Any:
     from transformers import TrainerCallback
 
-    class _KLDumpCallback(TrainerCallback):  # type: ignore[misc]
+    class _KLDumpCallback(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             acc = trainer.accelerator
             recorder.flush(state.global_step, acc.process_index, acc.num_processes, args.logging_steps)
