@@ -622,9 +622,7 @@ class TermAccumulator:
         _m, e = np.frexp(x)
         return np.ldexp(u, e)  # u · 2^e ≥ half an ulp of x
 
-    def add(
-        self, rows: np.ndarray, r0: int, r1: int, v: dict[str, np.ndarray], seg: RowSegments | None = None
-    ) -> None:
+    def add(self, rows: np.ndarray, r0: int, r1: int, v: dict[str, np.ndarray], seg: RowSegments | None = None) -> None:
         """Add the counted tokens of rows ``r0:r1``: ``rows`` (row of each token, relative to r0, ascending) and
         ``v`` (role -> float64 values of the counted tokens, in row order).
 
