@@ -215,7 +215,8 @@ def test_the_header_says_who_sampled():
     d = _engine(0.0, noise=0.3)
     text = dg.format_report(d)
     assert "tokens sampled by: the rollout engine (rollout_logprob)" in text
-    assert "assumed on-policy" not in text
+    assert "assumed on-policy" not in text and "(tokens sampled by π)" not in text
+    assert "rollout engine" in d.directions["k1"] and "engine" in d.agreement["rows"]
     lp, ref, m, _ = _clean()
     assert "assumed on-policy" in dg.format_report(_diag(lp, ref, m))
 

@@ -772,7 +772,12 @@ class _Accumulator:
         extra: dict[str, dict[str, float]] = {}
         if not off_policy:
             for name in ("k1", "k3"):
-                directions[name] = "KL(π ‖ π_ref), unbiased (tokens sampled by π)"
+                directions[name] = (
+                    "KL(π ‖ π_ref), unbiased as far as the engine samples π (tokens sampled by the rollout engine; "
+                    "the ρ_e rows of the mismatch section reweight them)"
+                    if self.has_ro
+                    else "KL(π ‖ π_ref), unbiased (tokens sampled by π)"
+                )
             directions["k2"] = "KL(π ‖ π_ref) to second order; biased upward or downward as π and π_ref separate"
         else:
             directions["k1"] = (
@@ -936,7 +941,7 @@ class _Accumulator:
         else:
             k1, k2, k3 = (est[k]["token_mean"] for k in ("k1", "k2", "k3"))
             d13 = clustered_mean_se_from_sums(self.sums["k1"] - self.sums["k3"], n)
-            rows = "plain rows (tokens sampled by π)"
+            rows = "plain rows (tokens sampled by the engine)" if self.has_ro else "plain rows (tokens sampled by π)"
             ratio_text = "π_ref/π"
         return {
             "rows": rows,
