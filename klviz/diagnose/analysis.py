@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import kernel
-from ..framework_rules import CLAMP_RULES, VERL_PPO_KL, ClampRule
+from ..framework_rules import CLAMP_RULES, ClampRule
 from ..statistics import RunningMoments, clustered_mean_se_from_sums, mean_se
 from . import identify as ident
 from .reading import DumpFile, RolloutDump, RolloutFileError, escape_text, open_dump
@@ -155,7 +155,6 @@ class Diagnosis:
     seq_sums: dict[str, np.ndarray] = field(default_factory=dict)  # per-response sums of k1, k3
     logged: list[dict[str, Any]] = field(default_factory=list)
     clip: float = 0.2
-    sampler_numbers: dict[str, dict[str, Any]] = field(default_factory=dict)  # numbers a framework may log
     edges: dict[str, int] = field(default_factory=dict)  # where the mask starts and ends against the log-probs
     alignment: dict[str, Any] = field(default_factory=dict)  # the shifted-copy comparison of each log-prob pair
     tail_bound: dict[str, Any] = field(default_factory=dict)  # the Markov test of the sampler's ratio
@@ -544,12 +543,8 @@ class _Accumulator:
                 ("rho_k2", rho * ks["k2"]),
                 ("rho_k3", rho * ks["k3"]),
                 ("ppo_k1", ko["k1"]),
-                ("ppo_k1_verl", VERL_PPO_KL.apply(torch.from_numpy(lr_old), "k1").numpy()),
-                ("ppo_k2", ko["k2"]),
                 ("ppo_k3", ko["k3"]),
                 ("old_k1", kd["k1"]),
-                ("old_k2", kd["k2"]),
-                ("old_k3", kd["k3"]),
                 ("ratio_old", np.exp(np.clip(d_old, -700, 700))),
             ):
                 self._add_sum(name, x, rows, r0, r1)
@@ -849,7 +844,6 @@ class _Accumulator:
             seq_sums={k: self.sums[k][kept].copy() for k in ("k1", "k3")},
             padding={"trl_counted": self.trl_in, "trl_outside": self.trl_out},
         )
-        diag.sampler_numbers = self._sampler_numbers(n, kept, total)
         diag.positions = self._positions()
         diag.precision = self._precision_report(estimates)
         diag.ratio = self._ratio_report(total)
@@ -898,35 +892,6 @@ class _Accumulator:
         return (
             "the policy π (logprob): assumed on-policy (no old_logprob or rollout_logprob key: the first PPO minibatch)"
         )
-
-    def _sampler_numbers(self, n: np.ndarray, kept: np.ndarray, total: int) -> dict[str, dict[str, Any]]:
-        if not self.has_old:
-            return {}
-        S, out = self.sums, {}
-        for k in kernel.ESTIMATORS:
-            s = S[f"old_{k}"]
-            what = "KL(π_old ‖ π_ref)" + (" (second order)" if k == "k2" else "")
-            m, se = clustered_mean_se_from_sums(s, n)
-            out[f"sampler {k} token-mean"] = {"value": m, "se": se, "estimates": what}
-            m, se = mean_se(torch.from_numpy(s[kept] / n[kept]))
-            out[f"sampler {k} seq-mean-token-mean"] = {"value": m, "se": se, "estimates": what}
-            m, se = mean_se(torch.from_numpy(s[kept]))
-            out[f"sampler {k} seq-mean-token-sum"] = {"value": m, "se": se, "estimates": what + " per sequence"}
-        for label, key in (("ppo_kl k1 token-mean (verl clamp)", "ppo_k1_verl"), ("ppo_kl k2 token-mean", "ppo_k2")):
-            m, se = clustered_mean_se_from_sums(S[key], n)
-            out[label] = {
-                "value": m,
-                "se": se,
-                "estimates": "KL(π_old ‖ π)" + (" (second order)" if "k2" in label else ""),
-            }
-        m, se = clustered_mean_se_from_sums(S["ppo_k2"], n)
-        frac = total / (self.B * self.T)
-        out["ppo_kl k2 all-positions mean"] = {
-            "value": m * frac,
-            "se": se * frac,
-            "estimates": "KL(π_old ‖ π) (second order) diluted by padding",
-        }
-        return out
 
     def _agreement(
         self, est: dict, extra: dict, off_policy: bool, mean_ratio: tuple[float, float], n: np.ndarray
