@@ -48,8 +48,10 @@ $(TORCH_STAMP): FORCE
 	   echo "$(TORCH_VERSION) $(TORCH_INDEX)" > $@; fi
 
 $(STAMP): pyproject.toml constraints.txt $(TORCH_STAMP)
-	@# CPU torch: a wheel already on this machine (offline cache) if there is one, else the CPU index (above)
-	@$(PY) -m pip install --quiet -c constraints.txt -e ".[test,dev]"
+	@# CPU torch: a wheel already on this machine (offline cache) if there is one, else the CPU index (above).
+	@# --no-compile: modules are compiled when first imported; byte-compiling all of transformers (pulled in by
+	@# the TRL integration's test) at install time took minutes.
+	@$(PY) -m pip install --quiet --no-compile -c constraints.txt -e ".[test,dev]"
 	@touch $(STAMP)
 	@echo "klviz environment ready in $(VENV)"
 
