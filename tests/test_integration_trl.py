@@ -12,23 +12,26 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-import trl
-from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from klviz import cli
 from klviz import diagnose as dg
 from klviz.integrations.trl import LOG_FILE, attach
 
+# TRL, transformers and datasets are imported by the tests that use them, not when pytest collects this file:
+# every session would otherwise pay their import (about 10 s here) and carry their memory.
+
 # transformers' own deprecation notices, raised from inside TRL's trainer (upstream; nothing here calls them)
 pytestmark = pytest.mark.filterwarnings("ignore:`.*` is deprecated and will be removed in v6:FutureWarning")
 
 
-def _tiny_model(folder: Path) -> tuple[GPT2LMHeadModel, PreTrainedTokenizerFast]:
+def _tiny_model(folder: Path) -> tuple[Any, Any]:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
     chars = list("abcdefgh ")
     vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
@@ -57,6 +60,9 @@ def _reward(completions, **_kw):
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["num_iterations=1", "num_iterations=2"])
 def run(request, tmp_path_factory):
+    import trl
+    from datasets import Dataset
+
     tmp = tmp_path_factory.mktemp(f"trl{request.param}")
     model, tok = _tiny_model(tmp / "model")
     args = trl.GRPOConfig(
@@ -84,6 +90,8 @@ def run(request, tmp_path_factory):
 
 
 def test_the_pinned_trl_is_the_one_read():
+    import trl
+
     assert trl.__version__ == "1.16.0"
 
 
