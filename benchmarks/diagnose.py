@@ -4,8 +4,12 @@ The baseline is what an engineer would write in five minutes: ``torch.load(path,
 then the masked means of k1, k2, k3 and of the ratio r, printed. Both run as fresh processes (start-up,
 imports, reading and computing all count), in the same rounds; the figures are the median over rounds
 of klviz's wall time over the baseline's, and each one's peak resident memory (``VmHWM``, read by the
-process itself at exit) with the ratio. Targets: time ≤ 2.5×, peak memory ≤ 1.5× the baseline's.
-``--big`` adds a 4096 × 4096 (16.8M-token) dump, whose peak must stay under 2 GiB.
+process itself at exit) with the ratio. klviz runs with ``--logged kl=VALUE``, VALUE being TRL's logged
+``kl`` on the dump computed in float32 the way TRL computes it, so the exact identification of a logged
+metric (every formula logged as ``kl`` recomputed on the dump) is part of what is timed, and the run fails
+unless klviz calls the value equal to TRL's formula (``--no-logged`` times the report alone). Targets:
+time ≤ 1.25×, peak memory ≤ 1.3× the baseline's. ``--big`` adds a 4096 × 4096 (16.8M-token) dump, whose peak
+must stay under 2 GiB.
 
 Run from the repository root: ``python benchmarks/diagnose.py`` (512 × 4096 float32, 2.1M tokens).
 """
@@ -33,7 +37,7 @@ from common import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TIME_TARGET, MEMORY_TARGET, BIG_MEMORY_LIMIT = 2.5, 1.5, 2 * 2**30
+TIME_TARGET, MEMORY_TARGET, BIG_MEMORY_LIMIT = 1.25, 1.3, 2 * 2**30
 _PEAK = (
     "import atexit\n"
     "def _peak():\n"
@@ -62,16 +66,20 @@ sys.exit(status if status in (0, 1) else status)
 )
 
 
-def make_dump(path: Path, batch: int, tokens: int, seed: int = 0) -> int:
-    """A float32 dump like a real batch: log-probs of sampled tokens, a reference nearby, right padding."""
+def make_dump(path: Path, batch: int, tokens: int, seed: int = 0) -> tuple[int, float]:
+    """A float32 dump like a real batch: log-probs of sampled tokens, a reference nearby, right padding.
+    Returns the counted tokens and TRL GRPO's logged ``kl`` on it (k3 token mean, in float32 as TRL computes it)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(tokens // 8, tokens + 1, (batch,), generator=g)
     mask = torch.arange(tokens)[None, :] < lengths[:, None]
     lp = -torch.distributions.Exponential(1.0).sample((batch, tokens))  # log-probs of sampled tokens
     ref = lp + 0.3 * torch.randn(batch, tokens, generator=g) - 0.05
-    lp, ref = lp.masked_fill(~mask, 0.0), ref.masked_fill(~mask, 0.0)
-    torch.save({"logprob": lp.float(), "ref_logprob": ref.float(), "response_mask": mask.to(torch.int8)}, path)
-    return int(mask.sum())
+    lp, ref = lp.masked_fill(~mask, 0.0).float(), ref.masked_fill(~mask, 0.0).float()
+    torch.save({"logprob": lp, "ref_logprob": ref, "response_mask": mask.to(torch.int8)}, path)
+    m = mask.float()
+    d = ref - lp  # TRL _compute_loss: exp(ref - logp) - (ref - logp) - 1, then (x * mask).sum() / mask.sum()
+    kl = float(((torch.exp(d) - d - 1) * m).sum() / m.sum().clamp(min=1.0))
+    return int(mask.sum()), kl
 
 
 def run(code: str, argv: list[str]) -> tuple[float, int, str]:
@@ -107,6 +115,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=positive_int, default=4096, help="token columns in the dump")
     parser.add_argument("--big", action="store_true", help="also measure a 4096 x 4096 (16.8M-token) dump")
     parser.add_argument("--json", action="store_true", help="time klviz diagnose --json instead of the text report")
+    parser.add_argument(
+        "--no-logged", action="store_true", help="time the report alone, without --logged kl=VALUE (identification)"
+    )
     args = parse_args(parser)
     print_header(
         "klviz diagnose vs a plain torch script (fresh processes: start-up, read, compute)",
@@ -117,12 +128,19 @@ def main() -> int:
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "dump.pt"
-        n = make_dump(path, args.batch, args.tokens)
+        n, kl = make_dump(path, args.batch, args.tokens)
         print(
             f"   dump: [{args.batch}, {args.tokens}] float32 .pt, {n:,} counted tokens, "
             f"{path.stat().st_size / 2**20:.1f} MiB"
+            + ("" if args.no_logged else f"; klviz identifies --logged kl={kl!r} (TRL's formula, float32)")
         )
-        res = compare(path, args.repeat, ["--json"] if args.json else [])
+        extra = (["--json"] if args.json else []) + ([] if args.no_logged else ["--logged", f"kl={kl!r}"])
+        if not args.no_logged:
+            _w, _p, out = run(_KLVIZ, [str(path), *extra])
+            equal = '"consistent": true' in out if args.json else "kl = " in out and ": equal; equals TRL GRPO" in out
+            if not equal:
+                raise SystemExit("klviz did not identify TRL's kl on the dump: " + out[-1500:])
+        res = compare(path, args.repeat, extra)
         t, p = res["times"], res["peaks"]
         rows = [[name, f"{median(t[name]):.2f} s", f"{median(p[name]) / 2**20:.0f} MiB"] for name in t]
         print_table(["method", "wall (median)", "peak RSS"], rows)
@@ -135,7 +153,7 @@ def main() -> int:
         ok &= tr <= TIME_TARGET and mr <= MEMORY_TARGET
         if args.big:
             big = Path(tmp) / "big.pt"
-            n = make_dump(big, 4096, 4096, seed=1)
+            n, _kl = make_dump(big, 4096, 4096, seed=1)
             path.unlink()
             wall, peak, _ = run(_KLVIZ, [str(big)])
             pw, pp, _ = run(_PLAIN, [str(big)])

@@ -22,7 +22,6 @@ import sys
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -173,9 +172,12 @@ def _add_diagnose(sub: argparse._SubParsersAction) -> None:
         "--logged",
         action="append",
         default=[],
-        metavar="NAME=VALUE",
-        help="a value your framework logged for this batch (e.g. actor/kl_loss=0.0123; repeatable): "
-        "says which number it is and whether it is consistent with the dump",
+        metavar="NAME=VALUE|HISTORY",
+        help="a value your framework logged for this batch (e.g. kl=0.0123; repeatable): every formula the "
+        "frameworks log under that name is recomputed exactly on the dump, and the report says which one the "
+        "value is (or which is closest). Or a log history (.json, .jsonl, .csv of step -> metrics, e.g. "
+        "trainer_state.json): each logged step is checked against the dumps of that step. A folder holding "
+        "log_history.jsonl or trainer_state.json is checked against it without this option",
     )
     p.add_argument("--plot", metavar="OUT.png", default=None, help="also write a PNG report to this path")
     p.add_argument(
@@ -242,7 +244,11 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     from . import diagnose as dg
 
     try:
-        logged = [dg.parse_logged(x) for x in args.logged]
+        histories = [x for x in args.logged if dg.is_history(x)]
+        logged = [dg.parse_logged_text(x) for x in args.logged if x not in histories]
+        if len(histories) > 1:
+            raise ValueError("--logged: give at most one log history file")
+        history = dg.read_history(histories[0]) if histories else _folder_history(dg, args.file)
     except ValueError as err:
         _error(str(err))
         return EXIT_BAD_INPUT
@@ -266,13 +272,12 @@ def _run_diagnose(args: argparse.Namespace) -> int:
     except OSError as err:  # a folder that cannot be listed
         _error(f"cannot read {err.filename}: {err.strerror or err}")
         return EXIT_BAD_INPUT
-    if len(paths) > 1:
-        return _run_series(args, dg, paths, open_kwargs, vocab, logged)
+    if len(paths) > 1 or history is not None:
+        return _run_series(args, dg, paths, open_kwargs, vocab, logged, history)
     path = paths[0]
     try:
         with dg.open_dump(path, **open_kwargs) as f:
-            result = dg.diagnose(f, clip=args.clip, vocab=vocab)
-        result.logged = dg.match_logged(result, logged)
+            result = dg.diagnose(f, clip=args.clip, vocab=vocab, logged=logged)
     except MemoryError:
         _error(f"{path}: not enough memory to analyse this dump (lower --max-tokens to refuse such files early)")
         return EXIT_BAD_INPUT
@@ -334,17 +339,44 @@ def _fail_on(args: argparse.Namespace, severities: list[str]) -> int:
     return EXIT_OK
 
 
-def _run_series(args: argparse.Namespace, dg: Any, paths: list, open_kwargs: dict, vocab: object, logged: list) -> int:
-    def each(_p: object, d: Any) -> None:
+def _folder_history(dg: object, files: list[str]) -> object:
+    """The log history a run folder holds (``log_history.jsonl`` from the TRL integration, or
+    ``trainer_state.json``), or None."""
+    for f in files:
+        for name in dg.HISTORY_FILES:
+            candidate = Path(f) / name
+            if Path(f).is_dir() and candidate.is_file():
+                return dg.read_history(candidate)
+    return None
+
+
+def _run_series(
+    args: argparse.Namespace,
+    dg: object,
+    paths: list,
+    open_kwargs: dict,
+    vocab: object,
+    logged: list,
+    history: object = None,
+) -> int:
+    names = [x[0] for x in logged] + (dg.history_names(history) if history else [])
+
+    def each(_p: object, d: object) -> None:
         d.logged = dg.match_logged(d, logged) if logged else []
 
     try:
-        items = dg.diagnose_series(paths, open_kwargs, clip=args.clip, vocab=vocab, on_each=each)
+        items = dg.diagnose_series(
+            paths, open_kwargs, clip=args.clip, vocab=vocab, on_each=each, identify=names or None
+        )
     except MemoryError:
         _error("not enough memory to analyse these dumps")
         return EXIT_BAD_INPUT
+    checked = dg.check_history(items, history) if history else None
     status = _emit(
-        args, lambda: dg.series_json(items), lambda: dg.format_series(items), lambda out: dg.plot_series(items, out)
+        args,
+        lambda: dg.series_json(items, checked),
+        lambda: dg.format_series(items, checked),
+        lambda out: dg.plot_series(items, out),
     )
     if status:
         return status
@@ -373,8 +405,11 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
         help="which KL gradient does your KL loss follow? (runs your file as code)",
         description="Import FILE.py and call FUNCTION on every sequence of a tiny enumerable policy: the exact "
         "expected gradient of your KL term is compared with the gradients of KL(π‖π_ref) and "
-        "KL(π_ref‖π). WARNING: auditing runs your file as Python code, with your permissions; audit "
-        "only code you trust.",
+        "KL(π_ref‖π), and with known terms (what it behaves like, and the fix that fits it). With the default "
+        "--length 1 the audit at length 3 is shown beside it (a token-level term only shows there). WARNING: "
+        "auditing runs your file as Python code, with your permissions; audit only code you trust.",
+        epilog="Exit status: 0 the audit ran (whatever it found); 2 the file, the function or an option could not "
+        "be used (an exception, sys.exit, a timeout); 3 a bug in klviz.",
     )
     p.add_argument(
         "target",
@@ -390,14 +425,41 @@ def _add_audit(sub: argparse._SubParsersAction) -> None:
         help="tokens from the current policy, or from a perturbed old policy (off-policy)",
     )
     p.add_argument("--vocab-size", type=_positive_int, default=4)
-    p.add_argument("--length", type=_positive_int, default=1)
+    p.add_argument("--length", type=_positive_int, default=1, help="sequence length (default 1, shown beside length 3)")
+    p.add_argument(
+        "--policies",
+        choices=("mild", "far"),
+        default="mild",
+        help="far: the reference all but excludes the policy's likeliest token (log r ≈ -25), so every "
+        "framework's clamps bind",
+    )
     p.add_argument("--seed", type=_seed, default=0, help="seed of the toy policies (an integer, 0 to 2**32 - 1)")
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="stop (exit status 2) if importing the file and auditing take longer (default 120)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=_run_audit)
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
+    if not (value > 0 and value < 1e7):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+class _AuditTimeout(BaseException):  # not an Exception: user code that catches those cannot swallow it
+    """The --timeout of klviz audit ran out."""
+
+
 def _run_audit(args: argparse.Namespace) -> int:
-    import importlib.util
     import json
 
     file, sep, func = args.target.rpartition(":")
@@ -409,33 +471,93 @@ def _run_audit(args: argparse.Namespace) -> int:
         _error(f"no such file: {path}")
         return EXIT_BAD_INPUT
     print(f"klviz audit: running {path} as Python code (it can do anything your user can)", file=sys.stderr)
-    try:
-        spec = importlib.util.spec_from_file_location(f"klviz_audit_target_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except Exception as err:  # noqa: BLE001 - the user's file failed
-        _error(f"{path} failed to import: {type(err).__name__}: {err}")
-        return EXIT_BAD_INPUT
-    fn = getattr(module, func, None)
-    if not callable(fn):
-        _error(f"{path} has no function {_escape(func)!r}")
-        return EXIT_BAD_INPUT
-    from .audit import audit_loss
-
-    try:
-        result = audit_loss(
-            fn,
-            placement=args.placement,
-            sampler=args.sampler,
-            vocab_size=args.vocab_size,
-            length=args.length,
-            seed=args.seed,
-        )
-    except ValueError as err:
-        _error(str(err))
-        return EXIT_BAD_INPUT
-    print(json.dumps(result.as_dict(), ensure_ascii=False, indent=1) if args.json else result.summary)
+    with _deadline(args.timeout):
+        try:
+            status, text = _audit_file(args, path, func)
+        except _AuditTimeout:
+            _error(f"{path}: importing and auditing took longer than --timeout {args.timeout:g} s")
+            return EXIT_BAD_INPUT
+    if status != EXIT_OK:
+        _error(text)
+        return status
+    print(text if not args.json else json.dumps(json.loads(text), ensure_ascii=False, indent=1))
     return EXIT_OK
+
+
+def _deadline(seconds: float) -> object:
+    """A context that raises _AuditTimeout after ``seconds`` (SIGALRM; no limit where there is none)."""
+    import contextlib
+    import signal
+    import threading
+
+    @contextlib.contextmanager
+    def ctx():  # noqa: ANN202
+        usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        if not usable:
+            yield
+            return
+
+        def fire(_sig: int, _frame: object) -> None:
+            raise _AuditTimeout
+
+        before = signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, before)
+
+    return ctx()
+
+
+def _audit_file(args: argparse.Namespace, path: Path, func: str) -> tuple[int, str]:
+    """Import the user's file as a module (in sys.modules, its folder on the import path) and audit ``func``;
+    returns (status, the report or an error message)."""
+    import importlib.util
+    import json
+
+    name = f"klviz_audit_target_{abs(hash(str(path.resolve())))}"
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            return EXIT_BAD_INPUT, f"{path} cannot be imported as a Python module"
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and `from __future__ import annotations` look it up here
+        try:
+            spec.loader.exec_module(module)
+        except SystemExit as err:
+            return EXIT_BAD_INPUT, f"{path} called sys.exit({err.code!r}) while being imported"
+        except _AuditTimeout:
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's file failed
+            return EXIT_BAD_INPUT, f"{path} failed to import: {type(err).__name__}: {err}"
+        fn = getattr(module, func, None)
+        if not callable(fn):
+            return EXIT_BAD_INPUT, f"{path} has no function {_escape(func)!r}"
+        from .audit import audit_loss
+
+        try:
+            result = audit_loss(
+                fn,
+                placement=args.placement,
+                sampler=args.sampler,
+                vocab_size=args.vocab_size,
+                length=args.length,
+                seed=args.seed,
+                policies=args.policies,
+            )
+        except SystemExit as err:
+            return EXIT_BAD_INPUT, f"{_escape(func)} called sys.exit({err.code!r}): a KL term must return a value"
+        except ValueError as err:
+            return EXIT_BAD_INPUT, str(err)
+        return EXIT_OK, json.dumps(result.as_dict(), ensure_ascii=False) if args.json else result.summary
+    finally:
+        sys.modules.pop(name, None)
+        if sys.path and sys.path[0] == folder:
+            del sys.path[0]
 
 
 # -- klviz lab / present / site: own argument parsers, handed the rest of the command line ------

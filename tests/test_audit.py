@@ -173,3 +173,123 @@ def test_cli_audit(tmp_path):
         [sys.executable, "-m", "klviz.cli", "audit", f"{user}:nope"], capture_output=True, text=True, timeout=120
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 2
+
+
+# -- verdicts that hold on every seed, hints that fit the term, clamps, lengths side by side -------------------
+
+SEED_TERMS = {  # the frameworks' own terms: (fn, placement, verdict at length >= 2 for (current, old))
+    "verl low_var_kl": (FRAMEWORKS["verl low_var_kl"][0], "loss", ("neither", "neither")),
+    "TRL GRPO (bias-corrected, per-token ρ·k3)": (
+        FRAMEWORKS["TRL GRPO (bias-corrected)"][0],
+        "loss",
+        ("neither", "neither"),
+    ),
+    "verl mse (k2)": (FRAMEWORKS["verl mse (k2)"][0], "loss", ("neither", "neither")),
+    "verl k1 in reward": (FRAMEWORKS["verl k1 in reward"][0], "reward", ("reverse_kl", "neither")),
+    "k3·ρ prefix product": (
+        lambda lp, o, r, m: _mean(torch.exp(torch.cumsum(lp - o.detach(), -1)) * (torch.exp(r - lp) - (r - lp) - 1), m),
+        "loss",
+        ("reverse_kl", "reverse_kl"),  # on-policy too: the prefix product is 1 in value, a score function in gradient
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SEED_TERMS))
+def test_verdicts_do_not_depend_on_the_seed(name):
+    """Length 2 and 3, on- and off-policy, eight seeds: one verdict each, and every structural gradient at least
+    TARGET_SEPARATION from every other, so no term sits near the 0.05 threshold."""
+    from klviz import audit
+
+    fn, placement, want = SEED_TERMS[name]
+    for length in (2, 3):
+        for sampler, expected in zip(("current", "old"), want):
+            for seed in range(8):
+                r = klviz.audit_loss(fn, placement=placement, sampler=sampler, length=length, seed=seed)
+                assert r.follows == expected, (name, length, sampler, seed, r.relative_error)
+                assert r.target_separation >= audit.TARGET_SEPARATION, (length, sampler, seed)
+                errs = [*r.relative_error.values(), r.relative_error_token_level]
+                assert all(e < 1e-9 or e > 3 * audit.FOLLOWS_TOL for e in errs), (name, seed, errs)
+
+
+def test_hints_fit_the_term():
+    k3rho = klviz.audit_loss(LOSSES["k3·ρ"], sampler="old", length=3)
+    assert k3rho.behaves_like.startswith("k3·ρ with a per-token ρ") and "prefix product" in k3rho.hint
+    assert "∏" in k3rho.summary and "(as k3·ρ)" not in k3rho.summary
+    frozen = klviz.audit_loss(lambda lp, o, r, m: o - r, placement="reward", sampler="old", length=2)
+    assert "frozen at rollout" in frozen.behaves_like and "recompute it at π_θ" in frozen.hint
+    inverted = klviz.audit_loss(lambda lp, o, r, m: _mean(_k3(r, lp), m))
+    assert "inverted" in inverted.behaves_like and "π_ref/π_θ" in inverted.hint
+    k1 = klviz.audit_loss(LOSSES["k1"])
+    assert k1.follows == "zero" and "k1 in the reward" in k1.hint
+
+
+def test_lengths_one_and_three_side_by_side():
+    r = klviz.audit_loss(LOSSES["k2"])
+    assert r.follows == "reverse_kl" and r.sequence is not None and r.sequence.follows == "neither"
+    assert "side by side: length 1: reverse KL; length 3: neither" in r.summary
+    assert r.as_dict()["sequence"]["follows"] == "neither"
+    assert klviz.audit_loss(LOSSES["k2"], length=2).sequence is None
+    assert klviz.audit_loss(LOSSES["k2"], vocab_size=20).sequence is None  # 20 ** 3 is too many to enumerate
+
+
+def test_far_policies_make_the_clamps_bind():
+    from klviz import audit
+
+    mild = klviz.audit_loss(FRAMEWORKS["verl low_var_kl"][0])
+    far = klviz.audit_loss(FRAMEWORKS["verl low_var_kl"][0], policies="far")
+    assert mild.clamp_binds == 0 and mild.follows == "forward_kl"
+    assert far.clamp_binds > 0.3 and far.follows == "neither"
+    assert far.behaves_like.startswith("k3 clamped as verl's low_var_kl")
+    nemo = klviz.audit_loss(FRAMEWORKS["NeMo-RL (generation weights)"][0], sampler="old", policies="far")
+    assert nemo.follows == "neither" and nemo.behaves_like.startswith("clamp(ρ·k3)")
+    assert klviz.audit_loss(LOSSES["k3·ρ"], sampler="old", policies="far").follows == "reverse_kl"
+    with pytest.raises(ValueError, match="policies"):
+        klviz.audit_loss(LOSSES["k2"], policies="near")
+    assert audit.FAR_GAP > 20  # beyond verl's and NeMo-RL's input clamp
+
+
+def test_cli_audit_user_code_edge_cases(tmp_path, capsys):
+    """In-process (the console script is test_cli_audit's): a module with `from __future__ import annotations`,
+    a dataclass and a sibling import works; sys.exit anywhere, a hang and absurd sizes exit 2 with one line."""
+    from klviz import cli
+
+    pkg = tmp_path / "mine"
+    pkg.mkdir()
+    (pkg / "helper.py").write_text(
+        "import torch\n\ndef k3(lp, ref):\n    d = ref - lp\n    return torch.exp(d) - d - 1\n"
+    )
+    (pkg / "kl.py").write_text(
+        "from __future__ import annotations\n\nimport sys\nfrom dataclasses import dataclass\n\n"
+        "from helper import k3\n\n\n@dataclass\nclass Config:\n    beta: float = 0.1\n\n\n"
+        "def kl(logprob, old_logprob, ref_logprob, response_mask):\n"
+        "    return Config().beta * (k3(logprob, ref_logprob) * response_mask).mean()\n\n\n"
+        "def leaves(logprob, old_logprob, ref_logprob, response_mask):\n    sys.exit(0)\n\n\n"
+        "def hangs(logprob, old_logprob, ref_logprob, response_mask):\n"
+        "    while True:\n        try:\n            pass\n        except Exception:\n            pass\n"
+    )
+    (pkg / "exits.py").write_text("import sys\nsys.exit(0)\n")
+    path_before = list(sys.path)
+
+    def run(*args):
+        code = cli.main(["audit", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = run(f"{pkg / 'kl.py'}:kl")
+    assert code == 0, err
+    assert "forward KL" in out and "side by side" in out
+    for target, words in (
+        (f"{pkg / 'kl.py'}:leaves", "sys.exit(0)"),
+        (f"{pkg / 'exits.py'}:kl", "while being imported"),
+    ):
+        code, out, err = run(target)
+        assert code == 2 and words in err and out == "", err
+    code, _out, err = run(f"{pkg / 'kl.py'}:hangs", "--timeout", "1")
+    assert code == 2 and "--timeout 1" in err
+    for extra in (["--length", "1e3"], ["--vocab-size", "3", "--length", "30000000"]):
+        code, _out, err = run(f"{pkg / 'kl.py'}:kl", *extra)
+        assert code == 2 and "more than 4096 sequences" in err
+        assert len(err) < 400  # no 400-digit number
+    code, out, _err = run(f"{pkg / 'kl.py'}:kl", "--policies", "far", "--json")
+    assert code == 0 and '"policies": "far"' in out
+    assert sys.path == path_before and not any(m.startswith("klviz_audit_target") for m in sys.modules)

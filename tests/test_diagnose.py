@@ -509,9 +509,12 @@ def test_sample_dump_is_shipped_and_diagnosed(capsys):
 
 def _peak_rss_of_cli(path, *extra):
     """Exit status, stderr and peak resident MiB of ``klviz diagnose PATH`` in a fresh process."""
+    # VmHWM is this process's own peak; ru_maxrss on Linux also keeps the peak of the parent it was forked from
+    # (kept across execve), so a test session that grew big would show as this child's memory
     code = (
-        "import resource, sys\nfrom klviz.cli import main\nrc = main(['diagnose', *sys.argv[1:]])\n"
-        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr)\nsys.exit(rc)"
+        "import sys\nfrom klviz.cli import main\nrc = main(['diagnose', *sys.argv[1:]])\n"
+        "kib = next(int(ln.split()[1]) for ln in open('/proc/self/status') if ln.startswith('VmHWM:'))\n"
+        "print('PEAK', kib // 1024, file=sys.stderr)\nsys.exit(rc)"
     )
     done = subprocess.run([sys.executable, "-c", code, str(path), *extra], capture_output=True, text=True, timeout=240)
     lines = done.stderr.strip().splitlines()

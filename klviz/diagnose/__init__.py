@@ -18,7 +18,8 @@ to run code are refused before anything is allocated or run. The format guide sh
 
 :func:`open_dump` reads headers, :func:`diagnose` streams over the rows (:mod:`.analysis`),
 :func:`format_report` and :func:`report_json` write the reports (:mod:`.report`), :func:`match_logged`
-says which number a logged metric is (:mod:`.logged`), :func:`diagnose_series` follows a run
+says which formula a logged metric is, recomputed exactly on the dump (:mod:`.logged`, :mod:`.identify`),
+the trouble signs are a registry of named rules (:mod:`.rules`), :func:`diagnose_series` follows a run
 (:mod:`.series`), :func:`plot_report` and :func:`plot_series` draw (:mod:`.plot`, the only part that
 needs matplotlib). ``klviz diagnose FILE...`` runs all of it from the command line.
 """
@@ -30,7 +31,18 @@ from pathlib import Path
 from .analysis import LARGE_LOG_RATIO as LARGE_LOG_RATIO  # the report's threshold, not in __all__
 from .analysis import SEVERITIES, Diagnosis, Trouble, diagnose
 from .analysis import clamp_rows as clamp_rows  # the clamp table's rows, from CLAMP_RULES
-from .logged import LOGGED_NAMES, match_logged, parse_logged
+from .identify import METRICS
+from .logged import (
+    HISTORY_FILES,
+    LOGGED_NAMES,
+    check_history,
+    history_names,
+    is_history,
+    match_logged,
+    parse_logged,
+    parse_logged_text,
+    read_history,
+)
 from .plot import plot_report, plot_series
 from .reading import (
     DEFAULT_KEYS,
@@ -47,6 +59,7 @@ from .reading import (
     save_rollouts,
 )
 from .report import SCHEMA, SCHEMA_VERSION, format_report, format_series, report_json, series_json
+from .rules import RULES
 from .series import collect_dumps, diagnose_series
 
 __all__ = [
@@ -70,7 +83,15 @@ __all__ = [
     "sample_rollouts_path",
     "match_logged",
     "parse_logged",
+    "parse_logged_text",
     "LOGGED_NAMES",
+    "METRICS",
+    "read_history",
+    "is_history",
+    "history_names",
+    "check_history",
+    "HISTORY_FILES",
+    "RULES",
     "diagnose_series",
     "collect_dumps",
     "format_series",

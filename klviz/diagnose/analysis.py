@@ -14,18 +14,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
 from .. import kernel
-from ..framework_rules import CLAMP_RULES, VERL_PPO_KL, ClampRule
+from ..framework_rules import CLAMP_RULES, ClampRule
 from ..statistics import RunningMoments, clustered_mean_se_from_sums, mean_se
+from . import identify as ident
 from .reading import DumpFile, RolloutDump, RolloutFileError, escape_text, open_dump
+from .rules import LARGE_LOG_RATIO, MIN_TAIL_TOKENS, SEVERITIES, Trouble, find_trouble
 
 __all__ = [
     "Diagnosis",
@@ -39,32 +41,17 @@ __all__ = [
     "MIN_TAIL_TOKENS",
 ]
 
-#: A per-token |log r| above this is called "very large" in the report (a ratio beyond e^10 ≈ 22026).
-LARGE_LOG_RATIO = 10.0
 #: Tokens per chunk of the streaming pass (rows are never split).
 CHUNK_TOKENS = 1 << 18
 #: Largest number of log r values kept for quantiles and plots (a uniform subsample beyond it).
 QUANTILE_SAMPLE = 1 << 21
-#: The heavy-tail sign needs at least this many counted tokens (the top 1 % is then ≥ 2 tokens) and
-#: at least 10 responses: below that a "tail" is one token.
-MIN_TAIL_TOKENS = 200
-#: Severities of trouble signs, mildest first.
-SEVERITIES: tuple[str, str, str] = ("info", "warning", "error")
+#: Thresholds c of the Markov test: tokens sampled by q have q-probability at most 1/c of p/q ≥ c.
+MARKOV_THRESHOLDS = (3.0, 10.0, 100.0)
 #: TRL's padding value for log-probs (``INVALID_LOGPROB`` in its PPO/RLOO trainers).
 TRL_INVALID_LOGPROB = 1.0
 #: Estimators whose values are never negative, so that a lower output bound at or below 0 never binds.
 _NEVER_NEGATIVE = ("k2", "k3")
 _LOW_PRECISION = {"bfloat16": 8, "float16": 11}  # significand bits, implicit bit included
-
-
-class Trouble(NamedTuple):
-    """One trouble sign: a stable ``code``, a ``severity`` in :data:`SEVERITIES`, the ``message`` (what
-    was found) and the ``advice`` (what it means and what to do)."""
-
-    code: str
-    severity: str
-    message: str
-    advice: str
 
 
 def _framework(rule: ClampRule) -> str:
@@ -168,7 +155,11 @@ class Diagnosis:
     seq_sums: dict[str, np.ndarray] = field(default_factory=dict)  # per-response sums of k1, k3
     logged: list[dict[str, Any]] = field(default_factory=list)
     clip: float = 0.2
-    sampler_numbers: dict[str, dict[str, Any]] = field(default_factory=dict)  # numbers a framework may log
+    edges: dict[str, int] = field(default_factory=dict)  # where the mask starts and ends against the log-probs
+    alignment: dict[str, Any] = field(default_factory=dict)  # the shifted-copy comparison of each log-prob pair
+    tail_bound: dict[str, Any] = field(default_factory=dict)  # the Markov test of the sampler's ratio
+    who_sampled: str = ""  # one line: which policy sampled the tokens, which scored them
+    row_terms: ident.RowTerms | None = None  # per-row sums of the formulas frameworks log (identification)
 
     @property
     def has_nonfinite(self) -> bool:
@@ -206,22 +197,34 @@ class _Source:
     """Rows of a dump, from a file or from tensors."""
 
     def __init__(self, r: RolloutDump | DumpFile) -> None:
-        self.r = r
+        dump: Any = r  # a DumpFile or a RolloutDump: the methods below read what each one has
+        self.r = dump
         self.file = isinstance(r, DumpFile)
+        self.step: float | None
         self.shape = tuple(r.shape)
         self.keys = dict(r.keys)
         self.dtypes = dict(r.dtypes)
         self.source = r.source
         if self.file:
             self.roles = set(r.keys)
-            self.step = r.step()
+            self.step = dump.step()
         else:
             self.roles = {"logprob", "ref_logprob", "response_mask"} | {
                 role
                 for role in ("old_logprob", "rollout_logprob", "tokens", "token_ids")
                 if getattr(r, role) is not None
             }
-            self.step = r.step
+            self.step = dump.step
+
+    def groups(self) -> np.ndarray | None:
+        """The micro-batch index of each row, when the dump carries one (key ``micro_batch``, ``[batch]``)."""
+        if not self.file:
+            return None
+        spec = self.r.specs.get("micro_batch")
+        if spec is None or spec.refused or len(spec.shape) != 1 or spec.numel != self.shape[0] or spec.is_float:
+            return None
+        g = np.asarray(spec.whole()).reshape(-1)
+        return g.astype(np.int64) if g.dtype.kind in "iub" else None
 
     def rows(self, role: str, r0: int, r1: int) -> np.ndarray:
         if self.file:
@@ -236,7 +239,8 @@ class _Top:
     """The k largest values seen so far, with a payload each."""
 
     def __init__(self, k: int) -> None:
-        self.k, self.items = k, []
+        self.k = k
+        self.items: list[tuple[float, Any]] = []
 
     def add(self, scores: np.ndarray, payload: Callable[[np.ndarray], list]) -> None:
         if scores.size == 0:
@@ -261,6 +265,9 @@ def diagnose(
     quantile_sample: int = QUANTILE_SAMPLE,
     tis_cap: float = 2.0,
     mask_band: tuple[float, float] = (0.5, 2.0),
+    logged: Sequence[tuple] | None = None,
+    identify: Iterable[str] | bool | None = None,
+    groups: np.ndarray | None = None,
 ) -> Diagnosis:
     """Analyse a batch: estimates, their directions, clamps, positions, precision, mismatch, trouble signs.
 
@@ -268,6 +275,12 @@ def diagnose(
     (opened with the default keys). ``clip`` is the PPO clip ε whose cut fraction is reported;
     ``vocab`` maps token ids to strings (:func:`klviz.diagnose.read_vocab`); ``tis_cap`` and
     ``mask_band`` are the truncated-IS cap and the masking band of the engine–trainer section.
+
+    ``logged``: ``(name, value)`` pairs (or ``(name, value, text as typed)``) a framework logged for this
+    batch; each is identified exactly (:func:`klviz.diagnose.identify.identify`) into ``Diagnosis.logged``.
+    ``identify``: logged names (or ``True`` for every known formula) whose formulas to accumulate without a
+    value yet (a run checked against its log history). ``groups``: a micro-batch index per row (default: the
+    dump's ``micro_batch`` key, as the TRL integration writes it).
     """
     if isinstance(r, (str, Path)):
         with open_dump(r) as f:
@@ -279,18 +292,38 @@ def diagnose(
                 quantile_sample=quantile_sample,
                 tis_cap=tis_cap,
                 mask_band=mask_band,
+                logged=logged,
+                identify=identify,
+                groups=groups,
             )
     if not (isinstance(clip, (int, float)) and 0 < clip < 1):
         raise ValueError(f"clip must be in (0, 1), got {clip!r}")
+    logged = list(logged or [])
+    if identify is True:
+        terms: list[ident.Term] | None = ident.terms_for(None)
+    else:
+        names = [str(x[0]) for x in logged] + list(identify or [])
+        terms = ident.terms_for(names) if names else None
     src = _Source(r)
     acc = _Accumulator(
-        src, clip=clip, vocab=vocab, quantile_sample=quantile_sample, tis_cap=tis_cap, mask_band=mask_band
+        src,
+        clip=clip,
+        vocab=vocab,
+        quantile_sample=quantile_sample,
+        tis_cap=tis_cap,
+        mask_band=mask_band,
+        terms=terms,
     )
     B, T = src.shape
     step = max(1, chunk_tokens // max(T, 1))
     for r0 in range(0, B, step):
         acc.add(r0, min(B, r0 + step))
-    return acc.finish()
+    d = acc.finish(groups if groups is not None else src.groups())
+    if logged:
+        from .logged import match_logged
+
+        d.logged = match_logged(d, logged)
+    return d
 
 
 class _Accumulator:
@@ -303,8 +336,13 @@ class _Accumulator:
         quantile_sample: int,
         tis_cap: float,
         mask_band: tuple[float, float],
+        terms: list[ident.Term] | None = None,
     ) -> None:
         self.src, self.clip, self.vocab = src, clip, vocab
+        self.ident = (
+            ident.TermAccumulator(terms, src.shape[0], src.shape[1], src.dtypes, set(src.roles)) if terms else None
+        )
+        self._seg: ident.RowSegments | None = None
         self.tis_cap, self.mask_band = tis_cap, mask_band
         B, T = src.shape
         self.B, self.T = B, T
@@ -319,11 +357,11 @@ class _Accumulator:
         self.min_: dict[str, float] = {}
         self.neg: dict[str, int] = {}
         self.moments = {k: RunningMoments() for k in kernel.ESTIMATORS}
-        self.nonfinite = {
+        self.nonfinite: dict[str, int] = {
             role: 0 for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob") if role in src.roles
         }
         self.examples: list[tuple[str, int, int, float]] = []
-        self.positive = {role: 0 for role in self.nonfinite}
+        self.positive: dict[str, int] = {role: 0 for role in self.nonfinite}
         self.trl_in, self.trl_out = 0, 0
         self.shift = 0.0
         self.clamp_defs = clamp_rows()
@@ -334,10 +372,17 @@ class _Accumulator:
         self.top_large = _Top(5)
         self.p_keep = min(1.0, quantile_sample / max(B * T, 1))
         self.sample: list[np.ndarray] = []
+        self.sample_k3: list[np.ndarray] = []
+        # the shifted-copy test: for each pair of log-prob roles, Σ|a[t] - b[t+s]| for s = 0, +1, -1 over the
+        # positions t whose neighbours are counted too, and the rows that have such positions
+        self.align: dict[str, dict[str, Any]] = {}
+        # the Markov test on the sampler's ratio: per-row counts of r >= c
+        self.sampler_role = "rollout_logprob" if self.has_ro else "old_logprob" if self.has_old else "logprob"
+        self.markov = {c: np.zeros(B) for c in MARKOV_THRESHOLDS}
         self.pos = {side: {q: np.zeros(T) for q in ("n", "lr", "lr2", "k3", "k32", "k1")} for side in ("start", "end")}
         self.edge = {q: 0 for q in ("rows", "last_filler", "after_rows", "after_real", "first_rows", "before_real")}
         self.filler_counted = 0
-        self.prec = {
+        self.prec: dict[str, dict[str, Any]] = {
             role: {"nonzero": 0, "bf16": 0, "fp16": 0, "f32": 0, "ulp2": {"bfloat16": 0.0, "float16": 0.0}}
             for role in ("logprob", "ref_logprob")
         }
@@ -353,17 +398,19 @@ class _Accumulator:
     def _add_sum(self, name: str, values: np.ndarray, rows: np.ndarray, r0: int, r1: int) -> None:
         """Add per-token ``values`` (1-D, one per counted token, in row order) to per-response sums."""
         s = self.sums.setdefault(name, np.zeros(self.B))
-        s[r0:r1] += np.bincount(rows, weights=values, minlength=r1 - r0)
+        seg = self._seg if self._seg is not None and self._seg.rows is rows else ident.RowSegments(rows, r1 - r0)
+        s[r0:r1] += seg.sums(values)
 
     def _k(self, d: np.ndarray) -> dict[str, np.ndarray]:
         """k1, k2, k3 of a 1-D float64 array (the kernel's formulas; k3 through its buffer version)."""
         k3 = np.empty_like(d)
         kernel.k3_into(d, k3, np.empty_like(d), np.empty_like(d))
-        return {"k1": kernel.k1(d), "k2": kernel.k2(d), "k3": k3}
+        est: Any = kernel  # the kernel's formulas work on NumPy arrays as on tensors
+        return {"k1": est.k1(d), "k2": est.k2(d), "k3": k3}
 
     def add(self, r0: int, r1: int) -> None:
         src = self.src
-        raw = {
+        raw: dict[str, np.ndarray] = {
             role: src.rows(role, r0, r1)
             for role in ("logprob", "ref_logprob", "old_logprob", "rollout_logprob")
             if role in src.roles
@@ -402,12 +449,13 @@ class _Accumulator:
             finite = fin if finite is None else finite & fin
         valid = mask & ~trl if finite is None else mask & finite & ~trl
         rows, cols = np.nonzero(valid)
-        v = {role: a[rows, cols].astype(np.float64) for role, a in raw.items()}  # counted tokens only
+        v: dict[str, np.ndarray] = {role: a[rows, cols].astype(np.float64) for role, a in raw.items()}  # counted only
         lp, ref = v["logprob"], v["ref_logprob"]
         old, ro = v.get("old_logprob"), v.get("rollout_logprob")
         for role, x in v.items():
             self.positive[role] += int(np.count_nonzero(x > 1e-3))
-        self.n[r0:r1] += np.bincount(rows, minlength=r1 - r0)
+        self._seg = ident.RowSegments(rows, r1 - r0)
+        self.n[r0:r1] += self._seg.counts
         if old is not None and lp.size:
             self.shift = max(self.shift, float(np.abs(lp - old).max()))
         d = ref - lp
@@ -421,13 +469,25 @@ class _Accumulator:
                 self.min_[name] = min(self.min_.get(name, math.inf), float(x.min()))
                 self.neg[name] = self.neg.get(name, 0) + int(np.count_nonzero(x < 0))
         self._add_sum("ratio_policy", np.exp(np.minimum(d, 700.0)), rows, r0, r1)
-        # quantile subsample
+        # quantile subsample (log r and k3 of the same tokens)
         if d.size:
             if self.p_keep >= 1:
                 self.sample.append(d.copy())
+                self.sample_k3.append(ks["k3"].copy())
             else:
                 rng = np.random.default_rng(r0)
-                self.sample.append(d[rng.random(d.size) < self.p_keep])
+                keep = rng.random(d.size) < self.p_keep
+                self.sample.append(d[keep])
+                self.sample_k3.append(ks["k3"][keep])
+        if self.ident is not None:
+            self.ident.add(rows, r0, r1, dict(v), self._seg)
+        self._alignment(raw, mask, finite)
+        sampler = {"logprob": lp, "old_logprob": old, "rollout_logprob": ro}[self.sampler_role]
+        d_s = d if sampler is None or sampler is lp else ref - sampler
+        for c in MARKOV_THRESHOLDS:
+            hit = rows[d_s >= math.log(c)]
+            if hit.size:
+                self.markov[c][r0:r1] += np.bincount(hit, minlength=r1 - r0)
         # clamps: only tokens beyond the smallest |log r| at which any clamp can act are looked at
         absd = np.abs(d)
         cand = np.flatnonzero(absd > self.clamp_from)
@@ -456,7 +516,7 @@ class _Accumulator:
 
         self.top_large.add(absd, payload)
         # positions, from each response's first and last counted token
-        has = mask.any(1)
+        has = np.asarray(mask.any(1))
         first = np.where(has, mask.argmax(1), 0)
         last = np.where(has, self.T - 1 - mask[:, ::-1].argmax(1), 0)
         k3 = ks["k3"]
@@ -483,12 +543,8 @@ class _Accumulator:
                 ("rho_k2", rho * ks["k2"]),
                 ("rho_k3", rho * ks["k3"]),
                 ("ppo_k1", ko["k1"]),
-                ("ppo_k1_verl", VERL_PPO_KL.apply(torch.from_numpy(lr_old), "k1").numpy()),
-                ("ppo_k2", ko["k2"]),
                 ("ppo_k3", ko["k3"]),
                 ("old_k1", kd["k1"]),
-                ("old_k2", kd["k2"]),
-                ("old_k3", kd["k3"]),
                 ("ratio_old", np.exp(np.clip(d_old, -700, 700))),
             ):
                 self._add_sum(name, x, rows, r0, r1)
@@ -498,6 +554,37 @@ class _Accumulator:
             self._mismatch(lp, old, ro, rows, cols, valid.shape, ks, r0, r1)
         if tok_rows is not None:
             self._tokens(tok_rows, rows, cols, ks)
+
+    def _alignment(self, raw: dict[str, np.ndarray], mask: np.ndarray, finite: np.ndarray | None) -> None:
+        """Σ|a[t] − b[t+s]|, s = 0, +1, −1, for each pair of log-prob roles, over positions counted with both
+        neighbours: a tensor one position off the other agrees with it far better at s = ±1 than at 0."""
+        if mask.shape[1] < 3:
+            return
+        inner = mask[:, 1:-1] & mask[:, :-2] & mask[:, 2:]
+        if finite is not None:
+            inner = inner & finite[:, 1:-1] & finite[:, :-2] & finite[:, 2:]
+        n_pos = int(np.count_nonzero(inner))
+        if n_pos == 0:
+            return
+        trainer = "old_logprob" if "old_logprob" in raw else "logprob"
+        pairs = [("ref_logprob", "logprob")]
+        if "old_logprob" in raw:
+            pairs.append(("old_logprob", "logprob"))
+        if "rollout_logprob" in raw:
+            pairs.append(("rollout_logprob", trainer))
+        rows_used = int(np.count_nonzero(inner.any(1)))
+        for a_role, b_role in pairs:
+            a, b = raw[a_role], raw[b_role]
+            am = a[:, 1:-1]
+            acc = self.align.setdefault(
+                f"{a_role}|{b_role}", {"pairs": 0, "rows": 0, "sums": {0: 0.0, 1: 0.0, -1: 0.0}}
+            )
+            with np.errstate(invalid="ignore", over="ignore"):
+                for shift, bm in ((0, b[:, 1:-1]), (1, b[:, 2:]), (-1, b[:, :-2])):
+                    diff = np.abs(am - bm, dtype=np.float64)
+                    acc["sums"][shift] += float(np.where(inner, diff, 0.0).sum())
+            acc["pairs"] += n_pos
+            acc["rows"] += rows_used
 
     def _histogram(self, x: np.ndarray) -> np.ndarray:
         idx = np.searchsorted(self.hist_edges, x, side="right")
@@ -627,7 +714,7 @@ class _Accumulator:
             self.token_stats[u] = row if prev is None else prev + row
 
     # -- the numbers, once every row has been seen ------------------------------------------------
-    def finish(self) -> Diagnosis:
+    def finish(self, groups: np.ndarray | None = None) -> Diagnosis:
         src = self.src
         n, B, T = self.n, self.B, self.T
         kept = n > 0
@@ -652,14 +739,15 @@ class _Accumulator:
         }
         off_policy = self.has_old and self.shift > 1e-6
         sample = np.concatenate(self.sample) if self.sample else np.zeros(0)
-        qs = {k: kernel.estimate(k, torch.from_numpy(sample)).numpy() for k in kernel.ESTIMATORS} if sample.size else {}
+        sample_k3 = np.concatenate(self.sample_k3) if self.sample_k3 else np.zeros(0)
+        quant, share = _sample_quantiles(sample, sample_k3)
         estimates: dict[str, dict[str, float]] = {}
         for name in kernel.ESTIMATORS:
             s = self.sums[name]
             tm, tse = clustered_mean_se_from_sums(s, n)
             sm, sse = mean_se(torch.from_numpy(s[kept]))
             mm, mse = mean_se(torch.from_numpy(s[kept] / n[kept]))
-            q = np.quantile(qs[name], [0.01, 0.5, 0.99]) if sample.size else [math.nan] * 3
+            q = quant[name]
             estimates[name] = {
                 "token_mean": tm,
                 "token_mean_se": tse,
@@ -679,7 +767,12 @@ class _Accumulator:
         extra: dict[str, dict[str, float]] = {}
         if not off_policy:
             for name in ("k1", "k3"):
-                directions[name] = "KL(π ‖ π_ref), unbiased (tokens sampled by π)"
+                directions[name] = (
+                    "KL(π ‖ π_ref), unbiased as far as the engine samples π (tokens sampled by the rollout engine; "
+                    "the ρ_e rows of the mismatch section reweight them)"
+                    if self.has_ro
+                    else "KL(π ‖ π_ref), unbiased (tokens sampled by π)"
+                )
             directions["k2"] = "KL(π ‖ π_ref) to second order; biased upward or downward as π and π_ref separate"
         else:
             directions["k1"] = (
@@ -719,10 +812,6 @@ class _Accumulator:
                 row["value_can_change"] = input_clamp_changes_value(rule, name)
             clamps[label] = row
         large = [(i, j, v) for _s, (i, j, v, _t) in self.top_large.items]
-        k3v = qs.get("k3", np.zeros(0))
-        k_top = max(1, int(math.ceil(0.01 * k3v.size)))
-        k3_sum = float(k3v.sum())
-        share = float(np.partition(k3v, k3v.size - k_top)[-k_top:].sum()) / k3_sum if k3_sum > 0 and k3v.size else 0.0
         diag = Diagnosis(
             source=src.source,
             shape=(B, T),
@@ -755,7 +844,6 @@ class _Accumulator:
             seq_sums={k: self.sums[k][kept].copy() for k in ("k1", "k3")},
             padding={"trl_counted": self.trl_in, "trl_outside": self.trl_out},
         )
-        diag.sampler_numbers = self._sampler_numbers(n, kept, total)
         diag.positions = self._positions()
         diag.precision = self._precision_report(estimates)
         diag.ratio = self._ratio_report(total)
@@ -763,37 +851,47 @@ class _Accumulator:
         diag.sequences = self._sequence_report(kept)
         if self.has_ro:
             diag.mismatch = self._mismatch_report(n, kept, total, estimates, lengths)
-        diag.trouble = _trouble(diag, self.edge, self.filler_counted)
+        diag.edges = dict(self.edge, filler_counted=self.filler_counted)
+        diag.alignment = {
+            pair: {
+                "pairs": a["pairs"],
+                "rows": a["rows"],
+                "mean_abs": {s_: a["sums"][s_] / max(a["pairs"], 1) for s_ in (0, 1, -1)},
+            }
+            for pair, a in self.align.items()
+        }
+        diag.tail_bound = self._tail_bound(n)
+        diag.who_sampled = self._who_sampled(off_policy)
+        if self.ident is not None:
+            diag.row_terms = self.ident.finish(groups)
+        diag.trouble = find_trouble(diag)
         return diag
 
-    def _sampler_numbers(self, n: np.ndarray, kept: np.ndarray, total: int) -> dict[str, dict[str, Any]]:
-        if not self.has_old:
-            return {}
-        S, out = self.sums, {}
-        for k in kernel.ESTIMATORS:
-            s = S[f"old_{k}"]
-            what = "KL(π_old ‖ π_ref)" + (" (second order)" if k == "k2" else "")
-            m, se = clustered_mean_se_from_sums(s, n)
-            out[f"sampler {k} token-mean"] = {"value": m, "se": se, "estimates": what}
-            m, se = mean_se(torch.from_numpy(s[kept] / n[kept]))
-            out[f"sampler {k} seq-mean-token-mean"] = {"value": m, "se": se, "estimates": what}
-            m, se = mean_se(torch.from_numpy(s[kept]))
-            out[f"sampler {k} seq-mean-token-sum"] = {"value": m, "se": se, "estimates": what + " per sequence"}
-        for label, key in (("ppo_kl k1 token-mean (verl clamp)", "ppo_k1_verl"), ("ppo_kl k2 token-mean", "ppo_k2")):
-            m, se = clustered_mean_se_from_sums(S[key], n)
-            out[label] = {
-                "value": m,
-                "se": se,
-                "estimates": "KL(π_old ‖ π)" + (" (second order)" if "k2" in label else ""),
-            }
-        m, se = clustered_mean_se_from_sums(S["ppo_k2"], n)
-        frac = total / (self.B * self.T)
-        out["ppo_kl k2 all-positions mean"] = {
-            "value": m * frac,
-            "se": se * frac,
-            "estimates": "KL(π_old ‖ π) (second order) diluted by padding",
+    def _tail_bound(self, n: np.ndarray) -> dict[str, Any]:
+        """The Markov test: the fraction of tokens with r = π_ref/π_sampler ≥ c, which tokens sampled by the
+        sampler keep at most 1/c (E[r] ≤ 1), with a standard error over responses."""
+        names = {"logprob": "π", "old_logprob": "π_old", "rollout_logprob": "π_rollout"}
+        sampler = names[self.sampler_role]
+        return {
+            "ratio": f"π_ref/{sampler}",
+            "sampler": f"{sampler} ({self.sampler_role})",
+            "sequences": int((n > 0).sum()),
+            "above": {c: clustered_mean_se_from_sums(self.markov[c], n) for c in MARKOV_THRESHOLDS},
         }
-        return out
+
+    def _who_sampled(self, off_policy: bool) -> str:
+        if self.has_ro:
+            trainer = "old_logprob" if self.has_old else "logprob"
+            return f"the rollout engine (rollout_logprob); the trainer rescored them ({trainer})" + (
+                "; logprob is a later policy π" if off_policy else ""
+            )
+        if off_policy:
+            return "the old policy π_old (old_logprob); logprob is a later policy π"
+        if self.has_old:
+            return "the policy π (old_logprob equals logprob)"
+        return (
+            "the policy π (logprob): assumed on-policy (no old_logprob or rollout_logprob key: the first PPO minibatch)"
+        )
 
     def _agreement(
         self, est: dict, extra: dict, off_policy: bool, mean_ratio: tuple[float, float], n: np.ndarray
@@ -808,7 +906,7 @@ class _Accumulator:
         else:
             k1, k2, k3 = (est[k]["token_mean"] for k in ("k1", "k2", "k3"))
             d13 = clustered_mean_se_from_sums(self.sums["k1"] - self.sums["k3"], n)
-            rows = "plain rows (tokens sampled by π)"
+            rows = "plain rows (tokens sampled by the engine)" if self.has_ro else "plain rows (tokens sampled by π)"
             ratio_text = "π_ref/π"
         return {
             "rows": rows,
@@ -955,7 +1053,8 @@ class _Accumulator:
         std_lr = math.sqrt(max(float(S["mm_lr2"].sum()) / total - mean_lr**2, 0.0))
         out["length_x_kl"] = lengths["mean"] * out["k1"]
         out["max_length_x_kl"] = lengths["max"] * out["k1"]
-        out["log_weight_clamp_rate"] = float(log_weight_clamp_rate(mean_lr, std_lr, max(lengths["mean"], 1.0)))
+        mean_length: Any = max(lengths["mean"], 1.0)  # a mean length: a float where the function expects counts
+        out["log_weight_clamp_rate"] = float(log_weight_clamp_rate(mean_lr, std_lr, mean_length))
         for nm, key in (
             ("ρ_e·k1, ρ_e = π/π_rollout", "eng_rho_k1"),
             ("ρ_e·k3, ρ_e = π/π_rollout", "eng_rho_k3"),
@@ -966,273 +1065,35 @@ class _Accumulator:
         return out
 
 
-# -- trouble signs ------------------------------------------------------------------------------
-
-
-def _trouble(d: Diagnosis, edge: dict[str, int], filler_counted: int) -> list[Trouble]:
-    out: list[Trouble] = []
-
-    def add(code: str, severity: str, message: str, advice: str) -> None:
-        out.append(Trouble(code, severity, message, advice))
-
-    if d.has_nonfinite:
-        parts = ", ".join(f"{n} in '{escape_text(d.keys.get(role, role))}'" for role, n in d.nonfinite.items() if n)
-        ex = "; ".join(f"{role}[{i}, {j}] = {v}" for role, i, j, v in d.nonfinite_examples[:3])
-        add(
-            "nonfinite",
-            "error",
-            f"NaN or inf log-probs at counted tokens ({parts}; e.g. {ex})",
-            "These tokens were left out of every number above. A -inf reference log-prob means the reference "
-            "gives the token probability 0, so KL(π‖π_ref) is infinite there; NaN usually comes from an "
-            "overflow in the forward pass or from a mask that does not cover padding. Fix the source before "
-            "trusting the KL.",
-        )
-    if d.padding.get("trl_counted"):
-        add(
-            "trl_padding_counted",
-            "error",
-            f"{d.padding['trl_counted']} counted token(s) hold TRL's padding value INVALID_LOGPROB = 1.0 "
-            "in both tensors",
-            "TRL's PPO/RLOO trainers fill the log-probs of padding (and tokens after EOS) with 1.0; the mask "
-            "counts them, so it is not the completion mask (inverted, or the padding mask). These positions were "
-            "left out of the numbers above; save the mask TRL builds from the sequence lengths.",
-        )
-    elif d.padding.get("trl_outside"):
-        add(
-            "trl_padding",
-            "info",
-            f"{d.padding['trl_outside']} position(s) outside the mask hold TRL's padding value INVALID_LOGPROB = 1.0",
-            "Expected in a TRL dump: padding log-probs are set to 1.0, and the mask leaves them out. Nothing to do.",
-        )
-    pos = {k: v for k, v in d.positive_logprobs.items() if v}
-    if pos:
-        add(
-            "positive_logprobs",
-            "error",
-            f"positive log-probs ({', '.join(f'{v} in {k}' for k, v in pos.items())})",
-            "A log-probability is ≤ 0. Positive values mean these are logits, scores or log-probs summed "
-            "with something else: check which tensor you saved.",
-        )
-    rows = edge.get("rows", 0)
-    if rows >= 4:
-        interior = (filler_counted - edge["last_filler"]) / max(d.n_tokens, 1)
-        if edge["last_filler"] >= 0.5 * rows and interior < 0.05:
-            add(
-                "mask_shifted",
-                "error",
-                f"the last counted position of {edge['last_filler']} of {rows} responses holds padding "
-                "(log-probs 0 or 1.0 in both tensors)",
-                "The mask reaches one position past each response: it is shifted right by one against the log-probs "
-                "(and probably leaves out the first response token). Align the mask with the log-probs of the "
-                "response tokens (the per-position table shows the edge).",
-            )
-        elif edge["after_rows"] >= 4 and edge["after_real"] >= 0.5 * edge["after_rows"]:
-            add(
-                "mask_shifted",
-                "error",
-                f"the position just after the last counted token holds a real log-prob in {edge['after_real']} of "
-                f"{edge['after_rows']} responses, with padding after it",
-                "The mask stops one token early: the last token of each response (usually EOS) is left out, as if the "
-                "mask were shifted left by one. EOS carries much of the KL when the policy learned where to stop.",
-            )
-        elif edge["first_rows"] >= 4 and edge["before_real"] >= 0.5 * edge["first_rows"]:
-            add(
-                "mask_shifted",
-                "error",
-                f"the position just before the first counted token holds a real log-prob in {edge['before_real']} of "
-                f"{edge['first_rows']} responses",
-                "The mask starts one token late: the first response token is left out (a mask shifted right by one).",
-            )
-    if d.n_large:
-        worst = ", ".join(f"[{i}, {j}] log r = {v:+.4g}" for i, j, v in d.large_tokens[:3])
-        add(
-            "large_log_ratio",
-            "warning",
-            f"{d.n_large} token(s) with |log r| > {LARGE_LOG_RATIO:g} (largest: {worst})",
-            "A ratio beyond e^10 means policy and reference disagree completely on these tokens. k3 grows like "
-            "e^|log r| when log r > 0 and the frameworks' clamps start to bind (see the clamp table); k1 stays "
-            "linear. Look at these tokens: often a special token, a tokenizer mismatch, or a prompt token "
-            "that the mask should have excluded.",
-        )
-    k1 = d.estimates["k1"]
-    if k1["token_mean"] < 0:
-        se = k1["token_mean_se"]
-        z = -k1["token_mean"] / se if se > 0 else math.inf
-        shown = f"{k1['token_mean']:.4g} ± {2 * se:.2g}"
-        if d.off_policy:
-            add(
-                "k1_negative_off_policy",
-                "info",
-                f"the k1 mean is negative ({shown})",
-                "Expected off-policy: on π_old's tokens E[log π − log π_ref] = KL(π_old‖π_ref) − KL(π_old‖π), "
-                "which is negative once π has moved further from π_old than π_old is from π_ref. It is not a KL; "
-                "use the ρ-weighted rows.",
-            )
-        elif z > 3 and d.n_sequences >= 2:
-            add(
-                "k1_negative",
-                "error",
-                f"the k1 mean is negative beyond noise ({shown})",
-                "On-policy, E[k1] = KL(π‖π_ref) ≥ 0, so a clearly negative mean says the tokens were not "
-                "drawn from the distribution whose log-probs you saved: sampling temperature, top-p/top-k, a "
-                "different inference engine (vLLM vs the trainer), or stale/off-policy tokens.",
-            )
-        else:
-            add(
-                "k1_negative_noise",
-                "info",
-                f"the k1 mean is negative but within noise ({shown})",
-                "Expected when π and π_ref are close: k1 is negative on every token π_ref likes more than π, "
-                "and the true KL is small next to the noise. Nothing is wrong; k3 is never negative.",
-            )
-    rm, rse = d.mean_ratio
-    if math.isfinite(rse) and abs(rm - 1) > max(4 * rse, 0.01):
-        sampler = "π_old" if d.off_policy else "π"
-        add(
-            "mean_ratio",
-            "warning",
-            f"the mean ratio r = π_ref/{sampler} is {rm:.4f} ± {2 * rse:.2g}, not 1",
-            "E[r] = 1 exactly when the tokens are samples of the sampler's distribution, so k1 and k3 (whose "
-            "difference is 1 − r) disagree here by more than noise. The saved log-probs do not describe the "
-            "distribution the tokens were drawn from (temperature, top-p, engine mismatch), or the reference "
-            "misses part of the support. Treat the k3 value with care.",
-        )
-    k3 = d.estimates["k3"]
-    if (
-        d.n_tokens >= MIN_TAIL_TOKENS
-        and d.n_sequences >= 10
-        and (k3["token_std"] > 2 * k1["token_std"] or d.k3_top_share > 0.5)
-    ):
-        add(
-            "heavy_tail",
-            "warning",
-            f"k3 is heavy-tailed (per-token std {k3['token_std']:.3g} vs k1's "
-            f"{k1['token_std']:.3g}; top 1% of tokens carry {100 * d.k3_top_share:.0f}% of its sum)",
-            "k3 = r − 1 − log r contains r = π_ref/π, exponential in log r: on tokens that π_ref finds "
-            "far likelier than π, one token outweighs hundreds (for Gaussians Var k3 grows like e^{μ²}). "
-            "The batch value then rests on a few tokens; k1 is the steadier number to log here, or look at "
-            "those tokens.",
-        )
-    prec = d.precision
-    low = {role: info["rounded_to"] for role, info in prec.items() if isinstance(info, dict) and info.get("rounded_to")}
-    if low:
-        bias = prec["k3_bias_from_rounding"]
-        k3m = prec["k3_token_mean"]
-        rel = f" ({100 * bias / k3m:.0f}% of the k3 token-mean)" if k3m > 0 else ""
-        how = ", ".join(
-            f"{d.keys.get(role, role)} "
-            + (
-                "stored as " + dt
-                if prec[role]["stored"] == dt
-                else f"holds {dt}-rounded values (stored as {prec[role]['stored']})"
-            )
-            for role, dt in low.items()
-        )
-        add(
-            "low_precision",
-            "warning",
-            f"low-precision log-probs: {how}",
-            f"Rounding each stored log-prob to {', '.join(sorted(set(low.values())))} adds noise of about half a unit "
-            f"in the last place to log r: k1 averages it out, but k2 and k3 are quadratic in log r and gain about "
-            f"+{bias:.3g} nats/token{rel} from storage alone. Save log-probs in float32 (compute them from float32 "
-            "logits: logits.float().log_softmax(-1)).",
-        )
-    if d.off_policy:
-        add(
-            "off_policy",
-            "info",
-            f"the tokens were sampled by π_old, not π (max |logprob − old_logprob| = {d.max_abs_policy_shift:.3g})",
-            "k1/k2/k3 of logprob vs ref_logprob then estimate no KL exactly; weight by ρ = π/π_old (the ρ·k rows) "
-            "for KL(π‖π_ref), or compare old_logprob with ref_logprob for KL(π_old‖π_ref).",
-        )
-        cf = d.ratio.get("clip_fraction")
-        if cf is not None and cf > 0.2:
-            add(
-                "clip_fraction",
-                "warning",
-                f"{100 * cf:.1f}% of tokens have a PPO ratio π/π_old outside 1 ± {d.clip:g}",
-                "The clipped surrogate ignores their gradient: π has moved far from the policy that sampled the batch "
-                "(too many epochs, too large a learning rate, or stale tokens).",
-            )
-    if d.n_empty_sequences:
-        add(
-            "empty_sequences",
-            "warning",
-            f"{d.n_empty_sequences} sequence(s) have no counted token",
-            "They are left out of the per-sequence means (as recent verl does); check that the mask is not "
-            "shifted by one or empty for truncated responses.",
-        )
-    ends = d.positions.get("end")
-    if ends and ends["count"] and ends["count"][0] >= 20 and len(ends["count"]) > 1:
-        k3_last = ends["k3"][0]
-        rest = (k3["token_mean"] * d.n_tokens - k3_last * ends["count"][0]) / max(d.n_tokens - ends["count"][0], 1)
-        if k3_last > 5 * max(rest, 1e-12) and k3_last - 4 * ends["k3_se"][0] > rest:
-            add(
-                "last_token",
-                "warning",
-                f"the last token of each response carries a k3 of {k3_last:.3g} on average, "
-                f"{k3_last / max(rest, 1e-12):.0f}× the other tokens'",
-                "Usually the EOS token: policy and reference disagree on where to stop (the reference never learned to "
-                "end, or the policy ends early/late). If EOS should not count, fix the mask; otherwise the length "
-                "behaviour is what the KL measures.",
-            )
-    ks = d.estimates
-    if all(abs(ks[k]["max"]) == 0 and abs(ks[k]["min"]) == 0 for k in ks):
-        add(
-            "identical",
-            "info",
-            "policy and reference log-probs are identical",
-            "KL = 0: expected at step 0, before the first update. Later it means the reference is the policy "
-            "itself (or the same tensor was saved twice).",
-        )
-    mm = d.mismatch
-    if mm:
-        _mismatch_trouble(mm, add)
+def _order_stats(x: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """``np.quantile(x, qs)`` (linear interpolation) from one partial sort."""
+    n = x.size
+    pos = [q * (n - 1) for q in qs]
+    idx = sorted({int(math.floor(p)) for p in pos} | {min(int(math.floor(p)) + 1, n - 1) for p in pos})
+    part = np.partition(x, idx)
+    out = []
+    for p in pos:
+        lo = int(math.floor(p))
+        hi = min(lo + 1, n - 1)
+        out.append(float(part[lo] + (part[hi] - part[lo]) * (p - lo)))
     return out
 
 
-def _mismatch_trouble(mm: dict[str, Any], add: Callable[..., None]) -> None:
-    k3, se = mm["k3"], mm["k3_se"]
-    significant = math.isfinite(se) and k3 > 4 * se and k3 > 1e-4
-    if significant:
-        sev = "warning" if k3 > 1e-3 or mm["tis_fraction"] > 0.001 else "info"
-        add(
-            "engine_mismatch",
-            sev,
-            f"engine and trainer disagree: KL(π_rollout ‖ π_old) ≈ {k3:.3g} ± {2 * se:.2g} "
-            f"nats/token (k3), χ² {mm['chi2_token']:.3g}, perplexity ratio {mm['ppl_ratio']:.4f}",
-            "The tokens were sampled by the engine, not by the trainer's π_old: every KL above that treats π_old as "
-            "the sampler is biased by this much (the ρ_e rows weight by π/π_rollout and are not), and so is the "
-            "policy gradient. Correct it with truncated importance sampling (verl rollout_is, TRL "
-            "vllm_importance_sampling_correction) or masking; find the cause: bf16 engine vs fp32 trainer, a "
-            "temperature not divided out, top-p/top-k.",
-        )
-    rm, rse = mm["mean_ratio"], mm["mean_ratio_se"]
-    if math.isfinite(rse) and rm < 1 - max(4 * rse, 0.005):
-        add(
-            "engine_support",
-            "warning",
-            f"E[π_old/π_rollout] = {rm:.4f} ± {2 * rse:.2g} < 1",
-            "With tokens from the engine the mean ratio is the mass π_old puts where the engine can sample: below 1, "
-            "the engine truncates the distribution (top-p/top-k), so the trainer scores a different policy. Replay "
-            "the sampling mask on the trainer side (keep sampling mask) or sample without truncation.",
-        )
-    elif math.isfinite(rse) and rm > 1 + max(4 * rse, 0.005):
-        add(
-            "engine_temperature",
-            "warning",
-            f"E[π_old/π_rollout] = {rm:.4f} ± {2 * rse:.2g} > 1",
-            "Above 1 cannot happen when both log-probs describe one distribution each on the same support: the "
-            "engine's log-probs are tempered or processed differently from the trainer's (a temperature that the "
-            "trainer does not divide out, or raw logprobs vs processed ones).",
-        )
-    if mm["max_length_x_kl"] > 1.0 or mm["log_weight_clamp_rate"] > 0.01:
-        add(
-            "length_trap",
-            "warning",
-            f"response length × mismatch KL reaches {mm['max_length_x_kl']:.3g} nats "
-            f"(mean length × KL {mm['length_x_kl']:.3g}); P(|log W| > 20) ≈ {mm['log_weight_clamp_rate']:.3g}",
-            "A sequence-level importance weight W = Π π_old/π_rollout has a variance that grows like (1 + χ²)^T: "
-            "long responses get weights near 0 or huge ones. Prefer token-level truncated IS or a geometric-mean "
-            "(length-normalised) rejection over sequence-level weights.",
-        )
+def _sample_quantiles(log_r: np.ndarray, k3: np.ndarray) -> tuple[dict[str, list[float]], float]:
+    """The 1 %, 50 % and 99 % quantiles of k1, k2, k3 over the sample, and the share of the k3 sum carried by
+    its top 1 % of tokens. k1 = −log r and k2 = ½ (log r)² are monotone in log r and |log r|, so their
+    quantiles come from those of log r (k2's interpolated in |log r|); k3 is sorted itself."""
+    qs = (0.01, 0.5, 0.99)
+    if log_r.size == 0:
+        return {k: [math.nan] * 3 for k in kernel.ESTIMATORS}, 0.0
+    lr = _order_stats(log_r, [1 - q for q in qs])
+    ab = _order_stats(np.abs(log_r), qs)
+    k_top = max(1, int(math.ceil(0.01 * k3.size)))
+    cut = k3.size - k_top
+    pos = [q * (k3.size - 1) for q in qs]
+    idx = sorted({cut} | {int(math.floor(p)) for p in pos} | {min(int(math.floor(p)) + 1, k3.size - 1) for p in pos})
+    part = np.partition(k3, idx)
+    q3 = [float(part[int(p)] + (part[min(int(p) + 1, k3.size - 1)] - part[int(p)]) * (p - int(p))) for p in pos]
+    total = float(k3.sum())
+    share = float(part[cut:].sum()) / total if total > 0 else 0.0
+    return {"k1": [-x for x in lr], "k2": [0.5 * x * x for x in ab], "k3": q3}, share

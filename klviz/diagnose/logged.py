@@ -1,203 +1,285 @@
-"""Which of the report's numbers a value your framework logged is, and whether it is consistent with the dump.
+"""The values a framework logged: parsed from the command line or a log history, and identified on the dump.
 
-``klviz diagnose FILE --logged actor/kl_loss=0.0123`` names a logged metric the way the framework logs
-it. :data:`LOGGED_NAMES` says, for each known name, which of the report's numbers the framework
-computes under that name by default (and which other numbers it can be under other settings);
-:func:`match_logged` compares the value with every number of the report and says which ones it
-matches within their uncertainty.
+``klviz diagnose FILE --logged kl=0.0123`` names a metric the way the framework logs it;
+:func:`match_logged` recomputes every formula the frameworks log under that name on the dump's own tensors
+(:mod:`.identify`) and says which one the value *is*, within the framework's floating-point rounding.
 
-A value is *consistent* with the dump when it lies within ``3 SE + 2e-4 |x| + 1e-6`` of one of the
-numbers the framework can log under that name (``SE``: the number's standard error with responses as
-the independent units; the relative and absolute terms absorb float32 arithmetic in the framework and
-per-micro-batch averaging, which moves a mean by far less than its SE). Consistency is judged against
-the numbers the framework logs under that name with its default aggregation (any estimator type);
-``matches`` also lists the other numbers a value equals (another aggregation, another metric). A
-name klviz does not know is compared with every number.
+``--logged HISTORY`` takes a log history instead: :func:`read_history` reads a JSON file (a list of
+``{"step": K, name: value, ...}`` records, a HuggingFace ``trainer_state.json`` with its ``log_history``,
+a ``{step: {name: value}}`` mapping, or JSON lines) or a CSV file with a ``step`` column (``_step``,
+``Step``, ``global_step`` and ``train/global_step`` are read as ``step``, as wandb exports write them).
+:func:`pair_steps` pairs each logged step with the dumps that make its value.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .analysis import Diagnosis
+from .identify import METRICS, RowTerms, identify, known_names
+from .reading import RolloutFileError, escape_text
 
-__all__ = ["LOGGED_NAMES", "candidate_numbers", "match_logged", "parse_logged"]
+__all__ = [
+    "LOGGED_NAMES",
+    "match_logged",
+    "parse_logged",
+    "parse_logged_text",
+    "read_history",
+    "is_history",
+    "HISTORY_FILES",
+]
 
-_REF = "KL(π ‖ π_ref)"
-_OLDREF = "KL(π_old ‖ π_ref)"
-_PPO = "KL(π_old ‖ π)"
-
-#: Logged name -> (framework and default, [numbers it can be, the default first]).
+#: Logged name -> (framework and default, [every formula it can be, the default first]), from
+#: :data:`klviz.diagnose.identify.METRICS`.
 LOGGED_NAMES: dict[str, tuple[str, list[str]]] = {
-    "actor/ppo_kl": (
-        "verl: masked mean of old − new log-probs (log-ratio clamped ±20), k1 of KL(π_old ‖ π)",
-        ["ppo_kl k1 token-mean (verl clamp)", "ppo_kl k1 token-mean"],
-    ),
-    "actor/kl_loss": (
-        "verl use_kl_loss: kl_penalty(logprob, ref) with low_var_kl (k3, clamps), loss_agg_mode token-mean",
-        ["k3 token-mean (verl low_var_kl)", "k3 token-mean", "k1 token-mean", "k2 token-mean"],
-    ),
-    "actor/reward_kl_penalty": (
-        "verl use_kl_in_reward: k1 of the sampler (old_log_probs) vs ref, mean of per-sequence token means",
-        ["sampler k1 seq-mean-token-mean", "sampler k3 seq-mean-token-mean", "sampler k2 seq-mean-token-mean"],
-    ),
-    "objective/kl": (
-        "TRL PPO: k1 of the sampler vs ref, summed per sequence, mean over sequences",
-        ["sampler k1 seq-mean-token-sum", "sampler k3 seq-mean-token-sum"],
-    ),
-    "kl": (
-        "TRL GRPO: k3 (× π/π_old with use_bias_correction_kl), token mean; OpenRLHF: k1 clamped ±10, mean "
-        "of per-sequence means (or the token mean with use_kl_loss)",
-        [
-            "k3 token-mean",
-            "ρ·k3 token-mean",
-            "k1 seq-mean-token-mean",
-            "k1 token-mean",
-            "k3 seq-mean-token-mean",
-            "sampler k1 seq-mean-token-mean",
-            "sampler k3 token-mean",
-        ],
-    ),
-    "kl_penalty": ("NeMo-RL: k3 (clamps 20/10) × importance weight, token mean", ["k3 token-mean", "ρ·k3 token-mean"]),
-    "approxkl": (
-        "TRL PPO: ½ (new − old)², mean over every position (padding included)",
-        ["ppo_kl k2 all-positions mean", "ppo_kl k2 token-mean"],
-    ),
-    "policy/approxkl_avg": (
-        "TRL PPO: approxkl averaged over minibatches",
-        ["ppo_kl k2 all-positions mean", "ppo_kl k2 token-mean"],
-    ),
-    "approx_kl": ("MiniMind: ½ (new − old)², token mean", ["ppo_kl k2 token-mean"]),
-    "kl_ref": ("MiniMind: k3 of current vs ref, token mean", ["k3 token-mean"]),
-    "rollout_corr/kl": ("verl rollout correction: k1 of π_rollout vs π_old, token mean", ["mismatch k1 token-mean"]),
-    "rollout_corr/k3_kl": ("verl rollout correction: k3 of π_rollout vs π_old, token mean", ["mismatch k3 token-mean"]),
+    name: (
+        "; ".join(f"{m.framework}: {m.formula}, {m.aggregation}" for m in METRICS if m.name == name and m.default),
+        [m.label for m in sorted((m for m in METRICS if m.name == name), key=lambda m: not m.default)],
+    )
+    for name in known_names()
 }
+#: Log-history files ``klviz diagnose DIR`` picks up by itself (the TRL integration writes the first).
+HISTORY_FILES = ("log_history.jsonl", "trainer_state.json")
+_STEP_COLUMNS = ("step", "_step", "Step", "global_step", "train/global_step")
+_MAX_HISTORY_BYTES = 64 << 20
 
 
-def parse_logged(text: str) -> tuple[str, float]:
-    """``"NAME=VALUE"`` -> ``(name, value)``; ValueError naming the problem otherwise."""
+def parse_logged_text(text: str) -> tuple[str, float, str]:
+    """``"NAME=VALUE"`` -> ``(name, value, value as typed)``; ValueError naming the problem otherwise."""
     if "=" not in text:
-        raise ValueError(f"--logged expects NAME=VALUE (e.g. actor/kl_loss=0.0123), got {text!r}")
+        raise ValueError(
+            f"--logged expects NAME=VALUE (e.g. kl=0.0123) or a log history file (.json, .jsonl, .csv), "
+            f"got {escape_text(text)!r}"
+        )
     name, value = text.rsplit("=", 1)
     name = name.strip()
     try:
         v = float(value)
     except ValueError:
-        raise ValueError(f"--logged {name}: {value!r} is not a number") from None
+        raise ValueError(f"--logged {escape_text(name)}: {escape_text(value)!r} is not a number") from None
     if not name or not math.isfinite(v):
-        raise ValueError(f"--logged expects NAME=VALUE with a finite number, got {text!r}")
+        raise ValueError(f"--logged expects NAME=VALUE with a finite number, got {escape_text(text)!r}")
+    return name, v, value.strip()
+
+
+def parse_logged(text: str) -> tuple[str, float]:
+    """``"NAME=VALUE"`` -> ``(name, value)``; ValueError naming the problem otherwise."""
+    name, v, _ = parse_logged_text(text)
     return name, v
 
 
-def candidate_numbers(d: Diagnosis) -> dict[str, dict[str, Any]]:
-    """Every number of the report a framework could log: ``{label: {value, se, estimates}}``."""
-    out: dict[str, dict[str, Any]] = {}
-    modes = (
-        ("token-mean", "token_mean", "token_mean_se"),
-        ("seq-mean-token-mean", "seq_token_mean", "seq_token_mean_se"),
-        ("seq-mean-token-sum", "seq_sum_mean", "seq_sum_se"),
-    )
-    what = _REF if not d.off_policy else "no KL exactly (π's log-probs on π_old's tokens)"
-    for k, e in d.estimates.items():
-        for mode, key, se in modes:
-            out[f"{k} {mode}"] = {"value": e[key], "se": e[se], "estimates": what}
-    verl = "verl low_var_kl: k3 clamped to ≤ 10 (also NeMo-RL)"
-    if verl in d.clamps:
-        e = d.estimates["k3"]
-        out["k3 token-mean (verl low_var_kl)"] = {
-            "value": e["token_mean"] + d.clamps[verl]["mean_shift"],
-            "se": e["token_mean_se"],
-            "estimates": what,
-        }
-    for label, key in (
-        ("ppo_kl k1 token-mean", "ppo_kl k1 (old − new)"),
-        ("ρ·k3 token-mean", "ρ·k3, ρ = π/π_old"),
-        ("ρ·k1 token-mean", "ρ·k1, ρ = π/π_old"),
-    ):
-        if key in d.extra:
-            out[label] = {
-                "value": d.extra[key]["token_mean"],
-                "se": d.extra[key]["token_mean_se"],
-                "estimates": _PPO if label.startswith("ppo") else _REF,
-            }
-    if not d.off_policy:
-        out["ρ·k3 token-mean"] = dict(out["k3 token-mean"])
-        for k in ("k1", "k2", "k3"):
-            for mode, key, se in modes:
-                out[f"sampler {k} {mode}"] = {
-                    "value": d.estimates[k][key],
-                    "se": d.estimates[k][se],
-                    "estimates": _REF if k != "k2" else _REF + " (second order)",
-                }
-    out.update(d.sampler_numbers)
-    if d.mismatch:
-        for k in ("k1", "k3"):
-            out[f"mismatch {k} token-mean"] = {
-                "value": d.mismatch[k],
-                "se": d.mismatch[f"{k}_se"],
-                "estimates": "KL(π_rollout ‖ π_old)",
-            }
+def is_history(text: str) -> bool:
+    """Whether a ``--logged`` argument names a log-history file rather than ``NAME=VALUE``."""
+    p = Path(text)
+    return p.suffix.lower() in (".json", ".jsonl", ".csv") and ("=" not in text or p.is_file())
+
+
+def match_logged(d: Diagnosis, logged: Sequence[tuple], rows: RowTerms | None = None) -> list[dict[str, Any]]:
+    """One item per logged value: ``{name, value, consistent, matches, closest, candidates, ...}``
+    (:func:`klviz.diagnose.identify.identify`). ``logged`` holds ``(name, value)`` or ``(name, value, text)``;
+    ``rows`` replaces the diagnosis' own per-row sums (several dumps of one step)."""
+    rt = rows if rows is not None else d.row_terms
+    if rt is None:
+        raise ValueError(
+            "this diagnosis kept no per-row sums to identify logged values with: run "
+            "diagnose(..., logged=[(name, value)]) or diagnose(..., identify=[names])"
+        )
+    out = []
+    for item in logged:
+        name, value = str(item[0]), float(item[1])
+        text = str(item[2]) if len(item) > 2 else None
+        out.append(identify(name, value, rt, text=text))
     return out
 
 
-def match_logged(d: Diagnosis, logged: list[tuple[str, float]]) -> list[dict[str, Any]]:
-    """One item per logged value: ``{name, value, consistent, matches, expected, framework, estimates, note}``."""
-    numbers = candidate_numbers(d)
-    items = []
-    for name, value in logged:
-        known = LOGGED_NAMES.get(name)
-        allowed = [c for c in known[1] if c in numbers] if known else list(numbers)
-        matches = []
-        for label, num in numbers.items():
-            x, se = num["value"], num["se"]
-            if not math.isfinite(x):
-                continue
-            tol = 3 * (se if math.isfinite(se) else 0.0) + 2e-4 * abs(x) + 1e-6
-            if abs(value - x) <= tol:
-                matches.append(
-                    {
-                        "number": label,
-                        "value": x,
-                        "se": se,
-                        "estimates": num["estimates"],
-                        "z": (value - x) / se if math.isfinite(se) and se > 0 else None,
-                    }
-                )
-        matches.sort(key=lambda m: abs(value - m["value"]))
-        ok = [m for m in matches if m["number"] in allowed]
-        expected = allowed[0] if allowed else None
-        item: dict[str, Any] = {
-            "name": name,
-            "value": value,
-            "consistent": bool(ok),
-            "matches": [m["number"] for m in ok] or [m["number"] for m in matches],
-            "framework": known[0] if known else None,
-            "expected": expected,
-            "estimates": (ok[0] if ok else numbers.get(expected, {})).get("estimates") if (ok or expected) else None,
-        }
-        if expected is not None and expected in numbers:
-            item["expected_value"] = numbers[expected]["value"]
-            item["expected_se"] = numbers[expected]["se"]
-        if known and not allowed:
-            item["note"] = (
-                "the dump lacks what this metric needs (old_logprob for PPO's old-vs-new KL, "
-                "rollout_logprob for the engine mismatch)"
-            )
-            item["consistent"] = None
-        elif ok:
-            item["note"] = f"matches {ok[0]['number']}, an estimate of {ok[0]['estimates']}"
-        elif matches:
-            item["note"] = (
-                f"not what {name} computes by default, but equal to {matches[0]['number']} "
-                f"({matches[0]['estimates']}): another setting, or another metric"
-            )
+# -- log histories ------------------------------------------------------------------------------------------------
+
+
+def _number(x: Any) -> float | None:
+    if isinstance(x, bool) or x is None:
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _records_from_json(obj: Any) -> list[dict[str, Any]]:
+    if isinstance(obj, dict) and isinstance(obj.get("log_history"), list):
+        return [r for r in obj["log_history"] if isinstance(r, dict)]
+    if isinstance(obj, list):
+        return [r for r in obj if isinstance(r, dict)]
+    if isinstance(obj, dict):
+        out = []
+        for k, v in obj.items():
+            step = _number(k)
+            if step is not None and isinstance(v, dict):
+                out.append({"step": step, **v})
+        if out:
+            return out
+    raise ValueError("expected a list of {step, metric: value} records, a trainer_state.json or {step: {...}}")
+
+
+def read_history(path: str | Path) -> dict[float, dict[str, float]]:
+    """A log history as ``{step: {name: value}}`` (numbers only; later records of a step update earlier ones).
+
+    Reads JSON, JSON lines and CSV (see the module docstring). Raises :class:`RolloutFileError` (a
+    ``ValueError``) naming the file on anything it cannot read.
+    """
+    p = Path(path)
+    name = escape_text(p.name)
+    try:
+        size = p.stat().st_size
+        if size > _MAX_HISTORY_BYTES:
+            raise RolloutFileError(f"--logged {name}: {size:,} bytes is more than a log history needs (64 MiB)")
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise RolloutFileError(f"--logged {name}: cannot read it ({err.strerror or err})") from None
+    except UnicodeDecodeError:
+        raise RolloutFileError(f"--logged {name}: not UTF-8 text") from None
+    records: list[dict[str, Any]]
+    try:
+        if p.suffix.lower() == ".csv":
+            records = list(csv.DictReader(text.splitlines()))
+        elif p.suffix.lower() == ".jsonl":
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+            records = [r for r in records if isinstance(r, dict)]
         else:
-            exp = numbers.get(expected) if expected else None
-            item["note"] = (
-                "far from every number this dump gives"
-                + (f"; the default for {name} here is {exp['value']:.5g} ± {2 * exp['se']:.2g}" if exp else "")
-                + ": logged from another batch or step, or the dump is not what the framework saw"
-            )
-        items.append(item)
-    return items
+            records = _records_from_json(json.loads(text))
+    except (ValueError, RecursionError, csv.Error) as err:
+        raise RolloutFileError(f"--logged {name}: not a log history ({escape_text(str(err), 120)})") from None
+    out: dict[float, dict[str, float]] = {}
+    for r in records:
+        step = next((_number(r[c]) for c in _STEP_COLUMNS if c in r and _number(r[c]) is not None), None)
+        if step is None:
+            continue
+        vals = {str(k): v for k, v in ((k, _number(v)) for k, v in r.items()) if v is not None}
+        for c in _STEP_COLUMNS:
+            vals.pop(c, None)
+        out.setdefault(step, {}).update(vals)
+    if not out:
+        raise RolloutFileError(f"--logged {name}: no record with a step ({', '.join(_STEP_COLUMNS)})")
+    return out
+
+
+def history_names(history: dict[float, dict[str, float]]) -> list[str]:
+    """The names in a history that klviz knows formulas for (a ``train/`` prefix is read as none)."""
+    known = set(known_names())
+    names = {n for rec in history.values() for n in rec}
+    return sorted(n for n in names if re.sub(r"^(train/|train_)", "", n) in known)
+
+
+# -- a run against its log history -------------------------------------------------------------------------------
+
+
+def _window(steps: list[float], logged_steps: list[float], target: float) -> list[float]:
+    """The dump steps whose micro-batches make the value logged at ``target``: those in (previous logged
+    step, target] (a framework that logs every k steps averages its metric over those steps)."""
+    before = [s for s in logged_steps if s < target]
+    lo = max(before) if before else -math.inf
+    return [s for s in steps if lo < s <= target]
+
+
+def _missing_steps(window: list[float], logged_steps: list[float], target: float) -> list[float]:
+    """Integer steps the value logged at ``target`` averages but no dump holds."""
+    before = [s for s in logged_steps if s < target]
+    lo = max(before) if before else min(window)
+    if not all(float(s).is_integer() for s in [*window, lo, target]):
+        return []
+    first = int(lo) + 1 if before else int(lo)
+    return [float(k) for k in range(first, int(target) + 1) if float(k) not in window]
+
+
+def _span(missing: list[float], window: list[float]) -> str:
+    steps = sorted({*missing, *window})
+    return f"{steps[0]:g}–{steps[-1]:g}" if len(steps) > 1 else f"{steps[0]:g}"
+
+
+def _combined(items: list[tuple[str, float, Diagnosis]]) -> RowTerms | None:
+    """The per-row sums of several dumps as one batch: the ranks of one step share micro-batch indices,
+    different steps never do."""
+    import numpy as np
+
+    parts = []
+    for i, (_name, step, d) in enumerate(sorted(items, key=lambda t: t[1])):
+        rt = d.row_terms
+        if rt is None:
+            return None
+        groups = rt.groups if rt.groups is not None else np.zeros(len(rt.counts), dtype=np.int64)
+        parts.append((step, rt, groups, i))
+    steps = sorted({p[0] for p in parts})
+    out = []
+    for step, rt, groups, _i in parts:
+        g = groups.astype(np.int64) + (1 << 20) * steps.index(step)
+        out.append(RowTerms(rt.counts, rt.width, rt.dtypes, rt.roles, rt.terms, g))
+    return RowTerms.concat(out) if len(out) > 1 else out[0]
+
+
+def check_history(
+    items: Sequence[tuple[str, float | None, Any]], history: dict[float, dict[str, float]]
+) -> dict[str, Any]:
+    """Each logged step's known metrics identified on the dumps that made them.
+
+    ``items`` are ``(file name, step, Diagnosis or error)`` (:func:`klviz.diagnose.diagnose_series`). Dump step
+    K is paired with logged step K + offset for the offset in (0, +1, −1) under which most logged values are
+    exact (0 on a tie): the TRL integration labels dumps with the step TRL logs (offset 0); a dump written in
+    TRL's ``_generate_and_score_completions`` carries ``global_step`` before the update, so ``kl_dump_stepK``
+    pairs with logged step K + 1. Returns ``{"offset", "offsets": {offset: exact matches}, "steps": [{step,
+    dumps, logged: [items]}], "note"}``.
+    """
+    good = [(n, float(s), d) for n, s, d in items if isinstance(d, Diagnosis) and s is not None]
+    known = set(history_names(history))
+    logged_steps = sorted(s for s, rec in history.items() if known & set(rec))
+    by_offset: dict[int, list[dict[str, Any]]] = {}
+    for offset in (0, 1, -1):
+        rows = []
+        dump_steps = sorted({s + offset for _n, s, _d in good})
+        for target in logged_steps:
+            window = _window(dump_steps, logged_steps, target)
+            members = [(n, s + offset, d) for n, s, d in good if s + offset in window]
+            if not members:
+                continue
+            rt = _combined(members)
+            rec = history[target]
+            logged = [(name, value) for name, value in sorted(rec.items()) if name in known]
+            entry: dict[str, Any] = {"step": target, "dumps": [n for n, _s, _d in members], "logged": []}
+            missing = _missing_steps(window, logged_steps, target)
+            if missing:
+                entry["incomplete"] = missing
+                entry["logged"] = [
+                    {
+                        "name": name,
+                        "value": value,
+                        "consistent": None,
+                        "matches": [],
+                        "closest": None,
+                        "note": f"the value logged at step {target:g} averages steps {_span(missing, window)}; "
+                        f"no dump of step(s) {', '.join(f'{m:g}' for m in missing[:5])}"
+                        + ("…" if len(missing) > 5 else ""),
+                    }
+                    for name, value in logged
+                ]
+            elif rt is not None:
+                entry["logged"] = [identify(name, value, rt) for name, value in logged]
+            rows.append(entry)
+        by_offset[offset] = rows
+    exact = {o: sum(bool(it["consistent"]) for e in rows for it in e["logged"]) for o, rows in by_offset.items()}
+    best = max((0, 1, -1), key=lambda o: (exact[o], o == 0))
+    note = ""
+    if best != 0:
+        note = (
+            f"the dumps look off by {best:+d} against the log: {exact[best]} logged value(s) are exact when dump "
+            f"step K is paired with logged step K{best:+d}, {exact[0]} with K. A dump written in TRL's "
+            "_generate_and_score_completions carries global_step before the update (kl_dump_stepK pairs with "
+            "logged step K + 1); the pairing above uses K" + f"{best:+d}."
+        )
+    elif not by_offset[0]:
+        note = "no dump step matches a logged step"
+    return {"offset": best, "offsets": exact, "steps": by_offset[best], "note": note}

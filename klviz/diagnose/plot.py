@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -16,15 +17,33 @@ import torch
 from .. import kernel
 from .analysis import Diagnosis
 
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
 __all__ = ["plot_report", "plot_series"]
 
 
-def plot_report(d: Diagnosis, path: str | Path | None = None):
-    """A four-panel figure of the diagnosis; saved as PNG to ``path`` when given. Returns the figure."""
+_SEVERITY_COLOR = {"error": "#c0392b", "warning": "#d68910", "info": "#7f7f7f"}
+
+
+def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
+    """A four-panel figure of the diagnosis with its trouble signs: each sign listed under the panels in the
+    colour of its severity, and marked on the panel that shows it (the Markov bound on the log-ratio
+    histogram, the shifted-copy test and the mask's edges on the per-position panel). Saved as PNG to
+    ``path`` when given. Returns the figure."""
     from ..plotting import COLORS, new_figure
 
-    fig, axes = new_figure(9.0, 6.4, nrows=2, ncols=2)
-    (ax_lr, ax_k), (ax_pos, ax_bar) = axes
+    shown = [t for t in d.trouble if t.severity != "info"] or list(d.trouble)
+    n_lines = max(1, len(shown))
+    fig, axes = new_figure(
+        9.0, 6.4 + 0.32 * n_lines, nrows=3, ncols=2, gridspec_kw={"height_ratios": [1, 1, 0.12 + 0.1 * n_lines]}
+    )
+    (ax_lr, ax_k), (ax_pos, ax_bar), (ax_t, ax_t2) = axes
+    grid = ax_t.get_gridspec()
+    ax_t2.remove()
+    ax_t.remove()
+    ax_text = fig.add_subplot(grid[2, :])
+    codes = {t.code for t in d.trouble}
     lr = d.log_r_sample if d.log_r_sample is not None else np.zeros(1)
     lo, hi = float(np.min(lr)), float(np.max(lr))
     span = max(hi - lo, 1e-6)
@@ -37,6 +56,22 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
     ax_lr.set_ylabel("tokens")
     sub = "" if d.quantiles_from >= d.n_tokens else f", subsample of {d.quantiles_from:,}"
     ax_lr.set_title(f"per-token log-ratio ({d.n_tokens:,} tokens{sub})")
+    tb = d.tail_bound
+    if tb and tb.get("above"):
+        c, (frac, _se) = max(tb["above"].items(), key=lambda kv: kv[1][0] * kv[0])
+        x_c = math.log(c)
+        bad = "not_sampler_tokens" in codes
+        if lo - 0.02 * span <= x_c <= hi + 0.02 * span:
+            ax_lr.axvline(x_c, color=_SEVERITY_COLOR["error" if bad else "info"], lw=1.2, ls=":")
+        ax_lr.text(
+            0.02,
+            0.96,
+            f"{100 * frac:.3g}% of tokens with {tb['ratio']} ≥ {c:g}\n(sampled tokens allow ≤ {100 / c:.3g}%)",
+            transform=ax_lr.transAxes,
+            va="top",
+            fontsize=7.5,
+            color=_SEVERITY_COLOR["error" if bad else "info"],
+        )
 
     ests = kernel.estimates(torch.as_tensor(lr))
     top = max(float(np.quantile(ests[k].numpy(), 0.999)) for k in ("k2", "k3"))
@@ -62,7 +97,28 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
     ax_pos.set_xlabel("position in the response (from its first counted token)")
     ax_pos.set_ylabel("nats")
     ax_pos.set_title("per-position means")
-    ax_pos.legend()
+    ax_pos.legend(loc="lower right", fontsize=7)
+    notes = []
+    for pair, a in d.alignment.items():
+        m = a["mean_abs"]
+        if a.get("pairs"):
+            first, second = pair.split("|")
+            notes.append(f"mean |{first} − {second}| at t: {m[0]:.3g}; vs t+1: {m[1]:.3g}; vs t−1: {m[-1]:.3g}")
+    if notes:
+        ax_pos.text(
+            0.02,
+            0.96,
+            "\n".join(notes),
+            transform=ax_pos.transAxes,
+            va="top",
+            fontsize=6.5,
+            color=_SEVERITY_COLOR["error" if "logprob_misaligned" in codes else "info"],
+        )
+    if codes & {"mask_shifted", "last_token", "logprob_misaligned"}:
+        ax_pos.set_title(
+            "per-position means: " + ", ".join(sorted(codes & {"mask_shifted", "last_token", "logprob_misaligned"})),
+            color=_SEVERITY_COLOR["error" if codes & {"mask_shifted", "logprob_misaligned"} else "warning"],
+        )
 
     modes = [("token_mean", "token-mean"), ("seq_token_mean", "seq-mean-\ntoken-mean")]
     width = 0.25
@@ -85,13 +141,33 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
     ax_bar.axhline(0, color="black", lw=0.6)
     ax_bar.set_ylabel("KL(π ‖ π_ref) estimate [nats/token]")
     ax_bar.legend()
-    fig.suptitle(f"klviz diagnose: {Path(d.source).name}  ·  {len(d.trouble)} trouble sign(s)", fontsize=11)
+    ax_text.axis("off")
+    if not d.trouble:
+        ax_text.text(0.0, 0.5, "no trouble signs", va="center", fontsize=9, color=_SEVERITY_COLOR["info"])
+    for i, t in enumerate(shown):
+        line = f"[{t.severity}] {t.code}: {t.message}"
+        ax_text.text(
+            0.0,
+            1.0 - (i + 0.5) / n_lines,
+            line if len(line) <= 150 else line[:147] + "...",
+            va="center",
+            fontsize=7.5,
+            color=_SEVERITY_COLOR[t.severity],
+            transform=ax_text.transAxes,
+        )
+    worst = d.worst_severity()
+    fig.suptitle(
+        f"klviz diagnose: {Path(d.source).name}  ·  {len(d.trouble)} trouble sign(s)"
+        + (f", worst: {worst}" if worst else ""),
+        fontsize=11,
+        color=_SEVERITY_COLOR.get(worst or "", "black") if worst in ("error", "warning") else "black",
+    )
     if path is not None:
         fig.savefig(path, dpi=100)
     return fig
 
 
-def plot_series(items: list, path: str | Path | None = None):
+def plot_series(items: list, path: str | Path | None = None) -> Figure:
     """The trend of a run: k1, k3 (and ρ·k3, ppo_kl, engine mismatch when present) per dump, ± 2 SE."""
     from ..plotting import COLORS, new_figure
     from .report import _trend_values

@@ -48,7 +48,7 @@ def _pm(x: float, se: float) -> str:
 
 def _positions_lines(d: Diagnosis) -> list[str]:
     st, en = d.positions.get("start"), d.positions.get("end")
-    if not st or not st["count"]:
+    if not st or not st["count"] or not en:
         return []
     lines = [
         "",
@@ -90,16 +90,17 @@ def format_report(d: Diagnosis) -> str:
         f"  shape [batch {b}, tokens {t}]; dtypes " + ", ".join(f"{keyname(k)}={v}" for k, v in d.dtypes.items()),
         f"  counted tokens {d.n_tokens:,} in {d.n_sequences} sequences; response length min {d.lengths['min']:.0f}, "
         f"median {d.lengths['median']:.0f}, max {d.lengths['max']:.0f}",
-        f"  tokens sampled by: {d.sampler}"
-        + (
-            ""
-            if d.off_policy or "old_logprob" in d.keys
-            else " (no old_logprob key: assumed on-policy, the first PPO minibatch)"
-        ),
+        f"  tokens sampled by: {d.who_sampled or d.sampler}",
         "",
         "Per-token estimates with log r = ref_logprob − logprob  "
         "(mean ± 2 SE; SE counts sequences as the independent units)"
-        + ("\n  (tokens from π_old: these are biased, see 'Off-policy estimates')" if d.off_policy else ""),
+        + ("\n  (tokens from π_old: these are biased, see 'Off-policy estimates')" if d.off_policy else "")
+        + (
+            "\n  (tokens from the rollout engine: unbiased for KL(π ‖ π_ref) only as far as the engine samples π; "
+            "see 'Engine–trainer mismatch')"
+            if d.mismatch
+            else ""
+        ),
         f"  {'':4}{'token-mean':>22}{'seq-mean-token-mean':>24}{'seq-mean-token-sum':>24}{'std/token':>11}"
         f"{'p1':>11}{'p50':>11}{'p99':>11}{'max':>11}",
     ]
@@ -225,10 +226,13 @@ def format_report(d: Diagnosis) -> str:
             "gradient); the ρ_e rows correct the reference KL."
         )
     if d.logged:
-        lines += ["", "Logged values"]
+        lines += [
+            "",
+            "Logged values (each formula recomputed exactly on this dump; equal means within the framework's "
+            "floating-point rounding)",
+        ]
         for item in d.logged:
-            status = {True: "consistent", False: "NOT consistent", None: "cannot check"}[item["consistent"]]
-            lines.append(f"  {escape_text(item['name'])} = {item['value']:.6g}: {status}; {item['note']}")
+            lines += logged_lines(item)
     lines += ["", "Trouble signs"]
     if not d.trouble:
         lines.append("  none found: finite log-probs, no huge ratios, estimators agree within noise.")
@@ -236,6 +240,20 @@ def format_report(d: Diagnosis) -> str:
         lines.append(f"  {i}. [{tr_.severity}] {tr_.message}")
         lines.append(f"     → {tr_.advice}")
     return "\n".join(lines)
+
+
+def logged_lines(item: dict[str, Any], indent: str = "  ") -> list[str]:
+    """The text lines of one identified logged value."""
+    name = escape_text(item["name"])
+    status = {True: "equal", False: "NOT equal", None: "cannot check"}[item["consistent"]]
+    out = [f"{indent}{name} = {item['value']:.10g}: {status}; {item['note']}"]
+    ob = item.get("other_batch")
+    if ob:
+        out.append(
+            f"{indent}  if it was logged from another batch of this run (a standard-error reading, not an identity): "
+            f"{ob['z']:+.1f} SE from {ob['formula']} on this batch ({'within' if ob['within_3se'] else 'beyond'} 3 SE)"
+        )
+    return out
 
 
 def _clean(x: Any) -> Any:
@@ -325,6 +343,7 @@ def report_json(d: Diagnosis) -> dict[str, Any]:
             "quantiles_from": d.quantiles_from,
         },
         "sampler": d.sampler,
+        "who_sampled": d.who_sampled,
         "off_policy": d.off_policy,
         "max_abs_policy_shift": d.max_abs_policy_shift,
         "estimates": estimates,
@@ -350,6 +369,18 @@ def report_json(d: Diagnosis) -> dict[str, Any]:
             },
             "padding": d.padding,
             "positive_logprobs": d.positive_logprobs,
+            "alignment": d.alignment,
+            "tail_bound": {
+                "ratio": d.tail_bound.get("ratio"),
+                "sampler": d.tail_bound.get("sampler"),
+                "above": [
+                    {"c": c, "fraction": f, "se": se, "allowed": 1.0 / c}
+                    for c, (f, se) in d.tail_bound.get("above", {}).items()
+                ],
+            }
+            if d.tail_bound
+            else None,
+            "edges": d.edges,
         },
         "trouble": [
             {"code": t.code, "severity": t.severity, "message": t.message, "advice": t.advice} for t in d.trouble
@@ -381,17 +412,42 @@ def _trend_values(d: Diagnosis) -> dict[str, tuple[float, float]]:
     return vals
 
 
-def format_series(items: list[tuple[str, float | None, Diagnosis | str]]) -> str:
-    """The trend table across dumps: ``items`` are ``(name, step, Diagnosis or error message)`` in order."""
+def _verdicts(checked: dict[str, Any] | None) -> dict[str, str]:
+    """File name -> the verdict cell of the logged step its dump belongs to ("kl =" or "kl ≠ (+206%)")."""
+    out: dict[str, str] = {}
+    if not checked:
+        return out
+    for entry in checked["steps"]:
+        cells = []
+        for it in entry["logged"]:
+            if it["consistent"]:
+                cells.append(f"{it['name']} =")
+            elif it.get("closest"):
+                cells.append(f"{it['name']} ≠ ({100 * it['closest']['relative_difference']:+.3g}%)")
+            else:
+                cells.append(f"{it['name']} ?")
+        for name in entry["dumps"]:
+            out[name] = f"@{entry['step']:g}: " + ", ".join(cells) if cells else ""
+    return out
+
+
+def format_series(items: list[tuple[str, float | None, Diagnosis | str]], checked: dict[str, Any] | None = None) -> str:
+    """The trend table across dumps: ``items`` are ``(name, step, Diagnosis or error message)`` in order;
+    ``checked`` (:func:`klviz.diagnose.logged.check_history`) adds each step's logged values and their verdicts."""
     cols: list[str] = []
     for _n, _s, d in items:
         if isinstance(d, Diagnosis):
             for c in _trend_values(d):
                 if c not in cols:
                     cols.append(c)
+    verdicts = _verdicts(checked)
     lines = [
         f"klviz diagnose: a run of {len(items)} dumps (ordered by step, else by name; ± 2 SE)",
-        "  " + f"{'step':>8}  {'file':<28}{'tokens':>10}" + "".join(f"{c:>22}" for c in cols) + "  trouble",
+        "  "
+        + f"{'step':>8}  {'file':<28}{'tokens':>10}"
+        + "".join(f"{c:>22}" for c in cols)
+        + "  trouble"
+        + ("   logged (= exact, ≠ not)" if checked else ""),
     ]
     for name, step, d in items:
         s = "" if step is None else f"{step:g}"
@@ -401,12 +457,26 @@ def format_series(items: list[tuple[str, float | None, Diagnosis | str]]) -> str
         vals = _trend_values(d)
         cells = "".join(f"{_pm(*vals[c]) if c in vals else '':>22}" for c in cols)
         codes = ",".join(f"{t.code}({t.severity[0]})" for t in d.trouble if t.severity != "info") or "-"
-        lines.append(f"  {s:>8}  {escape_text(name, 28):<28}{d.n_tokens:>10,}{cells}  {codes}")
+        verdict = f"   {verdicts.get(name, '-')}" if checked else ""
+        lines.append(f"  {s:>8}  {escape_text(name, 28):<28}{d.n_tokens:>10,}{cells}  {codes}{verdict}")
+    if checked:
+        lines += ["", "Logged values, step by step (each formula recomputed exactly on the dumps of that step)"]
+        if checked.get("note"):
+            lines.append(f"  note: {checked['note']}")
+        for entry in checked["steps"]:
+            lines.append(f"  step {entry['step']:g} ({', '.join(escape_text(n, 40) for n in entry['dumps'])}):")
+            for it in entry["logged"]:
+                lines += logged_lines(it, indent="    ")
+        if not checked["steps"]:
+            lines.append("  no logged step pairs with a dump step")
     return "\n".join(lines)
 
 
-def series_json(items: list[tuple[str, float | None, Diagnosis | str]]) -> dict[str, Any]:
-    """The JSON report of a run: ``{"schema", "schema_version", "series": [...], "trouble": [...]}``."""
+def series_json(
+    items: list[tuple[str, float | None, Diagnosis | str]], checked: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON report of a run: ``{"schema", "schema_version", "series": [...], "trouble": [...]}``, plus
+    ``"logged"`` (:func:`klviz.diagnose.logged.check_history`) when a log history was given."""
     series, trouble = [], []
     for name, step, d in items:
         if isinstance(d, Diagnosis):
@@ -417,4 +487,7 @@ def series_json(items: list[tuple[str, float | None, Diagnosis | str]]) -> dict[
         else:
             series.append({"file": name, "step": step, "error": d})
             trouble.append({"code": "unreadable", "severity": "error", "message": d, "advice": "", "file": name})
-    return _clean({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "series": series, "trouble": trouble})
+    out: dict[str, Any] = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "series": series, "trouble": trouble}
+    if checked is not None:
+        out["logged"] = checked
+    return _clean(out)

@@ -49,13 +49,15 @@ def diagnose_series(
     clip: float = 0.2,
     vocab: Callable | None = None,
     on_each: Callable[[Path, Diagnosis], None] | None = None,
+    identify: list[str] | None = None,
 ) -> list[tuple[str, float | None, Any]]:
-    """``[(name, step, Diagnosis or error message)]`` ordered by step (dumps without one by name, after)."""
+    """``[(name, step, Diagnosis or error message)]`` ordered by step (dumps without one by name, after).
+    ``identify``: logged names whose formulas each dump accumulates (:func:`klviz.diagnose.diagnose`)."""
     items = []
     for i, p in enumerate(paths):
         try:
             with open_dump(p, **open_kwargs) as f:
-                d = diagnose(f, clip=clip, vocab=vocab)
+                d = diagnose(f, clip=clip, vocab=vocab, identify=identify)
             d.log_r_sample = None  # keep the summary only: constant memory per dump
             d.seq_sums = {}
             d.seq_lengths = None
