@@ -146,8 +146,8 @@ def generator(name: str | FGenerator) -> FGenerator:
     return GENERATORS[check_choice(name, "f", tuple(GENERATORS))]
 
 
-def _log_t(log_t: Tensor, name: str = "log_t") -> Tensor:
-    u = as_float_tensor(log_t, name)
+def _log_t(log_t: Tensor, name: str = "log_t", *, allow_neg_inf: bool = False) -> Tensor:
+    u = as_float_tensor(log_t, name, allow_neg_inf=allow_neg_inf)
     return u if u.dtype == torch.float64 else u.float()
 
 
@@ -179,10 +179,17 @@ def bregman_gap(f: str | FGenerator, log_r: Tensor) -> Tensor:
     With ``log_r = log p(x) - log q(x)`` for x ~ q it is an unbiased estimator of E_q[f(r)] (because
     E_q[r - 1] = 0), and non-negative wherever f is convex between 1 and r. ``"-log t"`` gives
     k3 = (r - 1) - log r (an estimator of KL(q‖p)); ``"t log t"`` gives r log r - (r - 1) (KL(p‖q)).
+    ``log_r = -inf`` (a token the target never emits, r = 0) is allowed and gives the limit f(0+) + f'(1):
+    ``+inf`` for ``-log t`` and k2, 1 for ``t log t``, χ² and Hellinger. Where r overflows the dtype
+    (log r above about 88.7 in float32) the value is ``+inf``, as the true value is beyond it.
     """
     g = generator(f)
-    u = _log_t(log_r, "log_r")
-    return g.gap(u) if g.gap is not None else g.f(u) - g.df1 * torch.expm1(u)
+    u = _log_t(log_r, "log_r", allow_neg_inf=True)
+    if g.gap is not None:
+        return g.gap(u)
+    if g.df1 == 0:  # a flat tangent: the gap is f itself (0 · inf would make a NaN where r overflows)
+        return g.f(u)
+    return g.f(u) - g.df1 * torch.expm1(u)
 
 
 def f_divergence(f: str | FGenerator, q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:
