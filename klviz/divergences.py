@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from . import kernel
 from .validation import Tensor, as_float_tensor, check_dim, check_finite_values, check_positive_int, common_dtype
 
-__all__ = ["exact_kl", "EXACT_KL_RELATIVE_ERROR", "gaussian_kl", "categorical_kl"]
+__all__ = ["exact_kl", "EXACT_KL_RELATIVE_ERROR", "EXACT_KL_SQRT_ERROR", "exact_kl_error_bound", "gaussian_kl", "categorical_kl", "log_ratio_tolerance", "target_favours"]
 
 # Rows per chunk are chosen so that one chunk holds about this many numbers. Each chunk needs three
 # float64 scratch buffers of its size (32 MiB each on the CPU): far below the gigabytes that a whole
@@ -19,9 +20,19 @@ __all__ = ["exact_kl", "EXACT_KL_RELATIVE_ERROR", "gaussian_kl", "categorical_kl
 _CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 25}
 _DEFAULT_CHUNK = 1 << 22
 
-#: What :func:`exact_kl`'s float64 arithmetic can be trusted to (the claim ``exact-kl-accurate`` of lesson 01
-#: checks it on random token pairs): the relative error before the result is rounded to its dtype.
-EXACT_KL_RELATIVE_ERROR = 1e-9
+#: What :func:`exact_kl`'s float64 arithmetic can be trusted to, before the result is rounded to its dtype:
+#: an error of at most ``EXACT_KL_RELATIVE_ERROR · KL + EXACT_KL_SQRT_ERROR · sqrt(KL)`` (the second term,
+#: rounding of logit differences of size sqrt(KL), matters only below a KL of about 1e-6). The claim
+#: ``exact-kl-accurate`` of lesson 01 checks it against 80-bit arithmetic on random token pairs.
+EXACT_KL_RELATIVE_ERROR = 1e-12
+EXACT_KL_SQRT_ERROR = 1e-15
+
+
+def exact_kl_error_bound(kl: float, dtype: torch.dtype = torch.float64) -> float:
+    """The largest error :func:`exact_kl` may make on a KL of ``kl`` returned in ``dtype``: the float64 bound
+    above plus one rounding to ``dtype`` (half an ulp: 6e-8 relative for float32)."""
+    rounding = torch.finfo(dtype).eps / 2 if dtype != torch.float64 else 0.0
+    return (EXACT_KL_RELATIVE_ERROR + rounding) * kl + EXACT_KL_SQRT_ERROR * kl**0.5
 
 
 def _kl_rows(q: Tensor, p: Tensor, buf_a: Tensor, buf_b: Tensor, buf_c: Tensor) -> Tensor:
@@ -92,11 +103,12 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
     ``log(1 + sum_x q(x) k3(s_x))`` with ``s = (p - q) - E_q[p - q]`` (the logit differences, centred
     under q): a sum of non-negative terms, so the result is never negative and nothing cancels, and
     the rounding of each term scales with the logit *differences*, so a KL of 1e-9 between two nearby
-    policies is as accurate as one of 1. The relative error of the float64 value is below
-    :data:`EXACT_KL_RELATIVE_ERROR` (1e-9; checked against 80-bit arithmetic on random token pairs of
-    2 to 50,257 tokens with logit changes down to 1e-8, for float32 and float64 logits); the result is
-    then rounded once to the inputs' dtype (float32 adds at most 6e-8 relative). The logits themselves
-    are taken as exact: a float32 model's own rounding is not undone.
+    policies keeps its digits. The float64 value is within ``1e-12 · KL + 1e-15 · sqrt(KL)`` of the
+    true one (:func:`exact_kl_error_bound`: a relative error of 1e-12 for a KL above 1e-6, 1e-9 at a KL
+    of 1e-12; checked against 80-bit arithmetic on random token pairs of 2 to 50,257 tokens with logit
+    changes down to 1e-8, for float32 and float64 logits); it is then rounded once to the inputs' dtype
+    (float32 adds at most 6e-8 relative). The logits themselves are taken as exact: a float32 model's
+    own rounding is not undone.
 
     **Memory.** The rows are processed in chunks of about ``chunk_elements`` numbers (default: 4
     million on the CPU, 32 million on CUDA) with three chunk-sized float64 scratch buffers, so the
@@ -193,10 +205,41 @@ def gaussian_kl(mu_q: Tensor | float, sigma_q: Tensor | float, mu_p: Tensor | fl
     return torch.log(sp / sq) + (sq.square() + (mq - mp).square()) / (2 * sp.square()) - 0.5
 
 
+def log_ratio_tolerance(log_q: Tensor, log_p: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """Per token, the size below which ``log p - log q`` is rounding and not a difference between p and q.
+
+    Log-probabilities held in ``dtype`` (default: the inputs' common dtype, float32 for half) carry a
+    rounding error of a few units in the last place of their size, so two log-probabilities of one
+    distribution computed two ways (``log_softmax`` of logits divided by a temperature of 1, say) differ
+    by about ``eps · |log q|``. The tolerance is ``8 · eps(dtype) · (1 + |log p| + |log q|)``: a
+    log-ratio within it is 0 for every purpose of a lesson (its sign is noise, not a preference of p).
+    """
+    lq, lp = torch.as_tensor(log_q), torch.as_tensor(log_p)
+    dt = dtype if dtype is not None else common_dtype(lq, lp)
+    eps = torch.finfo(dt).eps
+    return 8 * eps * (1 + lq.double().abs() + lp.double().abs())
+
+
+def target_favours(q_probs: Tensor, p_probs: Tensor) -> Tensor:
+    """Boolean mask of the tokens where p(x) > q(x) beyond rounding (:func:`log_ratio_tolerance` in the
+    inputs' dtype): where k1 = -log r is negative. ``P_q(k1 < 0)`` is ``q[target_favours(q, p)].sum()``."""
+    q = as_float_tensor(q_probs, "q_probs")
+    p = as_float_tensor(p_probs, "p_probs")
+    if q.shape != p.shape:
+        raise ValueError(f"q_probs has shape {tuple(q.shape)} but p_probs has shape {tuple(p.shape)}")
+    dtype = common_dtype(q, p)
+    lq, lp = q.double().log(), p.double().log()
+    return (lp - lq) > log_ratio_tolerance(lq, lp, dtype)
+
+
 def categorical_kl(q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:
     """Exact **KL(q || p)** for probability vectors along ``dim`` (0 · log 0 = 0; q>0, p=0 gives inf).
 
-    The probabilities must be non-negative and sum to 1 (within 1e-4) along ``dim``.
+    The probabilities must be non-negative and sum to 1 (within 1e-4) along ``dim``. Computed in float64
+    as ``sum_x q k3(log r) + (sum_x q - sum_{q>0} p)`` (equal to ``sum_x q log(q/p)``): non-negative terms,
+    so no cancellation, and never below 0. Where every log-ratio on q's support is within rounding of 0
+    (:func:`log_ratio_tolerance` in the inputs' dtype) p and q are the same distribution and the KL is 0.
+    Returned in the inputs' common dtype.
     """
     q = as_float_tensor(q_probs, "q_probs")
     p = as_float_tensor(p_probs, "p_probs")
@@ -215,6 +258,14 @@ def categorical_kl(q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:
                 f"{total.min().item():.6g} to {total.max().item():.6g})"
             )
     dtype = common_dtype(q, p)
-    q, p = q.to(dtype), p.to(dtype)
-    term = torch.where(q > 0, q * (torch.log(q) - torch.log(p)), torch.zeros((), dtype=dtype, device=q.device))
-    return term.sum(dim)
+    q64, p64 = q.double(), p.double()
+    support = q64 > 0
+    zero = torch.zeros((), dtype=torch.float64, device=q.device)
+    lq = torch.log(torch.where(support, q64, torch.ones_like(q64)))
+    lp = torch.log(torch.where(support, p64, torch.ones_like(p64)))
+    u = torch.where(support, lp - lq, zero)
+    same = (u.abs() <= log_ratio_tolerance(lq, lp, dtype)).all(dim)
+    terms = torch.where(support, q64 * kernel.k3(u), zero)  # q k3(u) >= 0 (inf where p = 0 < q)
+    rest = q64.sum(dim) - torch.where(support, p64, zero).sum(dim)  # 1 - p(S): p's mass where q is 0
+    kl = (terms.sum(dim) + rest).clamp_min(0.0)
+    return torch.where(same, torch.zeros_like(kl), kl).to(dtype)
