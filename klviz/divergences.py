@@ -10,7 +10,16 @@ import torch
 from . import kernel
 from .validation import Tensor, as_float_tensor, check_dim, check_finite_values, check_positive_int, common_dtype
 
-__all__ = ["exact_kl", "EXACT_KL_RELATIVE_ERROR", "EXACT_KL_SQRT_ERROR", "exact_kl_error_bound", "gaussian_kl", "categorical_kl", "log_ratio_tolerance", "target_favours"]
+__all__ = [
+    "exact_kl",
+    "EXACT_KL_RELATIVE_ERROR",
+    "EXACT_KL_SQRT_ERROR",
+    "exact_kl_error_bound",
+    "gaussian_kl",
+    "categorical_kl",
+    "log_ratio_tolerance",
+    "target_favours",
+]
 
 # Rows per chunk are chosen so that one chunk holds about this many numbers. Each chunk needs three
 # float64 scratch buffers of its size (32 MiB each on the CPU): far below the gigabytes that a whole
