@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .registry import CLAIMS, MIN_CASES, PAGE, Evidence, load_all, marker_text, markers, render_page
+from .registry import CLAIMS, MIN_CASES, PAGE, Evidence, load_all, marker_text, markers, render_page, run_check
 
 load_all()
 _EVIDENCE: dict[str, Evidence] = {}
@@ -15,7 +15,7 @@ _EVIDENCE: dict[str, Evidence] = {}
 def evidence(cid: str) -> Evidence:
     """A claim's evidence, its check run once per session (the page test reuses it)."""
     if cid not in _EVIDENCE:
-        _EVIDENCE[cid] = CLAIMS[cid].check()
+        _EVIDENCE[cid] = run_check(CLAIMS[cid])
     return _EVIDENCE[cid]
 
 
