@@ -8,7 +8,7 @@
 # - what k1, k2 and k3 are, and why a single sampled token can estimate a sum over a whole vocabulary;
 # - how the rest of the suite is organised, and the words it uses (in English and Chinese).
 #
-# **Time:** about 15 minutes: 10 of reading, the rest with the panel · **Runs in:** about 6 s on a 2-core CPU (measured under nbval).
+# **Time:** about 15 minutes: 12 of reading, the rest with the panel · **Runs in:** about 6 s on a 2-core CPU (measured under nbval).
 
 # %% [markdown]
 # ## The map of the suite

@@ -15,7 +15,7 @@
 #   what the repair costs (the effective sample size);
 # - why RL code does not simply sum over the vocabulary: the cost of the exact sum, measured with `klviz.exact_kl`.
 #
-# **Time**: about 30 minutes of reading, plus the panel and three exercises.
+# **Time**: about 35 minutes of reading (prose and code), plus the panel and three exercises.
 # **Runs in**: about 15 s on a 2-core CPU (measured under nbval; the heavy cells have a size knob at the top).
 #
 # Notation (lesson 00's rule): tokens come from the **sampler** $q$; the other policy is the **target** $p$;
@@ -166,8 +166,8 @@ assert abs(mean_big - exact_big) < 4 * se_big
 #
 # On the right, *where the exact sum comes from*. That question has no answer until one picks how to split the
 # sum into terms: the textbook terms $q(x)\log\frac{q(x)}{p(x)}$ have both signs (negative wherever $p > q$), so their
-# running total overshoots and falls back (dashed), and its shape depends on the order of the tokens more than on
-# where the divergence lives. Written as $\sum_x q(x)\,k_3(x)$, the same KL is a sum of
+# running total jumps and falls back (dashed: the top token alone would "carry" 77 % of the KL), and its shape
+# says more about the order of the tokens than about where the divergence lives. Written as $\sum_x q(x)\,k_3(x)$, the same KL is a sum of
 # terms that are never negative (lesson 03), and their running total, in order of rank under $q$, climbs to the KL:
 # the share after the top $k$ tokens is the share of the divergence they carry.
 
@@ -201,13 +201,14 @@ display(fig)
 heads = {k: float(share_k3[k - 1]) for k in (1, 100, 1000)}
 print("share of the KL carried by the top-k tokens (non-negative terms q·k3): "
       + ", ".join(f"top {k:,}: {100 * v:.0f}%" for k, v in heads.items()))
-print(f"signed terms q·log(q/p): the running total peaks at {100 * share_k1.max():.0f}% and dips to "
-      f"{100 * share_k1.min():.0f}% of the KL on the way")
+first_1000 = share_k1[:1000]
+print(f"signed terms q·log(q/p): the top token alone gives {100 * share_k1[0]:.0f}% of the KL; over the top 1,000 "
+      f"the running total wanders between {100 * first_1000.min():.0f}% and {100 * first_1000.max():.0f}%")
 
 # %%
 assert abs(float(terms_k3.sum()) - exact_big) < 1e-7 * exact_big      # they add up to the KL (float32 result)
 assert bool((terms_k3 >= 0).all()) and bool((terms_k1 < 0).any())      # one split is one-signed, the other is not
-assert [round(100 * v) for v in heads.values()] == [20, 56, 75]
+assert [round(100 * v) for v in heads.values()] == [20, 56, 75] and round(100 * share_k1[0]) == 77
 
 # %% [markdown]
 # ## 3. Convergence with N: the ±2 SE band
@@ -293,8 +294,8 @@ assert abs(2 * clustered[1] - 0.015) < 0.002 and int(mask.sum()) == 3742 and mas
 
 # %% [markdown]
 # Here the two standard errors are close (this tiny model's tokens are nearly independent given the prompt);
-# in a large model's long responses they need not be, and only the clustered one is a standard error of the batch
-# mean. The mean itself also changes meaning over a batch: averaged over the response tokens it estimates the
+# in a large model's long responses they need not be, and the clustered one is the standard error that allows for
+# it. The mean itself also changes meaning over a batch: averaged over the response tokens it estimates the
 # next-token KL averaged over positions and over the prefixes the sampler visited, which is the sequence KL divided by
 # the response length; summed over each response, k1 estimates the sequence KL itself ([checked on 1,000 random sequence policies](claims.md#sequence-token-mean)).
 #

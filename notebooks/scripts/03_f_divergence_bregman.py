@@ -15,7 +15,7 @@
 #   is not an f-divergence, yet it matches KL to second order;
 # - the Bregman recipe $f(r) - f'(1)(r-1)$: $k_3$ for $\mathrm{KL}(q\,\|\,p)$, $r\log r - (r-1)$ for $\mathrm{KL}(p\,\|\,q)$.
 #
-# **Time**: about 30 minutes of reading, plus the panel and three exercises.
+# **Time**: about 35 minutes of reading (prose and code), plus the panel and three exercises.
 # **Runs in**: about 10 s on a 2-core CPU (measured under nbval).
 #
 # Notation as in every lesson: tokens $x \sim q$ (the **sampler**), $p$ the **target**, $r = p(x)/q(x)$,
@@ -523,7 +523,7 @@ assert all(abs(d_f - mean_gap) < 1e-12 for d_f, mean_gap in recipe.values())
 # **In the frameworks.** verl's `low_var_kl`, TRL's GRPO `per_token_kl`, NeMo-RL's and OpenRLHF's `k3` are all this
 # gap with $\varphi = -\log$ (`exp(ref - logp) - (ref - logp) - 1`, with `log_r = ref - logp`), up to their clamps; on
 # tokens the current policy sampled they average to $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$. That is the first minibatch of a
-# PPO/GRPO step: later minibatches score $\pi_\text{old}$'s tokens, and only a ratio correction (lesson 01) brings the
+# PPO/GRPO step: later minibatches score $\pi_\text{old}$'s tokens, and a ratio correction (lesson 01) brings the
 # average back to $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ ([checked on 2,000 random token pairs](claims.md#framework-k3-first-minibatch)). The common version with
 # $r = q/p$ applies the recipe to the ratio upside down: its correction $r - 1$ no longer has mean zero, and its
 # mean is $\chi^2(q\,\|\,p) - \mathrm{KL}(q\,\|\,p)$ (section 1; lesson 06 finds the same bug in real code).
@@ -573,8 +573,8 @@ panel.set(f="-log t", r=2.5);
 #   $q < \tfrac12$, high for a sharper $p$ or a pushed-down token.
 # - Bregman recipe: $f(r) - f'(1)(r - 1)$ = gap between $f$ and its tangent at 1: non-negative, unbiased.
 #   $-\log$ gives $k_3$; $t\log t$ gives $r\log r - (r - 1)$ for $\mathrm{KL}(p\,\|\,q)$. The form always buys
-#   non-negativity; it buys low variance only near $r = 1$ ($|\log r| \le 1$ on every token is enough), because
-#   subtracting the tangent removes $f$'s first-order term.
+#   non-negativity; lower variance it guarantees only near $r = 1$ ($|\log r| \le 1$ on every token is enough),
+#   because subtracting the tangent removes $f$'s first-order term.
 # - KL is the Bregman divergence of negative entropy between the vectors $p$ and $q$; the per-token gaps weighted by
 #   $q$ are its coordinates.
 #
