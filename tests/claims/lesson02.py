@@ -218,3 +218,35 @@ def k3_accurate_in_float32() -> Evidence:
         f"largest relative error {float(rel.max()):.2g} ({float(rel.max()) / eps:.1f} eps) at log r = "
         f"{float(t32[ok][i]):.4g}; expm1(t) − t alone reaches {float(naive.max()):.2g}",
     )
+
+
+@claim(
+    "k3-loses-on-a-rare-push",
+    wording="A push up on one token whose q is at most 0.01 makes k3 the noisier estimator exactly when that token's "
+    "log r passes a threshold between 1.256 and 1.274 (the root t ≈ 1.2564 of e^t = 1 + 2t as q → 0), whatever the KL.",
+    domain="random token pairs of the push-up kind (families.token_pairs: vocabularies 2 to 50,257, pushes 0.01 to 3) "
+    "whose pushed token has q ≤ 0.01; exact standard deviations in float64",
+    unit="random token pairs",
+)
+def k3_loses_on_a_rare_push() -> Evidence:
+    cases = token_pairs(6000, seed=9, kinds=("push-up",))
+    n, closest, where, kl_small = 0, math.inf, "", math.inf
+    for case in cases:
+        j = int(case.log_r.argmax())
+        if float(case.q[j]) > 0.01:
+            continue
+        n += 1
+        u_j = float(case.log_r[j])
+        s1, s3 = std(case.q, kernel.k1(case.log_r)), std(case.q, kernel.k3(case.log_r))
+        if u_j < 1.256:
+            assert s3 < s1, f"k3 noisier at log r {u_j} on {case.describe()}"
+        elif u_j > 1.274:
+            assert s3 > s1, f"k3 quieter at log r {u_j} on {case.describe()}"
+            kl = mean(case.q, kernel.k3(case.log_r))
+            if kl < kl_small:
+                kl_small = kl
+        margin = min(abs(u_j - 1.256), abs(u_j - 1.274))
+        if margin < closest:
+            closest, where = margin, f"log r {u_j:.4f}: std k1 {s1:.4g}, k3 {s3:.4g} on {case.describe()}"
+    assert n >= 1000, n
+    return Evidence(n, f"closest to the threshold: {where}; the smallest KL with k3 the noisier: {kl_small:.2g}")
