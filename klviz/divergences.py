@@ -22,14 +22,15 @@ __all__ = [
 ]
 
 # Rows per chunk are chosen so that one chunk holds about this many numbers. Each chunk needs three
-# float64 scratch buffers of its size (32 MiB each on the CPU): far below the gigabytes that a whole
-# [4096, 50257] batch of log-probabilities takes, and large enough that the kernels per chunk are
-# started only a few dozen times in all (on a busy CPU every start of torch's thread pool can wait
-# for a time slice, so many small chunks are slow).
-_CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 25}
-_DEFAULT_CHUNK = 1 << 22
+# scratch buffers of its size (64 MiB each in float32 on the CPU; float64 chunks are half as long):
+# far below the gigabytes that a whole [4096, 50257] batch of log-probabilities takes, and large
+# enough that the kernels per chunk are started only a few dozen times in all (on a busy CPU every
+# start of torch's thread pool can wait for a time slice: chunks of 2^22 numbers took 1.5 times as
+# long as chunks of 2^24, measured at a load of 6 on 2 cores).
+_CHUNK_ELEMENTS = {"cpu": 1 << 24, "cuda": 1 << 26}
+_DEFAULT_CHUNK = 1 << 24
 
-#: What :func:`exact_kl`'s float64 arithmetic can be trusted to, before the result is rounded to its dtype:
+#: What :func:`exact_kl`'s float64 arithmetic can be trusted to (float64 logits, and float32 rows that need it):
 #: an error of at most ``EXACT_KL_RELATIVE_ERROR · KL + EXACT_KL_SQRT_ERROR · sqrt(KL)`` (the second term,
 #: rounding of logit differences of size sqrt(KL), matters only below a KL of about 1e-6). The claim
 #: ``exact-kl-accurate`` of lesson 01 checks it against 80-bit arithmetic on random token pairs.
@@ -38,10 +39,13 @@ EXACT_KL_SQRT_ERROR = 1e-15
 
 
 def exact_kl_error_bound(kl: float, dtype: torch.dtype = torch.float64) -> float:
-    """The largest error :func:`exact_kl` may make on a KL of ``kl`` returned in ``dtype``: the float64 bound
-    above plus one rounding to ``dtype`` (half an ulp: 6e-8 relative for float32)."""
-    rounding = torch.finfo(dtype).eps / 2 if dtype != torch.float64 else 0.0
-    return (EXACT_KL_RELATIVE_ERROR + rounding) * kl + EXACT_KL_SQRT_ERROR * kl**0.5
+    """The largest error :func:`exact_kl` may make on a KL of ``kl`` from logits of ``dtype``: the float64
+    bound above for float64; for float32 and half, :data:`FLOAT32_RELATIVE_ERROR` relative (its float32
+    path) or the float64 bound plus one rounding to float32, whichever is larger."""
+    wide = (EXACT_KL_RELATIVE_ERROR) * kl + EXACT_KL_SQRT_ERROR * kl**0.5
+    if dtype == torch.float64:
+        return wide
+    return max(FLOAT32_RELATIVE_ERROR * kl, wide + torch.finfo(torch.float32).eps / 2 * kl)
 
 
 def _kl_rows(q: Tensor, p: Tensor, buf_a: Tensor, buf_b: Tensor, buf_c: Tensor) -> Tensor:
@@ -65,6 +69,35 @@ def _kl_rows(q: Tensor, p: Tensor, buf_a: Tensor, buf_b: Tensor, buf_c: Tensor) 
     k3 = torch.expm1(s, out=buf_a).sub_(s)  # e^s - 1 - s: 0 up to rounding where s is tiny
     # (rounding can leave a term an ulp below 0; the clamp on the sum keeps the KL >= 0)
     return torch.bmm(k3.unsqueeze(1), w.unsqueeze(2)).reshape(-1).clamp_min_(0.0).log1p_()
+
+
+#: The relative error :func:`exact_kl` allows its float32 arithmetic on float32 and half logits; rows
+#: whose estimated error is larger are computed again in float64.
+FLOAT32_RELATIVE_ERROR = 1e-4
+
+
+def _kl_rows_float32(q: Tensor, p: Tensor, buf_a: Tensor, buf_b: Tensor, buf_c: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`_kl_rows` in float32 (four times less memory traffic), and which rows it cannot vouch for.
+
+    The same formula, log(1 + E_q[k3(s)]); the float32 rounding of s_x is at most eps · |d_x|, and
+    ``expm1(s) - s`` rounds with an error of about eps · |s|: relative to the KL, together at most about
+    eps · (max|d| + 1) · E_q|e^s - 1| / E_q[k3(s)], with E_q|e^s - 1| <= sqrt(2 E_q[k3(s)]) for small s
+    and about E_q[k3(s)] for large s. Rows where four times that estimate (plus the rounding of q and
+    of the sums) exceeds
+    :data:`FLOAT32_RELATIVE_ERROR`, or that are not finite, are returned as ``suspect``: a tiny KL
+    between nearly equal policies, or logits with a large common offset, go to float64.
+    """
+    w = torch.log_softmax(q, dim=-1, out=buf_a).exp_()  # q(x)
+    d = torch.sub(p, q, out=buf_b)  # p - q
+    reach = torch.maximum(torch.amax(d, -1), -torch.amin(d, -1)).double()  # max |d| per row
+    s = d.sub_(torch.bmm(d.unsqueeze(1), w.unsqueeze(2)).reshape(-1, 1))  # d - E_q[d] (E_q[d] need not be exact)
+    k3 = torch.expm1(s, out=buf_c).sub_(s)
+    total = k3.mul_(w).sum(-1).double()  # a cascade sum of non-negative terms
+    eps = torch.finfo(torch.float32).eps
+    spread = torch.clamp((2 / total.clamp_min(1e-300)).sqrt(), min=1.0)
+    bound = eps * (16 + 4 * (reach + 1) * spread)  # (reach + 1): s_x's own rounding, and expm1(s) - s's
+    suspect = ~(bound <= FLOAT32_RELATIVE_ERROR) | ~torch.isfinite(total)
+    return total.clamp_min_(0.0).log1p_(), suspect
 
 
 def _kl_rows_with_zeros(q: Tensor, p: Tensor) -> Tensor:
@@ -108,22 +141,23 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
     No sampling: ``sum_x q(x) [log q(x) - log p(x)]`` at every position, the quantity that k1, k2
     and k3 estimate from a single sampled token (tokens drawn from q).
 
-    **Precision.** Every chunk is computed in float64, whatever the input dtype, as
-    ``log(1 + sum_x q(x) k3(s_x))`` with ``s = (p - q) - E_q[p - q]`` (the logit differences, centred
-    under q): a sum of non-negative terms, so the result is never negative and nothing cancels, and
-    the rounding of each term scales with the logit *differences*, so a KL of 1e-9 between two nearby
-    policies keeps its digits. The float64 value is within ``1e-12 · KL + 1e-15 · sqrt(KL)`` of the
-    true one (:func:`exact_kl_error_bound`: a relative error of 1e-12 for a KL above 1e-6, 1e-9 at a KL
-    of 1e-12; checked against 80-bit arithmetic on random token pairs of 2 to 50,257 tokens with logit
-    changes down to 1e-8, for float32 and float64 logits); it is then rounded once to the inputs' dtype
-    (float32 adds at most 6e-8 relative). The logits themselves are taken as exact: a float32 model's
-    own rounding is not undone.
+    **Precision.** The KL is computed as ``log(1 + sum_x q(x) k3(s_x))`` with ``s = (p - q) - E_q[p - q]``
+    (the logit differences, centred under q): a sum of non-negative terms, so the result is never
+    negative and nothing cancels, and the rounding of each term scales with the logit *differences*, so
+    a KL of 1e-9 between two nearby policies keeps its digits. Float64 logits are computed in float64:
+    within ``1e-12 · KL + 1e-15 · sqrt(KL)`` of the true value (:func:`exact_kl_error_bound`). Float32
+    and half logits are computed in float32 where an error estimate vouches for a relative error below
+    :data:`FLOAT32_RELATIVE_ERROR` (1e-4; the realised errors are far smaller), and row by row in
+    float64 where it does not (a tiny KL between nearly equal policies, logits with a large common
+    offset). Both bounds are checked against 80-bit arithmetic on random token pairs of 2 to 50,257
+    tokens with logit changes down to 1e-8. The logits themselves are taken as exact: a float32
+    model's own rounding is not undone.
 
-    **Memory.** The rows are processed in chunks of about ``chunk_elements`` numbers (default: 4
-    million on the CPU, 32 million on CUDA) with three chunk-sized float64 scratch buffers, so the
-    extra memory is bounded whatever the batch size: a [4096, 50257] pair of float32 logits needs
-    96 MiB beside its result, where ``F.kl_div`` on two ``log_softmax`` outputs needs three
-    full-size 0.8 GiB temporaries.
+    **Memory.** The rows are processed in chunks of about ``chunk_elements`` numbers (default: 16
+    million on the CPU, 64 million on CUDA; half as many in float64) with three chunk-sized scratch
+    buffers, so the extra memory is bounded whatever the batch size: a [4096, 50257] pair of float32
+    logits needs 192 MiB beside its result, where ``F.kl_div`` on two ``log_softmax`` outputs needs
+    three full-size 0.8 GiB temporaries.
 
     ``-inf`` logits mean probability zero and are allowed (0 · log 0 counts as 0); if p gives zero
     probability to a token that q can emit, the KL is ``+inf`` (that is its value). NaN or ``+inf``
@@ -155,24 +189,31 @@ def exact_kl(q_logits: Tensor, p_logits: Tensor, dim: int = -1, *, chunk_element
         return _exact_kl_autograd(qm, pm, out_dtype, chunk_elements).reshape(batch_shape)
     rows = qm.shape[0]
     out = torch.empty(rows, dtype=out_dtype, device=q.device)
-    step = min(rows, max(1, chunk_elements // vocab))
-    buf_a = torch.empty(step, vocab, dtype=torch.float64, device=q.device)
-    buf_b = torch.empty_like(buf_a)
-    buf_c = torch.empty_like(buf_a)
+    wide = out_dtype == torch.float64
+    step = min(rows, max(1, chunk_elements // (2 * vocab if wide else vocab)))
+    buffers = [torch.empty(step, vocab, dtype=out_dtype, device=q.device) for _ in range(3)]
     for start in range(0, rows, step):
-        qc = qm[start : start + step].to(torch.float64)
-        pc = pm[start : start + step].to(torch.float64)
+        qc, pc = qm[start : start + step], pm[start : start + step]
         m = qc.shape[0]
-        kl = _kl_rows(qc, pc, buf_a[:m], buf_b[:m], buf_c[:m])
-        if not torch.isfinite(kl).all():
-            # rare path: find out whether the input is bad or merely has zero-probability tokens
-            check_finite_values(qc, "q_logits", allow_neg_inf=True)
-            check_finite_values(pc, "p_logits", allow_neg_inf=True)
-            if bool(torch.isneginf(qc).all(-1).any()):
-                raise ValueError("q_logits has a position where every logit is -inf (no distribution)")
-            if bool(torch.isneginf(pc).all(-1).any()):
-                raise ValueError("p_logits has a position where every logit is -inf (no distribution)")
-            kl = _kl_rows_with_zeros(qc, pc)
+        if wide:
+            kl = _kl_rows(qc, pc, *(b[:m] for b in buffers))
+            redo = ~torch.isfinite(kl)
+        else:  # float32 (half widened): float32 arithmetic, rows it cannot vouch for again in float64
+            kl, redo = _kl_rows_float32(qc.float(), pc.float(), *(b[:m] for b in buffers))
+        if bool(redo.any()):
+            rows_again = redo.nonzero().reshape(-1)
+            q64, p64 = qc[rows_again].double(), pc[rows_again].double()
+            again = _kl_rows(q64, p64, *(torch.empty_like(q64) for _ in range(3)))
+            if not bool(torch.isfinite(again).all()):
+                # rare path: find out whether the input is bad or merely has zero-probability tokens
+                check_finite_values(q64, "q_logits", allow_neg_inf=True)
+                check_finite_values(p64, "p_logits", allow_neg_inf=True)
+                if bool(torch.isneginf(q64).all(-1).any()):
+                    raise ValueError("q_logits has a position where every logit is -inf (no distribution)")
+                if bool(torch.isneginf(p64).all(-1).any()):
+                    raise ValueError("p_logits has a position where every logit is -inf (no distribution)")
+                again = _kl_rows_with_zeros(q64, p64)
+            kl = kl.double().index_put((rows_again,), again)
         out[start : start + m] = kl
     return out.reshape(batch_shape)
 
