@@ -62,9 +62,13 @@ device = klviz.setup_notebook()
 # $\chi^2(q\,\|\,p)-\mathrm{KL}(q\,\|\,p)$ ([checked on 2,000 random token pairs](claims.md#direction-rule-scope)).
 #
 # So PPO's `approx_kl`, on tokens sampled by $\pi_\text{old}$, estimates $\mathrm{KL}(\pi_\text{old}\,\|\,\pi_\theta)$.
-# verl's `kl_penalty(logprob, ref_logprob)` is computed in the loss on every minibatch
-# (`verl/workers/utils/losses.py`, `ppo_loss`). On the first minibatch of a step the current policy $\pi$ is still the
-# one that sampled the rollout, so there it estimates $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$. After the first update
+# verl calls `kl_penalty(logprob, ref_logprob)` in two places. In the reward (`apply_kl_penalty` in
+# `verl/trainer/ppo/ray_trainer.py`) it is computed once per rollout from `old_log_probs`, the sampler's own
+# log-probabilities: it estimates $\mathrm{KL}(\pi_\text{old}\,\|\,\pi_\text{ref})$, as the rule says (up to the gap
+# between the rollout engine and the trainer's recomputation of $\pi_\text{old}$, lesson 08). In the loss
+# (`use_kl_loss`; `ppo_loss` in `verl/workers/utils/losses.py`) it is computed on every minibatch with the current
+# policy's `log_prob`. On the first minibatch of a step the current policy $\pi$ is still the one that sampled the
+# rollout, so there it estimates $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$. After the first update
 # the tokens are $\pi_\text{old}$'s while `logprob` is the moved $\pi$'s: the average of k1 is then
 # $\mathrm{KL}(\pi_\text{old}\,\|\,\pi_\text{ref})-\mathrm{KL}(\pi_\text{old}\,\|\,\pi)$, not $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$
 # ([checked on 2,000 random token pairs](claims.md#framework-k3-first-minibatch)). Lesson 01 shows the importance weight that repairs it.

@@ -30,6 +30,7 @@ __all__ = [
     "gaussian_pairs",
     "SequenceCase",
     "sequence_policies",
+    "clear_cache",
 ]
 
 TOKEN_KINDS = ("logit-noise", "push-up", "push-down", "temperature", "mix-uniform")
@@ -99,6 +100,12 @@ def token_pairs(
     one family without drawing it again); a check must not modify them.
     """
     return list(_token_pairs(n, seed, tuple(kinds), tuple(vocab), tuple(noise)))
+
+
+def clear_cache() -> None:
+    """Forget the cached families (hundreds of MiB): a process that goes on to other work, or that
+    starts child processes whose peak memory is measured, should not carry them."""
+    _token_pairs.cache_clear()
 
 
 @functools.lru_cache(maxsize=4)
