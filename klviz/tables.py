@@ -277,8 +277,9 @@ def exact_moments(q: Normal | Categorical, p: Normal | Categorical) -> Estimator
     _check_dists(q, p)
     if type(q) is not type(p):
         raise ValueError(f"q is a {type(q).__name__} but p is a {type(p).__name__}; both must be of one kind")
-    if isinstance(q, Normal):
+    if isinstance(q, Normal) and isinstance(p, Normal):
         return gaussian_moments(float(q.loc), float(q.scale), float(p.loc), float(p.scale))
+    assert isinstance(q, Categorical) and isinstance(p, Categorical)  # _check_dists and the kinds agree
     return categorical_moments(q.probs, p.probs)
 
 
@@ -320,8 +321,8 @@ def monte_carlo_row(
         for b in batches:
             s = b[k]
             pooled.add_moments(b["num_samples"], s["mean"], s["std"] ** 2 * (b["num_samples"] - 1))
-        stds = np.array([b[k]["std"] for b in batches])
-        means = np.array([b[k]["mean"] for b in batches])
+        stds = [float(b[k]["std"]) for b in batches]
+        means = [float(b[k]["mean"]) for b in batches]
         se = pooled.se
         se_std = batch_means_se(stds)
         out[k] = {
