@@ -28,6 +28,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise ValueError(f"device {device!r} is not a device name ({err})") from None
+    if dev.type == "meta":
+        raise ValueError(
+            f"device {device!r}: a 'meta' tensor has a shape but no numbers; klviz computes on 'cpu' or 'cuda'"
+        )
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} was asked for but no CUDA GPU is available here")
     return dev

@@ -7,6 +7,7 @@ sampler). Then k1, k2 and k3 all estimate **KL(q || p)**, the divergence *from t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import kernel
@@ -18,6 +19,7 @@ from .validation import (
     check_choice,
     check_dim,
     check_finite_values,
+    check_positive_number,
     check_same_shape,
     common_dtype,
 )
@@ -131,8 +133,8 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """
     v, m = _checked_values_and_mask(values, mask)
     axis = None if dim is None else check_dim(dim, v.dim())
-    # sums in float64, so a float32 batch of large values cannot overflow before the division
-    vm = (v * m).double() if v.dtype != torch.float64 else v * m
+    # products and sums in float64: a float32 batch of large values or weights (3e38) cannot overflow
+    vm = v.double() * m.double()
     total = vm.sum() if axis is None else vm.sum(axis)
     count = m.double().sum() if axis is None else m.double().sum(axis)
     mean = torch.where(count > 0, total / count.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(total))
@@ -168,19 +170,26 @@ def agg_loss(
     v, m = _checked_values_and_mask(values, mask)
     if v.dim() != 2:
         raise ValueError(f"values must be a [batch, tokens] matrix for agg_loss, got shape {tuple(v.shape)}")
+    scale = (
+        float(v.shape[-1])
+        if loss_scale_factor is None
+        else check_positive_number(loss_scale_factor, "loss_scale_factor")
+    )
+    if not isinstance(legacy_norm, (bool, np.bool_)):
+        raise ValueError(f"legacy_norm must be True or False, got {legacy_norm!r}")
     if mode == "token-mean":
         return masked_mean(v, m)
+    vm, m64 = v.double() * m.double(), m.double()  # sums in float64 (see masked_mean), the result in v's dtype
     if mode == "token-sum":
-        return (v * m).sum()
-    seq_sum = (v * m).sum(-1)
-    seq_count = m.sum(-1)
-    nonempty = (seq_count > 0).to(v.dtype)
+        return vm.sum().to(v.dtype)
+    seq_sum = vm.sum(-1)
+    seq_count = m64.sum(-1)
+    nonempty = (seq_count > 0).double()
     if mode == "seq-mean-token-sum-norm":
-        scale = float(v.shape[-1]) if loss_scale_factor is None else float(loss_scale_factor)
-        if not scale > 0:
-            raise ValueError(f"loss_scale_factor must be positive, got {loss_scale_factor!r}")
         if legacy_norm:
-            return seq_sum.sum() / scale
-        return masked_mean(seq_sum, nonempty) / scale
-    per_seq = seq_sum if mode == "seq-mean-token-sum" else seq_sum / seq_count.clamp_min(torch.finfo(v.dtype).tiny)
-    return masked_mean(per_seq, nonempty)
+            return (seq_sum.sum() / scale).to(v.dtype)
+        return (masked_mean(seq_sum, nonempty) / scale).to(v.dtype)
+    per_seq = (
+        seq_sum if mode == "seq-mean-token-sum" else seq_sum / seq_count.clamp_min(torch.finfo(torch.float64).tiny)
+    )
+    return masked_mean(per_seq, nonempty).to(v.dtype)

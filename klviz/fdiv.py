@@ -146,8 +146,8 @@ def generator(name: str | FGenerator) -> FGenerator:
     return GENERATORS[check_choice(name, "f", tuple(GENERATORS))]
 
 
-def _log_t(log_t: Tensor, name: str = "log_t") -> Tensor:
-    u = as_float_tensor(log_t, name)
+def _log_t(log_t: Tensor, name: str = "log_t", *, allow_neg_inf: bool = False) -> Tensor:
+    u = as_float_tensor(log_t, name, allow_neg_inf=allow_neg_inf)
     return u if u.dtype == torch.float64 else u.float()
 
 
@@ -179,17 +179,27 @@ def bregman_gap(f: str | FGenerator, log_r: Tensor) -> Tensor:
     With ``log_r = log p(x) - log q(x)`` for x ~ q it is an unbiased estimator of E_q[f(r)] (because
     E_q[r - 1] = 0), and non-negative wherever f is convex between 1 and r. ``"-log t"`` gives
     k3 = (r - 1) - log r (an estimator of KL(q‖p)); ``"t log t"`` gives r log r - (r - 1) (KL(p‖q)).
+    ``log_r = -inf`` (a token the target never emits, r = 0) is allowed and gives the limit f(0+) + f'(1):
+    ``+inf`` for ``-log t`` and k2, 1 for ``t log t``, χ² and Hellinger. Where r overflows the dtype
+    (log r above about 88.7 in float32) the value is ``+inf``, as the true value is beyond it.
     """
     g = generator(f)
-    u = _log_t(log_r, "log_r")
-    return g.gap(u) if g.gap is not None else g.f(u) - g.df1 * torch.expm1(u)
+    u = _log_t(log_r, "log_r", allow_neg_inf=True)
+    if g.gap is not None:
+        return g.gap(u)
+    if g.df1 == 0:  # a flat tangent: the gap is f itself (0 · inf would make a NaN where r overflows)
+        return g.f(u)
+    return g.f(u) - g.df1 * torch.expm1(u)
 
 
 def f_divergence(f: str | FGenerator, q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:
     """Exact ``D_f(p || q) = sum_x q(x) f(p(x)/q(x))`` over categories along ``dim``.
 
-    Categories with q = 0 are never sampled; where p > 0 there, they count as
-    ``p(x) · lim_{t→∞} f(t)/t`` (nothing for KL(q‖p), infinity for KL(p‖q) and χ²).
+    Summed as ``sum_x q(x) gap(r_x) + f'(1) (p(S) - 1)``, with gap the Bregman gap f(r) - f'(1)(r - 1)
+    (:func:`bregman_gap`) and p(S) the target's mass where q > 0: the same value, but for a convex f
+    every term of the sum is non-negative, so a tiny divergence between nearly equal distributions
+    keeps its digits instead of cancelling. Categories with q = 0 are never sampled; where p > 0 there,
+    they count as ``p(x) · lim_{t→∞} f(t)/t`` (nothing for KL(q‖p), infinity for KL(p‖q) and χ²).
     """
     g = generator(f)
     q = as_float_tensor(q_probs, "q_probs")
@@ -205,16 +215,18 @@ def f_divergence(f: str | FGenerator, q_probs: Tensor, p_probs: Tensor, dim: int
     q, p = q.to(dtype), p.to(dtype)
     support = q > 0
     safe_q = torch.where(support, q, torch.ones_like(q))
-    u = torch.where(support, torch.log(p) - torch.log(safe_q), torch.zeros_like(q))
-    values = g.f(u)
-    if g.name == "t log t":  # 0 log 0 = 0: p = 0 contributes nothing to KL(p||q)
-        values = torch.where(p == 0, torch.zeros_like(values), values)
-    terms = torch.where(support, q * values, torch.zeros_like(q))
+    u = torch.where(support, torch.log(p) - torch.log(safe_q), torch.zeros_like(q))  # -inf where p = 0
+    gaps = g.gap(u) if g.gap is not None else (g.f(u) if g.df1 == 0 else g.f(u) - g.df1 * torch.expm1(u))
+    terms = torch.where(support, q * gaps, torch.zeros_like(q))
+    total = terms.sum(dim)
+    if g.df1 != 0:  # f'(1) E_q[r - 1] = f'(1) sum_S (p - q): zero when q covers p (summed as differences,
+        # so its rounding is eps times the distance between p and q, not eps)
+        total = total + g.df1 * torch.where(support, p - q, torch.zeros_like(p)).sum(dim)
     # p > 0 where q = 0: mass the sampler never sees, weighted by lim f(t)/t (0 * inf counts as 0)
     missed = (~support) & (p > 0)
     if bool(missed.any()) and g.slope_at_infinity != 0:
-        terms = torch.where(missed, p * g.slope_at_infinity, terms)
-    return terms.sum(dim)
+        total = total + torch.where(missed, p * g.slope_at_infinity, torch.zeros_like(p)).sum(dim)
+    return total
 
 
 def expected_ratio(q_probs: Tensor, p_probs: Tensor, dim: int = -1) -> Tensor:

@@ -43,6 +43,7 @@ from .validation import (
     check_choice,
     check_finite_values,
     check_positive_int,
+    check_positive_number,
     check_same_shape,
     common_dtype,
 )
@@ -599,8 +600,7 @@ def minimind_approx_kl(
     """
     new, old = _pair(mb_resp_logp, old_resp_logp, "mb_resp_logp", "old_resp_logp", finite=False)
     m = _mask(resp_policy_mask, new, "resp_policy_mask", **{"mb_resp_logp": new, "old_resp_logp": old})
-    if not float(early_stop_kl) > 0:
-        raise ValueError(f"early_stop_kl must be positive, got {early_stop_kl!r}")
+    early_stop_kl = check_positive_number(early_stop_kl, "early_stop_kl", allow_inf=True)
     per_token = _masked(kernel.k2(new - old), m)  # MiniMind multiplies by the mask; padding here may hold inf
     approx_kl = per_token.sum() / m.sum().clamp(min=1.0)
     return {

@@ -88,6 +88,9 @@ def k3_series(t: Any, out: Any = None, scratch: Any = None) -> Any:
     return s
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
 def k3(log_r: Tensor) -> Tensor:
     """``(r - 1) - log r``: unbiased for KL(q || p) with x ~ q, and never negative.
 
@@ -95,10 +98,12 @@ def k3(log_r: Tensor) -> Tensor:
     answer is t²/2, the two terms are of size t), so for ``|t|`` below
     :func:`k3_series_threshold` the Taylor series :func:`k3_series`
     (``t²/2 + t³/6 + t⁴/24 + t⁵/120 + t⁶/720``) is used instead: full relative precision near
-    r = 1, and finite up to |log r| ≈ 88 in float32. :func:`k3_into` is the same formula written
-    into preallocated buffers.
+    r = 1, and finite up to |log r| ≈ 88 in float32. Half-precision input is computed in float32
+    and rounded once at the end. :func:`k3_into` is the same formula written into preallocated buffers.
     """
     t = log_r
+    if t.dtype in _HALF:
+        return k3(t.float()).to(t.dtype)
     return torch.where(t.abs() < k3_series_threshold(t.dtype), k3_series(t), torch.expm1(t) - t)
 
 
@@ -167,14 +172,25 @@ def k3_into(log_r: Any, out: Any, scratch: Any, scratch2: Any) -> Any:
 def kl_to_target(log_r: Tensor) -> Tensor:
     """``r log r - (r - 1)``: unbiased for the *other* direction, **KL(p || q)**, from x ~ q; never negative.
 
-    The Bregman gap of ``t log t`` at ``t = r``. With ``u = log r`` it is ``u e^u - (e^u - 1)``,
-    which cancels near ``u = 0`` like k3 does; there its series ``u²/2 + u³/3 + u⁴/8 + u⁵/30 + u⁶/144``
-    is used instead.
+    The Bregman gap of ``t log t`` at ``t = r``. With ``u = log r`` it is ``e^u (u - 1) + 1``, which
+    cancels near ``u = 0`` like k3 does; there its series ``u²/2 + u³/3 + u⁴/8 + u⁵/30 + u⁶/144``
+    is used instead. The limits are kept in every dtype: ``+inf`` where ``e^u`` overflows (``u``
+    above about 88.7 in float32, 709.8 in float64: the true value is beyond the dtype), and **1** at
+    ``u = -inf`` (r = 0: the target gives the token no probability, ``r log r -> 0``).
     """
     t = log_r
-    em1 = torch.expm1(t)
+    if t.dtype in _HALF:
+        return kl_to_target(t.float()).to(t.dtype)
     series = t * t * (0.5 + t * (1 / 3 + t * (1 / 8 + t * (1 / 30 + t / 144))))
-    return torch.where(t.abs() < k3_series_threshold(t.dtype), series, em1 * t + t - em1)
+    # Above u = -1: (e^u - 1)(u - 1) + u, whose terms are of size u (no loss to cancellation beyond
+    # the series' range); where e^u overflows it stays inf (inf times u - 1 > 0), where the textbook
+    # e^u u + u - e^u gives inf - inf = NaN. Below: e^u (u - 1) + 1, which tends to 1 with nothing
+    # left to cancel (the first form cancels two terms of size |u| there); u = -inf is its limit, 1.
+    em1 = torch.expm1(t)
+    above = em1 * (t - 1) + t
+    below = torch.where(torch.isneginf(t), torch.ones_like(t), torch.exp(t) * (t - 1) + 1)
+    gap = torch.where(t > -1, above, below)
+    return torch.where(t.abs() < k3_series_threshold(t.dtype), series, gap)
 
 
 _FORMULAS: dict[str, Callable[[Tensor], Tensor]] = {"k1": k1, "k2": k2, "k3": k3}

@@ -14,6 +14,9 @@ sources only, so running a lesson (outputs, execution counts, widget state) is n
   overwrite it; without a terminal (a script, CI) it keeps the copy and says so; ``--force``
   overwrites after saving the old copy under ``DIR/backups/<time>/``.
 
+The claims page, ``claims.md``, is copied beside the lessons too (their "checked on ..." links open it)
+and always follows the installed version: it is generated from the property tests, not a learner's file.
+
 DIR must be a folder this user owns and no other user can write (:func:`check_own_folder`): one
 created by someone else (in a shared ``/tmp``) is refused in one line, since its owner could have
 planted links or modules in it. Nothing is written through a link: files are created with
@@ -57,6 +60,9 @@ __all__ = [
 DEFAULT_DIR = "klviz-lessons"
 MANIFEST = ".klviz-lessons.json"
 BACKUPS = "backups"
+#: The claims page the lessons link to (``claims.md#claim-id``): generated, never a learner's file, so the
+#: copy beside the lessons always follows the installed one.
+CLAIMS_PAGE = "claims.md"
 
 
 # -- where the lessons are ----------------------------------------------------------------------
@@ -258,6 +264,8 @@ class SyncReport:
     kept: list[str] = field(default_factory=list)
     overwritten: list[str] = field(default_factory=list)
     backup_dir: Path | None = None
+    #: reference pages beside the lessons (the claims page) that were written because missing or out of date
+    pages: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = []
@@ -276,6 +284,8 @@ class SyncReport:
             )
         if not out:
             out.append(f"{len(self.unchanged)} lesson(s) in {self.dest} are up to date")
+        if self.pages:
+            out.append(f"wrote {', '.join(self.pages)} (the claims the lessons link to) into {self.dest}")
         return out
 
 
@@ -305,9 +315,10 @@ def sync_lessons(
         report.unchanged = [p.name for p in lesson_paths(src_dir)]
         return report
     lessons = lesson_paths(src_dir)
+    claims = src_dir / CLAIMS_PAGE
     folder = _Folder.open(folder_path)
     try:
-        for name in [MANIFEST] + [p.name for p in lessons]:
+        for name in [MANIFEST, CLAIMS_PAGE] + [p.name for p in lessons]:
             folder.refuse_link(name)  # all refusals before the first write
         if folder.kind(BACKUPS) not in (None, "folder"):
             raise UnsafeFolderError(f"{folder_path / BACKUPS} is not a folder (a link?); remove it")
@@ -352,6 +363,11 @@ def sync_lessons(
                     report.kept.append(src.name)
                     continue  # the manifest keeps the hash of what klviz last copied there
             manifest[src.name] = shipped
+        if claims.is_file():  # the page the lessons' claim links open: copied, or brought up to date
+            data = claims.read_bytes()
+            if folder.kind(CLAIMS_PAGE) is None or folder.read_bytes(CLAIMS_PAGE) != data:
+                folder.write_bytes(CLAIMS_PAGE, data)
+                report.pages.append(CLAIMS_PAGE)
         folder.write_bytes(MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
         if backups is not None:
             backups.close()

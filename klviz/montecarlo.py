@@ -218,18 +218,23 @@ def moments_from_counts(counts: torch.Tensor, log_r: torch.Tensor) -> dict[str, 
 
 
 def summarize(moments: dict[str, RunningMoments], true_kl: float) -> dict[str, Any]:
-    """The mapping :func:`estimator_stats` returns, from moments and the true KL."""
+    """The mapping :func:`estimator_stats` returns, from moments and the true KL.
+
+    With a single sample the spread is unknown: ``std``, ``se`` and ``std_rel`` are NaN (as
+    :func:`klviz.statistics.mean_se` gives), never a 0 that would look like a measured certainty.
+    """
     n = next(iter(moments.values())).n
     out: dict[str, Any] = {"true_kl": true_kl, "num_samples": n}
     for name, rm in moments.items():
         bias = rm.mean - true_kl
+        std = rm.std if n > 1 else math.nan
         out[name] = {
             "mean": rm.mean,
             "bias": bias,
-            "std": rm.std,
-            "se": rm.se,
+            "std": std,
+            "se": std / math.sqrt(n) if n > 1 else math.nan,
             "bias_rel": _relative(bias, true_kl),
-            "std_rel": _relative(rm.std, true_kl),
+            "std_rel": _relative(std, true_kl) if n > 1 else math.nan,
         }
     return out
 
@@ -289,10 +294,13 @@ def estimator_stats(
     if isinstance(q, Categorical) and isinstance(p, Categorical) and q.probs.numel() != p.probs.numel():
         raise ValueError(f"q has {q.probs.numel()} categories but p has {p.probs.numel()}")
     params = q.loc if isinstance(q, Normal) else q.probs  # type: ignore[attr-defined]
+    for dist, name in ((q, "q"), (p, "p")):
+        if any(v.device.type == "meta" for v in _parameters(dist)):
+            raise ValueError(f"{name} has parameters on the 'meta' device: they hold no numbers to sample from")
     dev = resolve_device(device) if device is not None else params.device
     check_generator(generator, dev)
     for dist, name in ((q, "q"), (p, "p")):
-        vals = (dist.loc, dist.scale) if isinstance(dist, Normal) else (dist.probs,)  # type: ignore[attr-defined]
+        vals = _parameters(dist)
         if not all(bool(torch.isfinite(v).all()) for v in vals):
             raise ValueError(f"{name} has NaN or inf parameters")
         if isinstance(dist, Normal) and not bool((dist.scale > 0).all()):
@@ -313,6 +321,13 @@ def estimator_stats(
         moments = _categorical_stats(q, p, n, generator, dev, chunk or _CHUNK)
 
     return summarize(moments, true_kl)
+
+
+def _parameters(d: Distribution) -> tuple[torch.Tensor, ...]:
+    """A Normal's loc and scale, or a Categorical's probabilities."""
+    if isinstance(d, Normal):
+        return (d.loc, d.scale)
+    return (d.probs,)  # type: ignore[attr-defined]
 
 
 def _float64_copy(d: Distribution) -> Distribution:

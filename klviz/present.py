@@ -24,9 +24,15 @@ from pathlib import Path
 import nbformat
 
 from .labcmd import resolve_lesson
+from .notebook_format import CHECK_TAG
 from .servers import LOCKED_SERVER_SETTINGS, Server, private_folder, run_until_interrupted, start_server
 
 __all__ = ["presenter_notebook", "presenter_config", "start_presenter", "main"]
+
+
+def _is_check(cell: nbformat.NotebookNode) -> bool:
+    """A lesson's regression checks (tag ``klviz-check``): asserts on its numbers, nothing a class sees."""
+    return CHECK_TAG in cell.get("metadata", {}).get("tags", [])
 
 
 def _is_solution(cell: nbformat.NotebookNode) -> bool:
@@ -54,11 +60,14 @@ def presenter_notebook(path: str | os.PathLike[str], *, with_solutions: bool = F
 
     Exercises appear as their statement and the code to complete (a code block: Voila shows no
     code cells), not as a check's "not attempted yet"; their collapsed solutions are left out, or
-    shown as code after the exercise with ``with_solutions``. Nothing of an exercise is run.
+    shown as code after the exercise with ``with_solutions``. Nothing of an exercise is run. Cells
+    tagged ``klviz-check`` (the lesson's regression asserts) are always left out.
     """
     nb = nbformat.read(path, as_version=4)
     cells = []
     for cell in nb.cells:
+        if cell.cell_type == "code" and _is_check(cell):
+            continue  # left out, solutions or not: the checks are for CI, not for a class
         if cell.cell_type == "code" and _is_solution(cell):
             if with_solutions:
                 cells.append(_code_block(cell.source, "**Solution**"))

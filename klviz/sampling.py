@@ -26,6 +26,7 @@ __all__ = [
     "effective_sample_size",
     "ess_fraction",
     "expected_ess_fraction",
+    "importance_variance_ratio",
     "running_mean",
     "log_spaced_counts",
     "zipf_policy_pair",
@@ -145,6 +146,32 @@ def expected_ess_fraction(target_probs: Tensor, sampler_probs: Tensor) -> float:
         raise ValueError("sampler_probs is 0 where target_probs is not: the weights are unbounded")
     second = torch.where(t > 0, t * t / s.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(t)).sum()
     return float(1.0 / second)
+
+
+def importance_variance_ratio(target_probs: Tensor, sampler_probs: Tensor, values: Tensor) -> float:
+    """How many times the variance of one draw grows when ``values`` g is averaged over the sampler's
+    tokens with weights w = target/sampler instead of over the target's own tokens (exact, by enumeration):
+
+        Var_sampler(w · g) / Var_target(g).
+
+    N weighted tokens are then worth N divided by this many tokens from the target *for this g*. Kish's
+    ESS (:func:`expected_ess_fraction`) does not look at g at all: it is a rule of thumb for how much
+    weights cost, not the cost for the quantity being averaged.
+    """
+    t = _probs_vector(target_probs, "target_probs").to(torch.float64)
+    s = _probs_vector(sampler_probs, "sampler_probs").to(torch.float64)
+    g = as_float_tensor(values, "values").to(torch.float64)
+    check_same_shape(t, s, "target_probs", "sampler_probs")
+    check_same_shape(t, g, "target_probs", "values")
+    if bool(((s == 0) & (t > 0)).any()):
+        raise ValueError("sampler_probs is 0 where target_probs is not: the weights are unbounded")
+    mean = float((t * g).sum())  # E_target[g] = E_sampler[w g]
+    var_target = float((t * (g - mean).square()).sum())
+    if var_target <= 0:
+        raise ValueError("values is constant under target_probs: there is no variance to compare")
+    w = torch.where(t > 0, t / s.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(t))
+    var_sampler = float((s * (w * g - mean).square()).sum())
+    return var_sampler / var_target
 
 
 def log_spaced_counts(num_samples: int, num_points: int = 200) -> np.ndarray:

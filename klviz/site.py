@@ -41,6 +41,7 @@ from pathlib import Path
 import nbformat
 
 from .labcmd import lesson_paths
+from .notebook_format import CHECK_TAG
 from .widgets.static import PRECOMPUTED_NOTE, STATIC_CONTROLS, static_panel_html
 
 __all__ = [
@@ -331,13 +332,110 @@ def render_lesson(
     def ref(p: LessonPage | None) -> dict | None:  # short titles in the navigation bar
         return None if p is None else {"href": p.page, "title": _plain_title(p.title).split(":")[0].strip()}
 
-    nb = _mark_checks(_without_widget_views(nb))
+    nb = fold_check_cells(_mark_checks(_without_widget_views(nb)))
     resources = {
         "klviz": {"prev": ref(prev), "next": ref(next_), "note": PRECOMPUTED_NOTE, "mathjax_config": MATHJAX_CONFIG},
         "metadata": {"name": _plain_title(page.title)},
     }
     body, _ = _exporter(mathjax_url).from_notebook_node(nb, resources=resources)
-    return rewrite_links(body)
+    return rewrite_claim_links(rewrite_links(body))
+
+
+# -- claims and checks: the page of claims with their evidence, and the lessons' check cells ---------
+CLAIMS_SOURCE = "claims.md"
+CLAIMS_PAGE = "claims.html"
+_HREF_CLAIMS = re.compile(r'href="(?:\./)?claims\.md((?:#[^"]*)?)"')
+
+
+def fold_check_cells(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Code cells tagged ``klviz-check`` (a lesson's regression checks) go into the closed "Checks" block,
+    not the "Solution" one: they are stored with their source collapsed like a solution, so the collapse
+    flag is dropped here and ``metadata.klviz_checks`` (how many asserts, at least 1) set instead."""
+    for cell in nb.cells:
+        if cell.cell_type != "code" or CHECK_TAG not in cell.metadata.get("tags", []):
+            continue
+        try:
+            asserts = sum(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(cell.source)))
+        except SyntaxError:
+            asserts = 0
+        cell.metadata["klviz_checks"] = max(asserts, 1)
+        cell.metadata.get("jupyter", {}).pop("source_hidden", None)
+    return nb
+
+
+def rewrite_claim_links(page_html: str) -> str:
+    """Relative links to the claims page, ``claims.md#claim-id``, become links to ``claims.html#claim-id``."""
+    return _HREF_CLAIMS.sub(lambda m: f'href="{CLAIMS_PAGE}{m.group(1)}"', page_html)
+
+
+_CLAIMS_HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<title>klviz: claims and their evidence</title>
+{mathjax_config}
+<script src="{mathjax}"></script>
+<style>
+body {{ font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; max-width: 920px;
+  margin: 32px auto; padding: 0 16px; color: #222; line-height: 1.5; }}
+nav.klviz-nav {{ padding: 8px 0 12px 0; border-bottom: 1px solid #ddd; font-size: 14px; }}
+h2 {{ margin-top: 28px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 1.15em; }}
+h2:target {{ background: #fff7d6; }}
+blockquote {{ margin: 8px 0; padding: 4px 12px; border-left: 3px solid #1f5fa8; background: #f6f8fa; }}
+a.anchor-link {{ visibility: hidden; margin-left: 6px; text-decoration: none; }}
+h2:hover a.anchor-link {{ visibility: visible; }}
+code {{ background: #f4f4f4; padding: 1px 4px; border-radius: 3px; }}
+</style></head>
+<body>
+<nav class="klviz-nav"><a class="klviz-index" href="index.html">All lessons</a></nav>
+{body}
+</body></html>
+"""
+
+
+def render_claims_page(markdown_text: str, *, mathjax_url: str = LOCAL_MATHJAX) -> str:
+    """The claims page as HTML: each claim's heading keeps its id as the anchor the lessons link to
+    (``claims.html#claim-id``), and its links to lessons point at their pages."""
+    from nbconvert.filters.markdown import markdown2html
+
+    body = markdown2html(markdown_text)
+    # every claim heading carries its id as an anchor (the id is lower-case words and hyphens)
+    body = re.sub(
+        r"<h2>([a-z0-9]+(?:-[a-z0-9]+)*)</h2>",
+        lambda m: f'<h2 id="{m.group(1)}">{m.group(1)}<a class="anchor-link" href="#{m.group(1)}">&#182;</a></h2>',
+        body,
+    )
+    return _CLAIMS_HTML.format(
+        body=rewrite_links(body), mathjax=html.escape(mathjax_url), mathjax_config=MATHJAX_CONFIG
+    )
+
+
+def write_claims_page(source: Path, out: Path, *, mathjax_url: str = LOCAL_MATHJAX) -> Path | None:
+    """Write ``out/claims.html`` from the ``claims.md`` beside the lessons in ``source`` (or the shipped one);
+    returns its path, or None when there is no claims page to render."""
+    candidates = [Path(source) / CLAIMS_SOURCE]
+    try:
+        from .labcmd import shipped_notebooks_dir
+
+        candidates.append(shipped_notebooks_dir() / CLAIMS_SOURCE)
+    except FileNotFoundError:  # pragma: no cover - no shipped lessons: only the given folder counts
+        pass
+    for path in candidates:
+        if path.is_file():
+            target = Path(out) / CLAIMS_PAGE
+            target.write_text(
+                render_claims_page(path.read_text(encoding="utf-8"), mathjax_url=mathjax_url), encoding="utf-8"
+            )
+            return target
+    return None
+
+
+def add_claims_link(index_html: str) -> str:
+    """The index page with a link to the claims page above its footer."""
+    link = (
+        '<p class="klviz-claims-link">Every general sentence in a lesson links to its evidence: '
+        f'<a href="{CLAIMS_PAGE}">claims and the property tests that check them</a>.</p>\n'
+    )
+    return index_html.replace("<footer>", link + "<footer>", 1)
 
 
 # -- panels on the static site: precomputed frames along their main controls -----------------------
@@ -527,7 +625,11 @@ def build_site(
                 f"klviz site: wrote {out / page.page} ({page.seconds:.1f} s, "
                 f"{frame_bytes / 1e6:.1f} MB of new panel frames)"
             )
-    (out / "index.html").write_text(render_index(pages, mathjax_url=mathjax_url), encoding="utf-8")
+    claims = write_claims_page(notebooks[0].parent, out, mathjax_url=mathjax_url)
+    index = render_index(pages, mathjax_url=mathjax_url)
+    (out / "index.html").write_text(add_claims_link(index) if claims else index, encoding="utf-8")
+    if claims:
+        log(f"klviz site: wrote {claims}")
     log(f"klviz site: wrote {out / 'index.html'}; open it in a browser (file://{(out / 'index.html').resolve()})")
     if failures:
         raise RuntimeError("\n\n".join(failures))

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.distributions import Categorical, Normal
 
-from .divergences import categorical_kl, gaussian_kl
+from .divergences import categorical_kl, gaussian_kl, target_favours
 from .estimators import k1, k2, k3
 from .montecarlo import ESTIMATORS, _relative, estimator_stats
 from .statistics import RunningMoments, batch_means_se, control_variate_lambda
@@ -53,6 +53,8 @@ __all__ = [
     "exact_moments",
     "k1_negative_mass",
     "k2_bias_series",
+    "k2_bias_rule",
+    "gaussian_k2_bias_rule",
     "k3_variance_parts",
     "format_mc",
 ]
@@ -275,8 +277,9 @@ def exact_moments(q: Normal | Categorical, p: Normal | Categorical) -> Estimator
     _check_dists(q, p)
     if type(q) is not type(p):
         raise ValueError(f"q is a {type(q).__name__} but p is a {type(p).__name__}; both must be of one kind")
-    if isinstance(q, Normal):
+    if isinstance(q, Normal) and isinstance(p, Normal):
         return gaussian_moments(float(q.loc), float(q.scale), float(p.loc), float(p.scale))
+    assert isinstance(q, Categorical) and isinstance(p, Categorical)  # _check_dists and the kinds agree
     return categorical_moments(q.probs, p.probs)
 
 
@@ -318,8 +321,8 @@ def monte_carlo_row(
         for b in batches:
             s = b[k]
             pooled.add_moments(b["num_samples"], s["mean"], s["std"] ** 2 * (b["num_samples"] - 1))
-        stds = np.array([b[k]["std"] for b in batches])
-        means = np.array([b[k]["mean"] for b in batches])
+        stds = [float(b[k]["std"]) for b in batches]
+        means = [float(b[k]["mean"]) for b in batches]
         se = pooled.se
         se_std = batch_means_se(stds)
         out[k] = {
@@ -547,15 +550,16 @@ def k1_negative_mass(q_probs: Any, p_probs: Any) -> float:
 
     The token counterpart of :func:`k1_negative_probability`: for two close Gaussians it is almost
     one half, on a token distribution it is whatever mass q puts on the tokens p favours (a push
-    toward one rare token makes it small).
+    toward one rare token makes it small). Log-ratios within rounding of 0 in the inputs' dtype
+    (:func:`klviz.divergences.log_ratio_tolerance`) do not count: at p = q it is 0, not a coin flip.
     """
-    q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
-    p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
+    q = as_float_tensor(q_probs, "q_probs")
+    p = as_float_tensor(p_probs, "p_probs")
     if q.shape != p.shape or q.dim() != 1:
         raise ValueError(
             f"q_probs and p_probs must be probability vectors of one shape, got {tuple(q.shape)} and {tuple(p.shape)}"
         )
-    return float(q[p > q].sum())
+    return float(q.double()[target_favours(q, p)].sum())  # p > q beyond rounding in the inputs' dtype
 
 
 def k2_bias_series(q_probs: Any, p_probs: Any, max_order: int = 10) -> dict[str, Any]:
@@ -599,6 +603,58 @@ def k2_bias_series(q_probs: Any, p_probs: Any, max_order: int = 10) -> dict[str,
         "third_central": c3,
         "skewness": c3 / c2**1.5 if c2 > 0 else 0.0,
     }
+
+
+def _rule(bias: float, true_kl: float, e3: float, bound: float) -> dict[str, Any]:
+    third = -e3 / 6
+    decided = abs(third) > bound
+    return {
+        "true_kl": true_kl,
+        "bias": bias,
+        "third_order": third,
+        "bound": bound,
+        "decided": decided,
+        "predicted_sign": int(math.copysign(1, third)) if decided else 0,
+    }
+
+
+def k2_bias_rule(q_probs: Any, p_probs: Any) -> dict[str, Any]:
+    """The third-moment rule for the sign of k2's bias, on a token distribution (exact sums, float64).
+
+    With u = log r: ``E_q[k2] - KL(q||p) = -E[u³]/6 - E[u⁴]/24 - ...`` (:func:`k2_bias_series`), and the
+    Taylor remainder after the cubic term is at most ``E_q[u⁴ max(1, r)]/24`` (``e^u - 1 - u - u²/2 - u³/6
+    = e^ξ u⁴/24`` with ξ between 0 and u). So where ``|E[u³]|/6`` exceeds that bound the bias has the sign of
+    ``-E[u³]``; elsewhere the rule does not decide. Returns ``true_kl``, ``bias``, ``third_order``
+    (``-E[u³]/6``), ``bound``, ``decided`` and ``predicted_sign`` (+1, -1, or 0 when undecided).
+    """
+    q = as_float_tensor(q_probs, "q_probs").to(torch.float64)
+    p = as_float_tensor(p_probs, "p_probs").to(torch.float64)
+    true_kl = float(categorical_kl(q, p))
+    support = q > 0
+    if bool((p[support] <= 0).any()):
+        raise ValueError("p_probs is zero on a token that q_probs can sample: KL(q||p) is infinite")
+    w, u = q[support], torch.log(p[support]) - torch.log(q[support])
+    bias = float((w * k2(u)).sum()) - true_kl
+    e3 = float((w * u**3).sum())
+    bound = float((w * u**4 * torch.clamp(u.exp(), min=1.0)).sum()) / 24
+    return _rule(bias, true_kl, e3, bound)
+
+
+def gaussian_k2_bias_rule(mu_q: float, sigma_q: float, mu_p: float, sigma_p: float) -> dict[str, Any]:
+    """:func:`k2_bias_rule` for x ~ q = N(mu_q, sigma_q²), p = N(mu_p, sigma_p²): the bias and E[u³] in closed
+    form (:func:`gaussian_moments`, u a quadratic in a standard normal), the bound by the trapezoid rule."""
+    mq, mp = _finite_float(mu_q, "mu_q"), _finite_float(mu_p, "mu_p")
+    sq, sp = _positive_float(sigma_q, "sigma_q"), _positive_float(sigma_p, "sigma_p")
+    moments = gaussian_moments(mq, sq, mp, sp)
+    poly = np.array(_log_ratio_quadratic(mq, sq, mp, sp))
+    e3 = _poly_mean(np.convolve(np.convolve(poly, poly), poly))
+    lo, hi = min(mq - 16 * sq, mp - 16 * sp), max(mq + 16 * sq, mp + 16 * sp)
+    x = torch.linspace(lo, hi, 40_001, dtype=torch.float64)
+    log_q = Normal(torch.tensor(mq, dtype=torch.float64), torch.tensor(sq, dtype=torch.float64)).log_prob(x)
+    log_p = Normal(torch.tensor(mp, dtype=torch.float64), torch.tensor(sp, dtype=torch.float64)).log_prob(x)
+    u = log_p - log_q
+    bound = float(torch.trapezoid(log_q.exp() * u**4 * torch.clamp(u.exp(), min=1.0), x)) / 24
+    return _rule(moments.bias("k2"), moments.true_kl, e3, bound)
 
 
 def k3_variance_parts(q_probs: Any, p_probs: Any) -> dict[str, float]:

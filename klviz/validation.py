@@ -56,7 +56,9 @@ def _from_numpy(x: np.ndarray, name: str) -> Tensor:
         x = x.astype(np.float64)  # long double: klviz computes in at most float64
     if not x.dtype.isnative:
         x = x.astype(x.dtype.newbyteorder("="))  # big-endian data read by value, not by bytes
-    return torch.from_numpy(np.ascontiguousarray(x))
+    if not x.flags.c_contiguous:  # np.ascontiguousarray would also turn a 0-d array into shape (1,)
+        x = x.copy(order="C")
+    return torch.from_numpy(x)
 
 
 def as_float_tensor(
@@ -140,6 +142,10 @@ def as_mask(mask: Any, like: Tensor, name: str = "mask") -> Tensor:
     if m.is_floating_point():
         check_finite_values(m, name)
     m = m.to(dtype=like.dtype, device=like.device)
+    if m.is_floating_point() and not bool(torch.isfinite(m).all()):
+        raise ValueError(
+            f"{name} has weights too large for {like.dtype} (they overflow to inf); use weights of a sensible size"
+        )
     if bool((m < 0).any()):
         raise ValueError(f"{name} has negative entries; a mask weights tokens by 0 (out) or 1 (in)")
     return m
@@ -200,6 +206,18 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}")
     return value
+
+
+def check_positive_number(value: Any, name: str, *, allow_inf: bool = False) -> float:
+    """Return ``value`` as a float if it is a positive real number (``inf`` only with ``allow_inf``), else raise
+    ``ValueError`` naming ``name`` (strings, booleans, None, NaN, zero and negative numbers are refused)."""
+    if isinstance(value, (bool, np.bool_, complex, np.complexfloating)) or not isinstance(value, (Real, np.number)):
+        raise ArgumentTypeError(f"{name} must be a positive number, got {_describe(value)} {value!r:.40}")
+    v = float(value)
+    if not (v > 0 and (allow_inf or v != float("inf"))):
+        what = "a positive number" if allow_inf else "a positive, finite number"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return v
 
 
 def check_positive_int(value: Any, name: str, *, maximum: int | None = None) -> int:

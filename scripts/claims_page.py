@@ -14,14 +14,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from claims.registry import PAGE, load_all, markers, render_page  # noqa: E402
+from claims.registry import PAGE, load_all, markers, render_page, run_check  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     claims = load_all()
     evidence = {}
     for cid, c in sorted(claims.items()):
-        evidence[cid] = c.check()
+        evidence[cid] = run_check(c)
         print(f"{cid}: {evidence[cid].cases:,} {c.unit}; {evidence[cid].worst}")
     page = render_page(claims, evidence, markers())
     if "--check" in argv:

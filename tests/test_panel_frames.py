@@ -212,7 +212,7 @@ def test_a_mode_switch_changes_legend_entries_not_the_axes():
         assert (panel.ax_pol.get_legend(), panel.ax_run.get_legend()) == legends
         shown = [t.get_text() for t in panel.legend_run.get_texts() if t.get_visible()]
         texts[mode] = ([t.get_text() for t in panel.legend_pol.get_texts()], shown)
-    assert any("q/μ" in t for t in texts["weighted"][0]) and not any("q/μ" in t for t in texts["q"][0])
+    assert any("π/μ" in t for t in texts["weighted"][0]) and not any("π/μ" in t for t in texts["q"][0])
     assert any("plain mean over μ" in t for t in texts["mu"][1])
     assert not any("plain mean over μ" in t for t in texts["q"][1] + texts["weighted"][1])
     assert panel._frames.last_was_blit  # the third round of modes: all views seen

@@ -127,20 +127,28 @@ def as_answer_number(value: Any, what: str, *, finite: bool = False) -> float:
     return number
 
 
-def learner_answer(fn: Callable[..., Any], *args: Any, convert: Callable[[Any], Any] | None = None) -> Any:
+def learner_answer(
+    fn: Callable[..., Any], *args: Any, convert: Callable[[Any], Any] | None = None, when: str = ""
+) -> Any:
     """Call a learner's function and return its answer, through ``convert`` if given (which raises
     :class:`WrongAnswer` for an answer of the wrong kind); or, instead, the :class:`CheckResult` to
     show: "not attempted" for a skeleton, one sentence for a wrong kind of answer or an exception.
-    A check returns the result as soon as it gets one: ``if isinstance(out, CheckResult): return out``."""
+    A check returns the result as soon as it gets one: ``if isinstance(out, CheckResult): return out``.
+
+    ``when`` (e.g. ``"on float32 input"``) marks a later call of a function that already answered
+    once: a ``None`` or ``...`` there is a missing answer for those inputs, not an unstarted exercise,
+    and the sentence says where it happened."""
     try:
         out = call_learner(fn, *args)
         return out if convert is None else convert(out)
     except _NotAttempted:
+        if when:
+            return failed(f"Your function returned no value {when} (None or ...): it must return one there too.")
         return not_attempted()
     except WrongAnswer as err:
-        return failed(str(err))
+        return failed(f"{err} ({when})" if when else str(err))
     except Exception as err:  # noqa: BLE001 - the learner's code may raise anything; say what
-        return failed(raised_message(err))
+        return failed(raised_message(err, when))
 
 
 def raised_message(err: BaseException, when: str = "") -> str:
@@ -228,10 +236,10 @@ def never_raises(check: _Check) -> _Check:
 
 
 def learner_tensor(
-    fn: Callable[..., Any], args: tuple, shape: tuple[int, ...], what: str, *, finite: bool = False
+    fn: Callable[..., Any], args: tuple, shape: tuple[int, ...], what: str, *, finite: bool = False, when: str = ""
 ) -> Any:
     """:func:`learner_answer` for an answer that must be a float64 tensor of ``shape``."""
-    return learner_answer(fn, *args, convert=lambda out: as_answer_tensor(out, shape, what, finite=finite))
+    return learner_answer(fn, *args, convert=lambda out: as_answer_tensor(out, shape, what, finite=finite), when=when)
 
 
 def __getattr__(name: str) -> Any:  # lazy: klviz.check.lesson02 imports klviz.check.lesson02

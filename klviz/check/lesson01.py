@@ -1,7 +1,7 @@
 """Exercise checks for lesson 01, sampling as weighting.
 
 Each check calls the learner's function on cases it was not shown and names the mistake it finds:
-weighting by q twice, averaging over the vocabulary instead of the draws, weights inverted or
+weighting by the sampler twice, averaging over the vocabulary instead of the draws, weights inverted or
 missing, an effective sample size upside down or not invariant to the scale of the weights.
 """
 
@@ -96,8 +96,8 @@ def _cases_other_sampler(seed: int = 23) -> list[tuple[torch.Tensor, torch.Tenso
 
 @never_raises
 def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]) -> CheckResult:
-    """Exercise 2: ``fn(tokens, g, log_q, log_mu)`` with tokens drawn from mu must estimate
-    sum_x q(x) g(x) without bias: the mean of (q/mu)(x_i) g(x_i)."""
+    """Exercise 2: ``fn(tokens, g, log_pi, log_mu)`` with tokens drawn from mu must estimate
+    sum_x pi(x) g(x) without bias: the mean of (pi/mu)(x_i) g(x_i) (pi: the expectation's policy)."""
     cases = _cases_other_sampler()
     got = _run(fn, cases, "the weighted estimate")
     if isinstance(got, CheckResult):
@@ -113,7 +113,8 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
     right = mean_of(lambda lq, lm: (lq - lm).exp())
     if all(_close(a, b) for a, b in zip(got, right)):
         return passed(
-            "Each draw weighted by q(x)/mu(x), the expectation's policy over the sampler: unbiased for sum_x q(x) g(x)."
+            "Each draw weighted by pi(x)/mu(x), the expectation's policy over the sampler: "
+            "unbiased for sum_x pi(x) g(x)."
         )
     wrong = {
         "inverted": mean_of(lambda lq, lm: (lm - lq).exp()),
@@ -122,12 +123,12 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
         "log_weight": mean_of(lambda lq, lm: lq - lm),
     }
     messages = {
-        "inverted": "The weights are upside down: use q(x)/mu(x), the distribution in the expectation over the "
+        "inverted": "The weights are upside down: use pi(x)/mu(x), the distribution in the expectation over the "
         "one that drew the tokens.",
-        "none": "No weights: a plain mean over mu's tokens converges to E_mu[g], not E_q[g]; it is biased.",
+        "none": "No weights: a plain mean over mu's tokens converges to E_mu[g], not E_pi[g]; it is biased.",
         "self_normalised": "That is the self-normalised estimate, sum(w g)/sum(w): consistent, but biased for finite "
         "N; the exercise asks for the unbiased (1/N) sum(w g).",
-        "log_weight": "You used log q - log mu as the weight; the weight is the ratio itself, exp(log q - log mu).",
+        "log_weight": "You used log pi - log mu as the weight; the weight is the ratio itself, exp(log pi - log mu).",
     }
     for key, values in wrong.items():
         if all(_close(a, b) for a, b in zip(got, values)):

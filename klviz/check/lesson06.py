@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .. import kernel
-from . import CheckResult, failed, learner_answer, passed
+from . import CheckResult, WrongAnswer, failed, learner_answer, never_raises, passed
 
 
 def _call(fn: Callable[..., Any], *args: Any, convert: Callable[[Any], Any] | None = None) -> Any:
@@ -17,11 +17,18 @@ def _call(fn: Callable[..., Any], *args: Any, convert: Callable[[Any], Any] | No
 
 
 def _as64(out: Any) -> torch.Tensor:
-    if isinstance(out, torch.Tensor):
-        return out.detach().double()
-    return torch.as_tensor(out, dtype=torch.float64)
+    """A learner's answer as a float64 tensor, or :class:`WrongAnswer` saying it is not numbers."""
+    if isinstance(out, (str, bytes, dict)) or callable(out):
+        raise WrongAnswer(f"Return a tensor of numbers, not a {type(out).__name__}.")
+    if isinstance(out, torch.Tensor) and (out.is_complex() or out.dtype == torch.bool):
+        raise WrongAnswer(f"Return real numbers, not a tensor of {out.dtype}.")
+    try:
+        return out.detach().double() if isinstance(out, torch.Tensor) else torch.as_tensor(out, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise WrongAnswer(f"Return a tensor of numbers; got a {type(out).__name__} that is not one.") from None
 
 
+@never_raises
 def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> CheckResult:
     """Exercise 1: ``fn(logp_new, logp_old)``, tokens sampled by the old policy, must return the
     per-token k3 estimate of KL(old || new), accurate for tiny and finite for large log-ratios."""
@@ -70,6 +77,7 @@ def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     )
 
 
+@never_raises
 def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     """Exercise 2: ``fn(logprob, ref_logprob, old_logprob, mask)`` with tokens from pi_old must return the
     token-mean over the mask of an unbiased per-token estimate of KL(pi || pi_ref)."""
@@ -121,6 +129,7 @@ def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     )
 
 
+@never_raises
 def kl_term_with_gradient(fn: Callable[..., Any]) -> CheckResult:
     """Exercise 3: ``fn(logprob, ref_logprob, mask)`` must return the token-mean k3 penalty as a tensor that
     carries a gradient to ``logprob`` (not computed under ``torch.no_grad`` nor detached)."""

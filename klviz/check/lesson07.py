@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import CheckResult, failed, learner_answer, passed
+from . import CheckResult, as_answer_number, as_answer_tensor, failed, learner_answer, never_raises, passed
 
 __all__ = ["kl_returns", "approx_kl_stop"]
 
@@ -21,6 +21,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=1e-6, atol=1e-9))
 
 
+@never_raises
 def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]) -> CheckResult:
     """Check ``fn(rewards [B], k1 [B, T], mask [B, T], beta) -> returns [B, T]``:
     ``R_b - beta · sum_{u >= t} k1[b, u] · mask[b, u]`` on response tokens, 0 elsewhere."""
@@ -30,12 +31,16 @@ def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], A
     )
     mask = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 1, 1, 1]], dtype=torch.float64)
     beta = 0.3
-    out = learner_answer(fn, rewards.clone(), k1.clone(), mask.clone(), beta)
+    out = learner_answer(
+        fn,
+        rewards.clone(),
+        k1.clone(),
+        mask.clone(),
+        beta,
+        convert=lambda v: as_answer_tensor(v, tuple(k1.shape), "your returns (one value per token)"),
+    )
     if isinstance(out, CheckResult):
         return out
-    out = torch.as_tensor(out, dtype=torch.float64)
-    if out.shape != k1.shape:
-        return failed(f"Return one value per token: shape {tuple(k1.shape)}, got {tuple(out.shape)}.")
     km = k1 * mask
     togo = km.flip(-1).cumsum(-1).flip(-1)
     right = (rewards[:, None] - beta * togo) * mask
@@ -66,6 +71,7 @@ def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], A
     )
 
 
+@never_raises
 def approx_kl_stop(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], Any]) -> CheckResult:
     """Check ``fn(new_logp, old_logp, mask, threshold) -> (approx_kl, stop)`` with MiniMind's
     ``approx_kl`` = masked mean of ½ (new - old)² and ``stop`` = approx_kl > threshold."""
@@ -80,7 +86,12 @@ def approx_kl_stop(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float
             return out
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             return failed("Return a pair (approx_kl, stop).")
-        value, stop = float(torch.as_tensor(out[0])), bool(out[1])
+        value = as_answer_number(out[0], "approx_kl (the first item of the pair)", finite=True)
+        if isinstance(out[1], torch.Tensor) and out[1].numel() != 1:
+            return failed("stop (the second item of the pair) should be one True/False, not a tensor of several.")
+        if isinstance(out[1], (str, bytes, dict, list, tuple)):
+            return failed(f"stop (the second item of the pair) should be True or False, got {type(out[1]).__name__}.")
+        stop = bool(out[1])
         if abs(value - right) > 1e-9:
             if abs(value - float((0.5 * d * d).mean())) < 1e-9:
                 return failed("Use the mask: positions outside the response (here the last column) must not count.")

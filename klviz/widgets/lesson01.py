@@ -1,13 +1,15 @@
 """Lesson 01's panel: the weight is in the sampling, and importance weights put it back.
 
-Over the twelve readable tokens of :data:`klviz.policies.TOY_VOCAB` there are three policies:
+Over the twelve readable tokens of :data:`klviz.policies.TOY_VOCAB` there are three policies (the
+lesson calls the expectation's policy pi, so that q keeps its lesson-00 meaning, "the sampler"):
 
-- **q** (the current policy pi_theta), the distribution the expectation is taken over; movable;
-- **p** (the reference pi_ref), fixed; the quantity is KL(q || p) = sum_x q(x) log q(x)/p(x);
-- **mu** (a stale policy pi_old), the sampler that drew the tokens when they do not come from q; movable.
+- **pi** (the current policy pi_theta), the distribution the expectation is taken over; movable (the
+  code's ``q``: controls ``q_push``, ``q_temperature``);
+- **p** (the reference pi_ref), fixed; the quantity is KL(pi || p) = sum_x pi(x) log pi(x)/p(x);
+- **mu** (a stale policy pi_old), the sampler that drew the tokens when they do not come from pi; movable.
 
-A toggle picks where the tokens come from and how they are averaged: from q (plain mean: unbiased),
-from mu (plain mean: biased, it converges to E_mu[log q/p]), or from mu with importance weights q/mu
+A toggle picks where the tokens come from and how they are averaged: from pi (plain mean: unbiased),
+from mu (plain mean: biased, it converges to E_mu[log pi/p]), or from mu with importance weights pi/mu
 (the expectation's policy over the sampler: unbiased again, at
 the price of variance; the effective sample size says how much). With weights, a tiny effective
 sample size makes the ±2 SE band itself untrustworthy: the readout then says so instead of calling
@@ -29,26 +31,27 @@ from ..divergences import categorical_kl
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..sampling import draw_tokens, effective_sample_size, importance_weights, running_mean
+from ..statistics import plus_minus
 from .base import Panel
 
 __all__ = ["SamplingPanel", "MODES"]
 
 #: The three ways of drawing and averaging, as (label, value) pairs for the toggle.
-MODES = (("samples from q", "q"), ("samples from μ", "mu"), ("with importance weights", "weighted"))
+MODES = (("samples from π", "q"), ("samples from μ", "mu"), ("with importance weights", "weighted"))
 _SAMPLE_COUNTS = (100, 300, 1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
-_PUSH_TOKEN = 1  # " sofa": the token fine-tuning made q prefer
+_PUSH_TOKEN = 1  # " sofa": the token fine-tuning made pi prefer
 _MU_PUSH_TOKEN = 0  # " mat": the token the stale sampler mu can over- or under-weight
 
 
 class SamplingPanel(Panel):
-    """Sample tokens from q or from mu, average log q/p, and watch the running mean converge (or not).
+    """Sample tokens from pi or from mu, average log pi/p, and watch the running mean converge (or not).
 
-    ``compute`` returns the three policies, the draw frequencies (raw and weighted), the running
-    mean with its standard error at log-spaced N, the exact KL(q || p), the value a plain mean over
-    mu's tokens converges to, and the effective sample size.
+    ``compute`` returns the three policies (pi under the key ``"q"``), the draw frequencies (raw and
+    weighted), the running mean with its standard error at log-spaced N, the exact KL(pi || p), the
+    value a plain mean over mu's tokens converges to, and the effective sample size.
     """
 
-    title = "Sampling as weighting: tokens from q, from μ, or from μ with weights q/μ"
+    title = "Sampling as weighting: tokens from π, from μ, or from μ with weights π/μ"
     css_class = "klviz-sampling"
 
     def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
@@ -64,10 +67,10 @@ class SamplingPanel(Panel):
                 options=list(MODES), value="q", description="tokens", style={"button_width": "190px"}
             ),
             "q_push": widgets.FloatSlider(
-                value=1.5, min=-4.0, max=4.0, step=0.1, description="q: push ' sofa'", **slider
+                value=1.5, min=-4.0, max=4.0, step=0.1, description="π: push ' sofa'", **slider
             ),
             "q_temperature": widgets.FloatSlider(
-                value=0.8, min=0.25, max=4.0, step=0.05, description="q: temperature", **slider
+                value=0.8, min=0.25, max=4.0, step=0.05, description="π: temperature", **slider
             ),
             "mu_temperature": widgets.FloatSlider(
                 value=2.0, min=0.25, max=4.0, step=0.05, description="μ: temperature", **slider
@@ -104,7 +107,7 @@ class SamplingPanel(Panel):
         fig, (ax_pol, ax_run) = panel_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.35, 1]})
         x = np.arange(len(TOY_VOCAB))
         zeros = np.zeros(len(TOY_VOCAB))
-        self.bars_q = ax_pol.bar(x - 0.2, zeros, width=0.4, color=COLORS["q"], label="q(x): the expectation's weights")
+        self.bars_q = ax_pol.bar(x - 0.2, zeros, width=0.4, color=COLORS["q"], label="π(x): the expectation's weights")
         self.bars_mu = ax_pol.bar(x + 0.2, zeros, width=0.4, color=COLORS["mu"], alpha=0.55, label="μ(x): the sampler")
         (self.p_line,) = ax_pol.plot(
             x, self.ref_logp.exp().numpy(), "o", color=COLORS["p"], ms=4, label="p(x): reference (fixed)"
@@ -112,25 +115,25 @@ class SamplingPanel(Panel):
         (self.freq_line,) = ax_pol.plot(x - 0.2, zeros, "_", color="black", ms=10, mew=2.2, label="counts / N")
         ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
         ax_pol.set_ylabel("probability")
-        ax_pol.set_title("draw frequencies vs q(x)")
+        ax_pol.set_title("draw frequencies vs π(x)")
         self.legend_pol = ax_pol.legend(loc="upper right")
         self.ax_pol = ax_pol
 
         self.band = ax_run.fill_between([1, 2], [0, 0], [0, 0], color=COLORS["k1"], alpha=0.2, lw=0, label="± 2 SE")
         self._run_labels = {
-            "q": "running mean of log q/p, x ~ q",
-            "mu": "running mean of log q/p, x ~ μ",
-            "weighted": "running mean of (q/μ)·log q/p, x ~ μ",
+            "q": "running mean of log π/p, x ~ π",
+            "mu": "running mean of log π/p, x ~ μ",
+            "weighted": "running mean of (π/μ)·log π/p, x ~ μ",
         }
         (self.run_line,) = ax_run.plot([1, 2], [0, 0], color=COLORS["k1"], lw=1.4, label=self._run_labels["q"])
-        self.exact_line = ax_run.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.4, label="exact KL(q‖p)")
+        self.exact_line = ax_run.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.4, label="exact KL(π‖p)")
         self.biased_line = ax_run.axhline(
-            0.0, color=COLORS["mu"], ls=":", lw=1.6, label="E_μ[log q/p] (plain mean over μ's tokens)"
+            0.0, color=COLORS["mu"], ls=":", lw=1.6, label="E_μ[log π/p] (plain mean over μ's tokens)"
         )
         ax_run.set_xscale("log")
         ax_run.minorticks_off()  # dozens of minor ticks cost redraw time and add nothing here
         ax_run.set_xlabel("number of tokens N")
-        ax_run.set_ylabel("estimate of KL(q‖p)  [nats]")
+        ax_run.set_ylabel("estimate of KL(π‖p)  [nats]")
         # a fixed title: what is averaged, and over which tokens, is the legend's first entry (a changed
         # title would be baked into every kept background and force a full render on each mode change)
         ax_run.set_title("running mean as N grows")
@@ -170,7 +173,7 @@ class SamplingPanel(Panel):
         log_q, log_mu = self.policies(q_push, q_temperature, mu_temperature, mu_push)
         log_p = self.ref_logp
         q, mu = log_q.exp(), log_mu.exp()
-        g = (log_q - log_p).double()  # log q(x)/p(x): one sample of k1 for KL(q||p)
+        g = (log_q - log_p).double()  # log pi(x)/p(x): one sample of k1 for KL(pi||p)
         exact = float(categorical_kl(q, log_p.exp()))
         biased_limit = float((mu.double() * g).sum())  # what a plain mean over mu's tokens converges to
         sampler = q if mode == "q" else mu
@@ -220,7 +223,7 @@ class SamplingPanel(Panel):
         self.freq_line.set_data(np.arange(len(TOY_VOCAB)) + offset, freq)
         if mode != self._legend_mode:  # legends list only what is shown
             self.legend_pol.get_texts()[self._freq_entry].set_text(
-                "counts·(q/μ) / N" if mode == "weighted" else "counts / N"
+                "counts·(π/μ) / N" if mode == "weighted" else "counts / N"
             )
             shown = mode == "mu"
             self.legend_run.get_texts()[self._biased_entry].set_visible(shown)
@@ -254,9 +257,9 @@ class SamplingPanel(Panel):
 
         est, se, exact = data["estimate"], data["se"], data["exact"]
         how = {
-            "q": "plain mean of log q/p over tokens from q",
-            "mu": "plain mean of log q/p over tokens from μ (no weights)",
-            "weighted": "mean of (q/μ)·log q/p over tokens from μ",
+            "q": "plain mean of log π/p over tokens from π",
+            "mu": "plain mean of log π/p over tokens from μ (no weights)",
+            "weighted": "mean of (π/μ)·log π/p over tokens from μ",
         }[mode]
         z = (est - exact) / se if se > 0 else float("inf") if est != exact else 0.0
         ess_share = data["ess"] / data["num_samples"]
@@ -274,17 +277,17 @@ class SamplingPanel(Panel):
             verdict = "<b style='color:#b00020'>off by more than 3 standard errors: biased</b>"
         ess_line = (
             f"effective sample size <b class='klviz-ess'>{data['ess']:,.0f}</b> of {data['num_samples']:,} "
-            f"({100 * data['ess'] / data['num_samples']:.1f}%), largest weight q/μ = {data['max_weight']:.3g}"
+            f"({100 * data['ess'] / data['num_samples']:.1f}%), largest weight π/μ = {data['max_weight']:.3g}"
             if mode == "weighted"
             else f"every token counts fully: effective sample size = N = {data['num_samples']:,}"
         )
         self.readout.value = (
             "<style>.klviz-sampling .klviz-table td{padding:1px 14px 1px 0}</style>"
             "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
-            f"<tr><td><b>exact</b> KL(q‖p) = Σ<sub>x</sub> q(x) log q(x)/p(x)</td>"
+            f"<tr><td><b>exact</b> KL(π‖p) = Σ<sub>x</sub> π(x) log π(x)/p(x)</td>"
             f"<td class='klviz-exact'>{exact:.4f}</td></tr>"
-            f"<tr><td><b>estimate</b>: {how}</td><td class='klviz-estimate'>{est:.4f} ± {2 * se:.4f}</td></tr>"
-            f"<tr><td>what a plain mean over μ's tokens converges to, E<sub>μ</sub>[log q/p]</td>"
+            f"<tr><td><b>estimate</b>: {how}</td><td class='klviz-estimate'>{plus_minus(est, se, '.4f')}</td></tr>"
+            f"<tr><td>what a plain mean over μ's tokens converges to, E<sub>μ</sub>[log π/p]</td>"
             f"<td>{data['biased_limit']:.4f}</td></tr></table>"
             f"<div style='font-size:90%'>N = {data['num_samples']:,}: {verdict} "
             f"(estimate − exact = {est - exact:+.4f}, {z:+.1f} SE). {ess_line}.</div>"

@@ -29,7 +29,7 @@ from torch.distributions import Normal
 
 from .. import kernel
 from ..devices import make_generator, panel_sample_count, resolve_device
-from ..divergences import categorical_kl
+from ..divergences import categorical_kl, target_favours
 from ..estimators import k1, k2, k3
 from ..montecarlo import ESTIMATORS, categorical_counts
 from ..plotting import COLORS, panel_figure, sticky_limits
@@ -331,6 +331,9 @@ class TokenEstimatorsPanel(Panel):
         n = int(num_samples)
         log_p = move_policy(self.q_logp, temperature=float(temperature), push=float(push), push_token=int(push_token))
         q, p = self.q_logp.exp(), log_p.exp()
+        favoured = target_favours(q, p)  # p > q beyond float64 rounding
+        if not bool((favoured | target_favours(p, q)).any()):  # p = q up to rounding: log r is 0 on every token
+            log_p, p = self.q_logp, q
         exact = categorical_moments(q, p)
         log_r = log_p - self.q_logp
         per_token = {name: fn(log_r).numpy() for name, fn in _FNS.items()}
@@ -343,8 +346,9 @@ class TokenEstimatorsPanel(Panel):
             "per_token": per_token,
             "n": n,
             "exact_kl_check": float(categorical_kl(q, p)),
-            "frac_neg_mc": float(counts[log_r > 0].sum()) / n,
-            "frac_neg_exact": float(q[log_r > 0].sum()),
+            "frac_neg_mc": float(counts[favoured].sum()) / n,
+            "frac_neg_exact": float(q[favoured].sum()),
+            "max_abs_log_r": float(log_r.abs().max()),
         }
 
     def draw(self, data: dict[str, Any]) -> None:
@@ -368,7 +372,26 @@ class TokenEstimatorsPanel(Panel):
                 "frac_neg_mc": data["frac_neg_mc"],
                 "frac_neg_exact": data["frac_neg_exact"],
             }
-        ).replace("of the samples", "of the tokens drawn")
+        ).replace("of the samples", "of the tokens drawn") + self._spread_note(data)
+
+    @staticmethod
+    def _spread_note(data: dict[str, Any]) -> str:
+        """Which of k1 and k3 spreads less, and whether |log r| on every token makes that a rule or a case."""
+        exact: EstimatorMoments = data["exact"]
+        if exact.true_kl == 0:
+            return ""
+        s1, s3 = exact.std("k1"), exact.std("k3")
+        quieter = "k3" if s3 < s1 else "k1"
+        top = data["max_abs_log_r"]
+        why = (
+            "below 1 on every token q can draw, so k3 is the quieter one (lesson 02, section 3)"
+            if top <= 1
+            else "above 1 on some token q can draw: closeness fails there, and either can be the quieter one"
+        )
+        return (
+            f"<div style='font-size:90%'>Spread of one draw: k1 {s1:.4g}, k3 {s3:.4g}: <b>{quieter}</b> is the "
+            f"quieter here. Largest |log r| = {top:.2f}, {why}.</div>"
+        )
 
 
 _LAMBDAS = np.linspace(-0.5, 1.5, 201)

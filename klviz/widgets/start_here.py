@@ -10,7 +10,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..devices import make_generator
-from ..divergences import categorical_kl
+from ..divergences import categorical_kl, target_favours
 from ..montecarlo import categorical_counts, moments_from_counts, summarize
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
@@ -93,12 +93,17 @@ class StartHerePanel(Panel):
         log_p = move_policy(self.q_logp, temperature=temperature, push=push, push_token=push_token, mix=mix)
         # the same seed draws the same tokens whatever p is: only the effect of moving p shows
         counts = categorical_counts(self.q_logp.exp(), int(num_samples), generator=make_generator(seed, "cpu"))
-        log_r = log_p - self.q_logp  # log p(x) - log q(x), per token
-        exact = float(categorical_kl(self.q_logp.exp(), log_p.exp()))
+        q, p = self.q_logp.exp(), log_p.exp()
+        # p > q beyond float32 rounding: at push 0 the log-ratios are rounding noise, not a preference of p
+        favoured = target_favours(q, p)
+        same = not bool((favoured | target_favours(p, q)).any())  # p = q up to rounding
+        log_r = torch.zeros_like(log_p) if same else log_p - self.q_logp  # log p(x) - log q(x), per token
+        exact = float(categorical_kl(q, p))  # never below 0, and 0 where p = q up to rounding
         stats = summarize(moments_from_counts(counts, log_r), exact)
-        frac_neg_k1 = float(counts[log_r > 0].sum() / num_samples)
+        frac_neg_k1 = float(counts[favoured].sum() / num_samples)
         # exact E_q[k], summed over the 12 tokens in float64 (renormalised: E_q[r] = 1 to the last digit)
-        moments = categorical_moments(torch.softmax(self.q_logp.double(), -1), torch.softmax(log_p.double(), -1))
+        p64 = torch.softmax(self.q_logp.double(), -1) if same else torch.softmax(log_p.double(), -1)
+        moments = categorical_moments(torch.softmax(self.q_logp.double(), -1), p64)
         return {
             "p": log_p.exp().numpy(),
             "freq": (counts / num_samples).numpy(),
@@ -108,7 +113,8 @@ class StartHerePanel(Panel):
             "num_samples": int(num_samples),
             "exact_mean": dict(moments.mean),
             "exact_bias": {k: moments.bias(k) for k in moments.mean},
-            "frac_negative_k1_exact": float(self.q_logp.exp()[log_r > 0].sum()),
+            "frac_negative_k1_exact": float(q[favoured].sum()),
+            "same": same,
         }
 
     def draw(self, data: dict[str, Any]) -> None:
@@ -149,6 +155,17 @@ class StartHerePanel(Panel):
         rows.append(
             ["<b>exact KL</b>", f"<span class='klviz-exact'>{kl:.4f}</span>", "", "", "KL(q‖p), sum over 12 tokens", ""]
         )
+        if data["same"]:
+            sign_note = (
+                "p = q (up to float32 rounding): every token has log r = 0, so k1, k2 and k3 are exactly 0 on every "
+                "draw and the KL is 0."
+            )
+        else:
+            sign_note = (
+                f"k1 is negative for <b>{100 * data['frac_negative_k1']:.1f}%</b> of the draws (exactly "
+                f"P<sub>q</sub>(p &gt; q) = {100 * data['frac_negative_k1_exact']:.1f}%: the tokens p likes more than "
+                "q does); k2 and k3 never are."
+            )
         self.readout.value = (
             html_table(
                 [
@@ -161,11 +178,9 @@ class StartHerePanel(Panel):
                 ],
                 rows,
             )
-            + f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q. Sample mean − exact mean is "
-            "noise (about ±2 SE); exact mean − KL is bias (only k2 has one). "
-            f"k1 is negative for <b>{100 * data['frac_negative_k1']:.1f}%</b> of the draws "
-            f"(exactly P<sub>q</sub>(p &gt; q) = {100 * data['frac_negative_k1_exact']:.1f}%: the tokens p likes "
-            "more than q does); k2 and k3 never are.</div>"
+            + f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q; every ± is 2 standard errors "
+            "(2 SE). Sample mean − exact mean is noise (within about ±2 SE); exact mean − KL is bias (only k2 has "
+            f"one). {sign_note}</div>"
         )
 
 

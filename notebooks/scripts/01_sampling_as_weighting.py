@@ -15,12 +15,13 @@
 #   what the repair costs (the effective sample size);
 # - why RL code does not simply sum over the vocabulary: the cost of the exact sum, measured with `klviz.exact_kl`.
 #
-# **Time**: about 25 minutes of reading, plus the panel and three exercises.
+# **Time**: about 35 minutes of reading (prose and code), plus the panel and three exercises.
 # **Runs in**: about 15 s on a 2-core CPU (measured under nbval; the heavy cells have a size knob at the top).
 #
-# Notation (the suite's one rule, see lesson 00): tokens come from the **sampler** $q$; the other policy is the
-# **target** $p$; $r = p(x)/q(x)$; every estimator here estimates $\mathrm{KL}(q\,\|\,p)$, the divergence *from
-# the sampler*. In `ppo_kl` the sampler is $\pi_\text{old}$, which produced the rollout.
+# Notation (lesson 00's rule): tokens come from the **sampler** $q$; the other policy is the **target** $p$;
+# $r = p(x)/q(x)$; k1, k2 and k3 estimate $\mathrm{KL}(q\,\|\,p)$, the divergence *from the sampler*. In `ppo_kl`
+# the sampler is $\pi_\text{old}$, which produced the rollout. Section 4 needs a third policy: there the policy the
+# expectation is over is called $\pi$ and the sampler $\mu$, so that $q$ keeps meaning "the sampler" everywhere.
 
 # %%
 import klviz
@@ -36,8 +37,9 @@ from IPython.display import display
 
 from klviz.plotting import COLORS, new_figure
 from klviz.policies import TOY_VOCAB, move_policy, toy_sampler_logits
-from klviz.sampling import (draw_tokens, ess_fraction, expected_ess_fraction, importance_weights,
-                            running_mean, zipf_policy_pair)
+from klviz.sampling import (draw_tokens, ess_fraction, expected_ess_fraction, importance_variance_ratio,
+                            importance_weights, running_mean, zipf_policy_pair)
+from klviz.statistics import clustered_mean_se, mean_se, plus_minus   # the suite's one home for "mean ± 2 SE"
 
 # %% [markdown]
 # ## 1. The question, on twelve tokens you can read
@@ -92,9 +94,13 @@ for name, qx, fx, gx in zip(TOY_VOCAB, q.tolist(), (counts / N_TOY).tolist(), g.
 # %%
 se_toy = float(g[tokens].std() / math.sqrt(N_TOY))
 print(f"plain mean - exact = {sample_mean - exact:+.5f}, standard error {se_toy:.5f}")
+freq_se = torch.sqrt(q.double() * (1 - q.double()) / N_TOY)
+print(f"largest |n_x/N - q(x)|: {float(((counts / N_TOY) - q.double()).abs().max()):.4f} "
+      f"(its own standard error: {float(freq_se[int(((counts / N_TOY) - q.double()).abs().argmax())]):.4f})")
+
+# %%
 assert abs(sample_mean - regrouped) < 1e-12                   # bookkeeping: exact for every N
 assert abs(sample_mean - exact) < 4 * se_toy                  # law of large numbers, within 4 SE
-freq_se = torch.sqrt(q.double() * (1 - q.double()) / N_TOY)
 assert bool((((counts / N_TOY) - q.double()).abs() < 4 * freq_se).all())   # n_x/N is close to q(x)
 
 # %% [markdown]
@@ -116,8 +122,8 @@ fig.suptitle("Draw frequencies are the weights q(x)")
 display(fig)
 
 # %% [markdown]
-# **Takeaway.** Averaging over sampled tokens *is* weighting by the sampler's probabilities. No RL framework
-# multiplies by $\pi_\text{old}(x)$, and none should: doing so would weight twice and estimate
+# **Takeaway.** Averaging over sampled tokens *is* weighting by the sampler's probabilities. Code that averages
+# over sampled tokens needs no factor $\pi_\text{old}(x)$, and must not add one: it would weight twice and estimate
 # $\sum_x q(x)^2 g(x)$ instead (exercise 1 catches exactly this).
 #
 # ## 2. A vocabulary that feels real: 50,257 tokens
@@ -127,7 +133,10 @@ display(fig)
 # Does averaging a few thousand draws still work when most tokens are never drawn at all?
 #
 # `zipf_policy_pair` builds such a $q$ over GPT-2's 50,257 token ids and a target $p$ that moved every logit a
-# little (Gaussian noise of scale 0.5), as a fine-tuning step would. `klviz.exact_kl` sums over the whole vocabulary.
+# little (Gaussian noise of scale 0.5), as a fine-tuning step would. `klviz.exact_kl` sums over the whole vocabulary,
+# over non-negative terms (in float64 wherever float32 cannot vouch for the result), so it stays accurate even for a
+# tiny KL between two float32 models
+# ([checked on 2,000 random token pairs](claims.md#exact-kl-accurate)).
 
 # %%
 VOCAB = 50_257
@@ -138,14 +147,15 @@ g_big = (log_q_big - log_p_big).double()
 exact_big = float(klviz.exact_kl(log_q_big, log_p_big))       # sum over all 50,257 tokens
 
 tokens_big = draw_tokens(q_big, N_BIG, generator=klviz.make_generator(3))
-mean_big = float(g_big[tokens_big].mean())
-se_big = float(g_big[tokens_big].std() / math.sqrt(N_BIG))
+mean_big, se_big = mean_se(g_big[tokens_big])
 counts_big = torch.bincount(tokens_big, minlength=VOCAB)
 seen = counts_big > 0
 print(f"exact KL(q||p) over {VOCAB:,} tokens: {exact_big:.5f}")
-print(f"mean of k1 over {N_BIG:,} draws     : {mean_big:.5f} ± {2 * se_big:.5f} (2 SE)")
+print(f"mean of k1 over {N_BIG:,} draws     : {plus_minus(mean_big, se_big, '.5f')}")
 print(f"tokens never drawn: {int((~seen).sum()):,} of {VOCAB:,} ({100 * float((~seen).float().mean()):.1f}%), "
       f"holding {100 * float(q_big[~seen].sum()):.1f}% of q's probability")
+
+# %%
 assert abs(mean_big - exact_big) < 4 * se_big
 
 # %% [markdown]
@@ -153,8 +163,14 @@ assert abs(mean_big - exact_big) < 4 * se_big
 # The unseen tokens are many but light: together they hold a small share of $q$'s probability, and the
 # estimator accounts for them *on average*: an unlucky sample that misses a token is balanced by samples that
 # hit it. On the left, frequencies against rank on log-log axes: the draws follow $q$ wherever $q$ is large
-# enough to be drawn. On the right, the exact sum accumulated over tokens in order of rank: the head of the
-# distribution carries most of the sum.
+# enough to be drawn.
+#
+# On the right, *where the exact sum comes from*. That question has no answer until one picks how to split the
+# sum into terms: the textbook terms $q(x)\log\frac{q(x)}{p(x)}$ have both signs (negative wherever $p > q$), so their
+# running total jumps and falls back (dashed: the top token alone would "carry" 77 % of the KL), and its shape
+# says more about the order of the tokens than about where the divergence lives. Written as $\sum_x q(x)\,k_3(x)$, the same KL is a sum of
+# terms that are never negative (lesson 03), and their running total, in order of rank under $q$, climbs to the KL:
+# the share after the top $k$ tokens is the share of the divergence they carry.
 
 # %%
 order = torch.argsort(q_big, descending=True)
@@ -169,27 +185,43 @@ ax_l.set_xlabel("rank of the token under q")
 ax_l.set_ylabel("probability")
 ax_l.set_title("Zipf-like vocabulary: draws track q")
 ax_l.legend()
-partial = torch.cumsum(q_big[order].double() * g_big[order], 0).numpy()
-ax_r.semilogx(ranks, partial, color=COLORS["k1"], lw=1.8, label="sum of q(x) g(x) over the top-k tokens")
-ax_r.axhline(exact_big, color=COLORS["exact"], ls="--", lw=1.2, label="exact KL(q‖p), all tokens")
-ax_r.set_xlabel("k (tokens included, by rank)")
-ax_r.set_ylabel("partial sum  [nats]")
-ax_r.set_title("where the exact sum comes from")
-span = partial.max() - partial.min()
-ax_r.set_ylim(partial.min() - 0.45 * span, partial.max() + 0.05 * span)
-ax_r.legend(loc="lower right")
+lq64, lp64 = torch.log_softmax(log_q_big.double(), -1), torch.log_softmax(log_p_big.double(), -1)
+terms_k3 = (lq64.exp() * klviz.k3(lp64 - lq64))[order]          # q(x) k3(x) >= 0: they sum to the KL
+terms_k1 = (lq64.exp() * (lq64 - lp64))[order]                   # q(x) log q(x)/p(x): both signs
+share_k3 = torch.cumsum(terms_k3, 0).numpy() / exact_big
+share_k1 = torch.cumsum(terms_k1, 0).numpy() / exact_big
+ax_r.semilogx(ranks, share_k3, color=COLORS["k3"], lw=1.8, label="Σ q·k3 over the top-k tokens (terms ≥ 0)")
+ax_r.semilogx(ranks, share_k1, color=COLORS["k1"], lw=1.0, ls="--", label="Σ q·log(q/p) (signed terms)")
+ax_r.axhline(1.0, color=COLORS["exact"], ls=":", lw=1.2, label="the whole KL(q‖p)")
+ax_r.set_xlabel("k (tokens included, by rank under q)")
+ax_r.set_ylabel("running total / KL")
+ax_r.set_title("where the exact sum comes from (two ways to split it)")
+ax_r.set_ylim(min(0.0, float(share_k1.min())) - 0.05, max(1.05, float(share_k1.max()) + 0.05))
+ax_r.legend(loc="lower right", fontsize=8)
 display(fig)
-head_share = float(partial[99] / exact_big)
-print(f"the 100 most likely tokens (of {VOCAB:,}) carry {100 * head_share:.0f}% of the exact sum")
-assert head_share > 0.5
+heads = {k: float(share_k3[k - 1]) for k in (1, 100, 1000)}
+print("share of the KL carried by the top-k tokens (non-negative terms q·k3): "
+      + ", ".join(f"top {k:,}: {100 * v:.0f}%" for k, v in heads.items()))
+first_1000 = share_k1[:1000]
+print(f"signed terms q·log(q/p): the top token alone gives {100 * share_k1[0]:.0f}% of the KL; over the top 1,000 "
+      f"the running total wanders between {100 * first_1000.min():.0f}% and {100 * first_1000.max():.0f}%")
+
+# %%
+# they add up to the KL (exact_kl from float32 logits: within its documented float32 bound)
+assert abs(float(terms_k3.sum()) - exact_big) < klviz.divergences.FLOAT32_RELATIVE_ERROR * exact_big
+assert bool((terms_k3 >= 0).all()) and bool((terms_k1 < 0).any())      # one split is one-signed, the other is not
+assert [round(100 * v) for v in heads.values()] == [20, 56, 75] and round(100 * share_k1[0]) == 77
 
 # %% [markdown]
 # ## 3. Convergence with N: the ±2 SE band
 #
 # **Question.** How many tokens does a trustworthy estimate need? **Intuition.** Each draw adds independent
 # noise, and independent noise averages down like $1/\sqrt N$: a hundred times more tokens for ten times less
-# error. **Math.** $\mathrm{SE}(N) = s/\sqrt N$, where $s^2 = \mathrm{Var}_q[g(x)]$; the mean lies within
-# ±2 SE of the exact value in about 95% of runs.
+# error. **Math.** $\mathrm{SE}(N) = s/\sqrt N$, where $s^2 = \mathrm{Var}_q[g(x)]$. Once $N$ is large enough for
+# the mean to be nearly normal (the central limit theorem), it lies within ±2 SE of the exact value in about 95% of
+# runs. How large is "large enough" depends on the tails: a token that $q$ rarely draws but whose $\log r$ is large
+# keeps the distribution of the mean skewed for a long time. With k1 on random token pairs, $N = 4{,}096$ draws
+# covered the exact KL within ±2 SE for only 84 % of them ([checked on 1,955 random token pairs](claims.md#coverage-2se-tokens)).
 #
 # The cell draws `N_MAX` tokens once and follows the running mean of $k_1$ with its ±2 SE band (`running_mean`
 # uses float64 sums, so even $10^7$ draws lose no precision). On a GPU it draws ten times more.
@@ -200,15 +232,17 @@ gen = klviz.make_generator(4, device)
 tokens_run = draw_tokens(q_big.to(device), N_MAX, generator=gen)
 run = running_mean(g_big.to(device)[tokens_run])
 final_mean, final_se = float(run["mean"][-1]), float(run["se"][-1])
-print(f"after {N_MAX:,} draws: {final_mean:.5f} ± {2 * final_se:.5f}; exact {exact_big:.5f}")
-assert abs(final_mean - exact_big) < 4 * final_se
+print(f"after {N_MAX:,} draws: {plus_minus(final_mean, final_se, '.5f')}; exact {exact_big:.5f}")
 # the band narrows like 1/sqrt(N): slope of log SE against log N, from N = 1,000 on
 late = run["n"] >= 1_000
 slope = float(np.polyfit(np.log(run["n"][late]), np.log(run["se"][late]), 1)[0])
 print(f"log-log slope of SE against N: {slope:.3f} (1/sqrt(N) is -0.5)")
-assert abs(slope + 0.5) < 0.05
 j = int(np.searchsorted(run["n"], 4096))
-print(f"with about {run['n'][j]:,} tokens (a modest batch): ± {2 * run['se'][j]:.3f} nats (2 SE)")
+print(f"with about {run['n'][j]:,} independent draws from this q: ± {2 * run['se'][j]:.3f} nats (2 SE)")
+
+# %%
+assert abs(final_mean - exact_big) < 4 * final_se
+assert abs(slope + 0.5) < 0.05
 assert 0.01 < 2 * run["se"][j] < 0.02                     # "about ± 0.015 nats", the takeaway below
 
 # %%
@@ -236,8 +270,36 @@ ax_r.legend(loc="lower left")
 display(fig)
 
 # %% [markdown]
-# **Takeaway.** For policies this close, a batch of a few thousand response tokens pins the KL down to about
-# ± 0.015 nats (printed above): the *logged* KL of one step is a noisy number, and its noise is predictable.
+# **Takeaway.** A few thousand *independent draws from one next-token distribution* pin this KL down to about
+# ± 0.015 nats (2 SE, printed above). The tokens of a real batch are neither: each position of a response has its own
+# next-token distribution, and the tokens of one response move together (a response that strays from the reference
+# early keeps straying). The honest unit of independence is the response. `klviz.statistics.clustered_mean_se`
+# computes the token mean's standard error with responses as the independent units; here it is, on 120 responses
+# that lesson 04's tiny language model wrote (its log-probabilities and the reference's, stored in the package):
+
+# %%
+from klviz.diagnose import sample_rollouts_path
+
+batch = np.load(sample_rollouts_path())
+k1_batch = torch.from_numpy(batch["logprob"] - batch["ref_logprob"]).double()   # tokens from the policy
+mask = torch.from_numpy(batch["response_mask"]).bool()
+naive = mean_se(k1_batch[mask])                  # as if every token were an independent draw
+clustered = clustered_mean_se(k1_batch, mask)    # responses as the independent units
+print(f"{int(mask.sum()):,} tokens in {mask.shape[0]} responses: token mean of k1")
+print(f"  treating tokens as independent : {plus_minus(*naive, '.4f')}")
+print(f"  responses as independent units : {plus_minus(*clustered, '.4f')}   "
+      f"({clustered[1] / naive[1]:.2f} x the first standard error)")
+
+# %%
+assert abs(naive[0] - clustered[0]) < 1e-12 and 0.8 < clustered[1] / naive[1] < 1.2
+assert abs(2 * clustered[1] - 0.015) < 0.002 and int(mask.sum()) == 3742 and mask.shape[0] == 120
+
+# %% [markdown]
+# Here the two standard errors are close (this tiny model's tokens are nearly independent given the prompt);
+# in a large model's long responses they need not be, and the clustered one is the standard error that allows for
+# it. The mean itself also changes meaning over a batch: averaged over the response tokens it estimates the
+# next-token KL averaged over positions and over the prefixes the sampler visited, which is the sequence KL divided by
+# the response length; summed over each response, k1 estimates the sequence KL itself ([checked on 1,000 random sequence policies](claims.md#sequence-token-mean)).
 #
 # ## 4. Sampling from the wrong policy
 #
@@ -246,117 +308,135 @@ display(fig)
 # from those tokens, is the plain mean still right? (A common suggestion, "mix in samples from $p$"
 # to estimate the KL better, raises the same question.)
 #
-# To keep the roles clear (the suite's one rule still holds: $p$ is the target, the expectation is over $q$):
+# Three policies now, so three letters; $q$ is kept for "the sampler" as in lesson 00, and here the sampler is $\mu$:
 #
 # | symbol | role here | in PPO/GRPO code |
 # |---|---|---|
-# | $q$ | the policy the expectation is over: we want $\mathrm{KL}(q\,\|\,p)$ | $\pi_\theta$, the current policy |
+# | $\pi$ | the policy the expectation is over: we want $\mathrm{KL}(\pi\,\|\,p)$ | $\pi_\theta$, the current policy |
 # | $p$ | the target, the other side of the KL | $\pi_\text{ref}$, the frozen reference |
 # | $\mu$ | the sampler that actually drew the tokens | $\pi_\text{old}$, the rollout policy |
 #
-# The importance weight is $q/\mu$: **the expectation's policy over the sampler**. It is not $p/q$, the ratio inside
+# The importance weight is $\pi/\mu$: **the expectation's policy over the sampler**. It is not $p/\pi$, the ratio inside
 # the estimators, and $p$ plays no part in it.
 #
 # **Intuition.** Tokens from $\mu$ turn up with frequency $\mu(x)$, so the plain mean weights each token by
 # $\mu(x)$ and converges to $\mathbb{E}_\mu[g]$, the wrong sum. Multiply each term by
-# $w(x) = q(x)/\mu(x)$ and the frequency $\mu(x)$ turns back into $q(x)$:
+# $w(x) = \pi(x)/\mu(x)$ and the frequency $\mu(x)$ turns back into $\pi(x)$:
 #
-# $$\mathbb{E}_{x\sim\mu}\!\left[\frac{q(x)}{\mu(x)}\,g(x)\right] = \sum_x \mu(x)\frac{q(x)}{\mu(x)}g(x)
-# = \sum_x q(x)\,g(x).$$
+# $$\mathbb{E}_{x\sim\mu}\!\left[\frac{\pi(x)}{\mu(x)}\,g(x)\right] = \sum_x \mu(x)\frac{\pi(x)}{\mu(x)}g(x)
+# = \sum_x \pi(x)\,g(x).$$
 #
-# This is **importance sampling** (重要性采样); it needs $\mu(x) > 0$ wherever $q(x) > 0$.
+# This is **importance sampling** (重要性采样); it needs $\mu(x) > 0$ wherever $\pi(x) > 0$.
 
 # %%
 log_ref = toy_sampler_logits()                                   # p = pi_ref
-log_q = move_policy(log_ref, temperature=0.8, push=1.5, push_token=1)  # q = pi_theta: the expectation's policy
+log_pi = move_policy(log_ref, temperature=0.8, push=1.5, push_token=1)  # pi = pi_theta: the expectation's policy
 log_mu = move_policy(log_ref, temperature=2.0)                   # mu = pi_old: drew the tokens (flatter)
-q, mu = log_q.exp().double(), log_mu.exp().double()
-g = (log_q - log_ref).double()                                   # log q/p, per token
-kl = float((q * g).sum())                                        # KL(q || p), the target value
+pi, mu = log_pi.exp().double(), log_mu.exp().double()
+g = (log_pi - log_ref).double()                                  # log pi/p, per token
+kl = float((pi * g).sum())                                       # KL(pi || p), the target value
 limit_plain = float((mu * g).sum())                              # E_mu[g]: where the plain mean goes
 
 N_IS = 100_000
 t_mu = draw_tokens(mu, N_IS, generator=klviz.make_generator(5))
 plain = g[t_mu]
-w = importance_weights(log_q, log_mu).double()[t_mu]            # q(x_i) / mu(x_i)
+w = importance_weights(log_pi, log_mu).double()[t_mu]           # pi(x_i) / mu(x_i)
 weighted = w * g[t_mu]
-t_q = draw_tokens(q, N_IS, generator=klviz.make_generator(6))    # for comparison: tokens from q itself
-on_policy = g[t_q]
+t_pi = draw_tokens(pi, N_IS, generator=klviz.make_generator(6))  # for comparison: tokens from pi itself
+on_policy = g[t_pi]
 
-from klviz.statistics import mean_se    # (mean, s / sqrt(N)), the suite's one home for it
-rows = {"tokens from q, plain mean": mean_se(on_policy), "tokens from mu, plain mean": mean_se(plain),
-        "tokens from mu, weights q/mu": mean_se(weighted)}
-print(f"exact KL(q||p) = {kl:.4f};  E_mu[log q/p] = {limit_plain:.4f}")
+rows = {"tokens from pi, plain mean": mean_se(on_policy), "tokens from mu, plain mean": mean_se(plain),
+        "tokens from mu, weights pi/mu": mean_se(weighted)}
+print(f"exact KL(pi||p) = {kl:.4f};  E_mu[log pi/p] = {limit_plain:.4f}")
 for name, (m, s) in rows.items():
-    print(f"{name:<30} {m:+.4f} ± {2 * s:.4f}   ({(m - kl) / s:+.1f} SE from the exact value)")
+    print(f"{name:<30} {plus_minus(m, s, '+.4f'):<26} ({(m - kl) / s:+.1f} SE from the exact value)")
+m_plain, s_plain = rows["tokens from mu, plain mean"]
+m_w, s_w = rows["tokens from mu, weights pi/mu"]
+m_pi, s_pi = rows["tokens from pi, plain mean"]
+print(f"the weighted estimate's standard error is {s_w / s_pi:.2f}x the on-policy one")
 
 # %%
-m_plain, s_plain = rows["tokens from mu, plain mean"]
-m_w, s_w = rows["tokens from mu, weights q/mu"]
-m_q, s_q = rows["tokens from q, plain mean"]
-assert abs(m_q - kl) < 4 * s_q                     # on-policy: unbiased
+assert abs(m_pi - kl) < 4 * s_pi                   # on-policy: unbiased
 assert abs(m_plain - limit_plain) < 4 * s_plain    # off-policy plain mean converges to E_mu[g] ...
 assert abs(m_plain - kl) > 20 * s_plain            # ... which is far from the KL: biased
 assert abs(m_w - kl) < 4 * s_w                     # importance weights remove the bias
-assert s_w > s_q                                   # ... and cost variance
-print(f"the weighted estimate's standard error is {s_w / s_q:.2f}x the on-policy one")
+assert s_w > s_pi                                  # ... and, here, cost variance
 
 # %% [markdown]
-# The weights remove the bias and cost variance. How much? Kish's **effective sample size** answers it in
-# tokens: $\mathrm{ESS} = (\sum_i w_i)^2 / \sum_i w_i^2$. Equal weights give $N$; one dominant weight gives
-# about 1. For large $N$,
+# The weights remove the bias, and here they cost variance: the weighted mean's standard error is 1.83 times
+# the on-policy one (weights *can* lower the variance for a well-chosen sampler; a stale policy is not chosen for
+# that). How many tokens are the weighted ones worth? Two answers:
 #
-# $$\frac{\mathrm{ESS}}{N} \;\to\; \frac{(\mathbb{E}_\mu w)^2}{\mathbb{E}_\mu w^2} = \frac{1}{\sum_x q(x)^2/\mu(x)}
-# = \frac{1}{1+\chi^2(q\,\|\,\mu)}.$$
+# - **For this $g$, exactly.** The variance of one weighted draw over that of one on-policy draw is
+#   $\mathrm{Var}_\mu(w\,g)/\mathrm{Var}_\pi(g)$ (`importance_variance_ratio`, by enumeration); $N$ weighted tokens
+#   are worth $N$ divided by it.
+# - **For any $g$, as a rule of thumb.** Kish's **effective sample size**, $\mathrm{ESS} = (\sum_i w_i)^2 / \sum_i w_i^2$,
+#   looks only at the weights: equal weights give $N$, one dominant weight about 1, and for large $N$
 #
+# $$\frac{\mathrm{ESS}}{N} \;\to\; \frac{(\mathbb{E}_\mu w)^2}{\mathbb{E}_\mu w^2} = \frac{1}{\sum_x \pi(x)^2/\mu(x)}
+# = \frac{1}{1+\chi^2(\pi\,\|\,\mu)}.$$
+#
+# It ignores what is being averaged, so it can be off for the $g$ at hand, in either direction.
 # (`ess_fraction` returns ESS/N with a delta-method standard error; `expected_ess_fraction` the limit.)
 
 # %%
 ess, ess_se = ess_fraction(w)
-ess_limit = expected_ess_fraction(q, mu)
-print(f"ESS/N measured {ess:.4f} ± {2 * ess_se:.4f}; large-N limit {ess_limit:.4f}: "
-      f"{N_IS:,} weighted tokens are worth about {ess * N_IS:,.0f} tokens from q")
+ess_limit = expected_ess_fraction(pi, mu)
+ratio_g = importance_variance_ratio(pi, mu, g)
+print(f"for g = log pi/p: Var_mu(w g) / Var_pi(g) = {ratio_g:.2f} (standard errors {math.sqrt(ratio_g):.2f}x): "
+      f"{N_IS:,} weighted tokens are worth {N_IS / ratio_g:,.0f} tokens from pi")
+print(f"Kish's rule of thumb: ESS/N measured {plus_minus(ess, ess_se, '.4f')}, large-N limit {ess_limit:.4f}: "
+      f"{N_IS:,} weighted tokens 'are worth' about {ess * N_IS:,.0f}")
+
+# %%
 assert abs(ess - ess_limit) < 4 * ess_se
+assert abs(math.sqrt(ratio_g) - s_w / s_pi) < 0.05                       # the exact ratio is what the samples showed
+assert round(ratio_g, 2) == 3.39 and round(N_IS / ratio_g, -2) == 29_500 and round(ess * N_IS, -3) == 45_000
+assert round(s_w / s_pi, 2) == 1.83
 
 # %% [markdown]
 # **Where the sampler is thin, the weights explode.** Move $\mu$'s temperature (here $\mu$ is the reference at a
-# temperature $T$; $T = 1$ is $\mu = p$). ESS/N is largest, about 0.60, near $T \approx 0.71$, where $\mu$ comes closest
-# to $q$ (q itself is the reference at temperature 0.8 with a push toward " sofa", so no $T$ reaches it exactly).
-# Away from there it falls on both sides, but not alike: a flatter $\mu$ ($T$ above 1) still covers $q$'s tokens,
-# so ESS/N declines slowly (0.45 at $T = 2$, 0.37 at $T = 4$) as more draws land on tokens $q$ rarely wants; a
-# sharper $\mu$ almost never draws tokens that $q$ still likes, and when it does their weight $q/\mu$ is enormous:
-# ESS/N collapses to 0.02 at $T = 0.25$. The lesson is about mismatch, not flatness: the best sampler is the one
-# closest to $q$, and erring on the flat side is far cheaper than erring on the sharp side. Below, the large-N limit of ESS/N as a curve,
-# and measured values (20,000 draws each) with ±2 SE. For the sharpest sampler the measured point sits
-# well *above* the curve: the rare tokens that would carry the huge weights have not been drawn yet, so the
-# sample looks healthier than the sampler is. A measured ESS can flatter a bad sampler; it cannot flatter a good one.
+# temperature $T$; $T = 1$ is $\mu = p$). ESS/N is largest, about 0.60, near $T \approx 0.71$, where $\chi^2(\pi\,\|\,\mu)$
+# is smallest and $\mu$ also comes closest to $\pi$ in KL ($\pi$ is the reference at temperature 0.8 with a push toward
+# " sofa", so no $T$ reaches it exactly). Away from there it falls on both sides, but not alike: a flatter $\mu$ ($T$
+# above 1) still covers $\pi$'s tokens, so ESS/N declines slowly (0.45 at $T = 2$, 0.37 at $T = 4$) as more draws land
+# on tokens $\pi$ rarely wants; a sharper $\mu$ almost never draws tokens that $\pi$ still likes, and when it does their
+# weight $\pi/\mu$ is enormous: ESS/N collapses to 0.02 at $T = 0.25$. For samplers that are tempered copies of $\pi$
+# itself the lopsidedness is exact: sharper by a temperature factor $c$ always leaves fewer effective samples than
+# flatter by the same factor ([checked on 2,000 random token distributions](claims.md#ess-sharper-costs-more)). Below, the large-N limit of ESS/N as a curve, and
+# measured values (20,000 draws each) with ±2 SE. For the sharpest sampler the measured point sits well *above* the
+# curve: the rare tokens that would carry the huge weights have not been drawn yet, so the sample looks healthier
+# than the sampler is. A measured ESS can flatter a bad sampler.
 
 # %%
 N_ESS = 20_000           # draws per measured point
 temps_curve = np.geomspace(0.25, 4.0, 200)
-limits = [expected_ess_fraction(q, move_policy(log_ref, temperature=float(t)).exp()) for t in temps_curve]
+limits = [expected_ess_fraction(pi, move_policy(log_ref, temperature=float(t)).exp()) for t in temps_curve]
 temps_meas = [0.25, 0.4, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0, 4.0]
 meas = []
 for i, t in enumerate(temps_meas):
     log_m = move_policy(log_ref, temperature=t)
     tok = draw_tokens(log_m.exp(), N_ESS, generator=klviz.make_generator(100 + i))
-    f, se = ess_fraction(importance_weights(log_q, log_m)[tok])
-    meas.append((t, f, se, expected_ess_fraction(q, log_m.exp())))
+    f, se = ess_fraction(importance_weights(log_pi, log_m)[tok])
+    meas.append((t, f, se, expected_ess_fraction(pi, log_m.exp())))
 for t, f, se, lim in meas:
-    print(f"mu temperature {t:4.2f}: ESS/N measured {f:.4f} ± {2 * se:.4f}, limit {lim:.4f}")
+    print(f"mu temperature {t:4.2f}: ESS/N measured {plus_minus(f, se, '.4f')}, limit {lim:.4f}")
+t_best = float(temps_curve[int(np.argmax(limits))])
+kl_to_pi = [float(klviz.categorical_kl(pi, move_policy(log_ref, temperature=float(t)).exp())) for t in temps_curve]
+print(f"ESS/N peaks at {max(limits):.2f} for temperature {t_best:.2f}; KL(pi || mu) is smallest at "
+      f"{float(temps_curve[int(np.argmin(kl_to_pi))]):.2f}")
+ess_at = {t: expected_ess_fraction(pi, move_policy(log_ref, temperature=t).exp()) for t in (0.25, 2.0, 4.0)}
+print("ESS/N limit at temperature " + ", ".join(f"{t}: {v:.2f}" for t, v in ess_at.items()))
+
+# %%
 # from temperature 0.5 on the weights stay moderate and the delta-method SE is trustworthy
 assert all(abs(f - lim) < 4 * se for t, f, se, lim in meas if t >= 0.5)
 # at 0.25 the sample has not met its heaviest weights: measured ESS far above the limit
 t, f, se, lim = meas[0]
 assert f > lim + 4 * se
-# the peak: where mu comes closest to q; flatter falls slowly, sharper collapses
-t_best = float(temps_curve[int(np.argmax(limits))])
-kl_to_q = [float(klviz.categorical_kl(q, move_policy(log_ref, temperature=float(t)).exp())) for t in temps_curve]
-print(f"ESS/N peaks at {max(limits):.2f} for temperature {t_best:.2f}; KL(q || mu) is smallest at "
-      f"{float(temps_curve[int(np.argmin(kl_to_q))]):.2f}")
+# the peak: where chi²(pi || mu) is smallest, here also where mu is closest to pi in KL
 assert round(t_best, 2) == 0.71 and round(max(limits), 2) == 0.60
-assert abs(t_best - float(temps_curve[int(np.argmin(kl_to_q))])) < 0.05     # the peak is where mu is closest to q
-ess_at = {t: expected_ess_fraction(q, move_policy(log_ref, temperature=t).exp()) for t in (0.25, 2.0, 4.0)}
+assert abs(t_best - float(temps_curve[int(np.argmin(kl_to_pi))])) < 0.05
 assert round(ess_at[2.0], 2) == 0.45 and round(ess_at[4.0], 2) == 0.37 and round(ess_at[0.25], 2) == 0.02
 
 # %%
@@ -377,10 +457,11 @@ display(fig)
 
 # %% [markdown]
 # **Takeaway.** Tokens from the wrong policy give a biased plain mean, with no warning in the logs. The weight
-# $q/\mu$ (the expectation's policy over the sampler) removes the bias; it is what DeepSeek-V3.2's and TRL's
-# `use_bias_correction_kl` "ratio-corrected k3" multiplies by. The price is variance, measured by the effective
-# sample size; a sampler much sharper than the target can make that price ruinous, and a small sample may not
-# even show it.
+# $\pi/\mu$ (the expectation's policy over the sampler) removes the bias: it is what TRL's `use_bias_correction_kl`
+# (on by default) and DeepSeek-V3.2's "ratio-corrected k3" multiply k3 by, so that its average over $\pi_\text{old}$'s
+# tokens is $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ again on every minibatch ([checked on 2,000 random token pairs](claims.md#ratio-corrected-k3)). The price
+# is variance, which Kish's ESS estimates roughly and $\mathrm{Var}_\mu(wg)/\mathrm{Var}_\pi(g)$ exactly; a sampler much
+# sharper than the target can make that price ruinous, and a small sample may not even show it.
 #
 # ## 5. Why not sum over the vocabulary?
 #
@@ -417,8 +498,10 @@ t_est = time.perf_counter() - t0
 
 est, est_se = float(k3_tok.mean()), float(k3_tok.std() / math.sqrt(POSITIONS))
 print(f"exact KL, mean over positions : {float(kl_exact.mean()):.5f}   ({t_exact * 1e3:8.1f} ms)")
-print(f"k3 from stored log-probs      : {est:.5f} ± {2 * est_se:.5f}   ({t_est * 1e3:8.3f} ms)")
+print(f"k3 from stored log-probs      : {plus_minus(est, est_se, '.5f')}   ({t_est * 1e3:8.3f} ms)")
 print(f"numbers needed: exact {2 * POSITIONS * V:,}, estimate {2 * POSITIONS:,} (ratio {V:,})")
+
+# %%
 assert abs(est - float(kl_exact.mean())) < 4 * est_se
 
 # %% [markdown]
@@ -436,19 +519,20 @@ print(f"exact sum: {full / 2**30:,.1f} GiB of logits per step; per-token estimat
 # This is why verl's `kl_penalty` raises `NotImplementedError` for `"full"`, and why TRL's legacy code and
 # ROLL compute the full sum only as an option (`F.kl_div(ref_logprob, logprob, log_target=True).sum(-1)`, with
 # full log-prob tensors). A middle road exists: at each *sampled prefix*, sum the next-token KL exactly over
-# the vocabulary (Amini, Vieira and Cotterell's Rao-Blackwellized estimator): never more variance than
-# sampling the token, at the cost of the full distributions at every position.
+# the vocabulary (Amini, Vieira and Cotterell's Rao-Blackwellized estimator, which they prove unbiased and never
+# noisier than summing the sampled tokens' k1) ([checked on 1,000 random sequence policies](claims.md#rao-blackwell-never-worse)), at the cost of the full
+# distributions at every position.
 #
 # ## 6. The panel: move the sampler and the target
 #
-# Three policies over the twelve tokens: $q$ (grey, movable: push " sofa", change its temperature), the fixed
-# reference $p$ (purple dots), and the stale sampler $\mu$ (red, movable). The toggle says where the tokens come
-# from and how they are averaged. Left: draw frequencies (black marks) against the bars; right: the running
-# mean of $\log q/p$ with its ±2 SE band, the exact $\mathrm{KL}(q\,\|\,p)$ (dashed) and, when the tokens come
-# from $\mu$ without weights, the value the plain mean converges to instead (dotted).
+# Three policies over the twelve tokens, named as in section 4: $\pi$ (grey, movable: push " sofa", change its
+# temperature), the fixed reference $p$ (purple dots), and the stale sampler $\mu$ (red, movable). The toggle says
+# where the tokens come from and how they are averaged. Left: draw frequencies (black marks) against the bars;
+# right: the running mean of $\log \pi/p$ with its ±2 SE band, the exact $\mathrm{KL}(\pi\,\|\,p)$ (dashed) and, when
+# the tokens come from $\mu$ without weights, the value the plain mean converges to instead (dotted).
 #
 # Things to try:
-# 1. **samples from q**, then raise N: the band narrows like $1/\sqrt N$ around the dashed line.
+# 1. **samples from π**, then raise N: the band narrows like $1/\sqrt N$ around the dashed line.
 # 2. **samples from μ**: the black marks sit on the red bars, and the running mean settles on the dotted line.
 # 3. **with importance weights**: the weighted marks return to the grey bars, the mean to the dashed line,
 #    and the effective sample size drops below N.
@@ -477,15 +561,18 @@ panel.set(mode="q", num_samples=10_000);
 #
 # - $\frac1N\sum_i g(x_i)$ over tokens drawn from $q$ equals $\sum_x \frac{n_x}{N} g(x)$ exactly; the counts
 #   $n_x/N$ converge to $q(x)$. The "missing" $P(i)$ is the draw frequency. Never multiply by it again.
-# - The estimate's error shrinks like $1/\sqrt N$; report it with its standard error, $s/\sqrt N$.
+# - The estimate's error shrinks like $1/\sqrt N$; report it with its standard error, $s/\sqrt N$, and remember that
+#   ±2 SE means 95 % only once $N$ is large enough for the tails ([checked on 1,955 random token pairs](claims.md#coverage-2se-tokens)).
 # - A batch mean over the tokens of real responses averages over more than the token: each position has its own
-#   next-token distribution, so the mean also averages over the prefixes the sampler happened to visit. It
-#   estimates the KL per position averaged over the sampler's prefixes (the sequence-level picture is lesson 04's).
+#   next-token distribution, so the token mean estimates the next-token KL averaged over positions and over the
+#   prefixes the sampler visited ([checked on 1,000 random sequence policies](claims.md#sequence-token-mean)). Its standard error takes the responses as the
+#   independent units (`clustered_mean_se`).
 # - On a 50k-token vocabulary most tokens are never drawn in a batch, and the estimate is still unbiased: the
 #   unseen tokens are accounted for on average.
-# - Tokens from another policy $\mu$ bias the plain mean towards $\mathbb{E}_\mu[g]$. The weight $q/\mu$ (the
-#   expectation's policy over the sampler) removes the bias and costs effective samples:
-#   $\mathrm{ESS}/N \to 1/(1+\chi^2(q\,\|\,\mu))$.
+# - Tokens from another policy $\mu$ bias the plain mean towards $\mathbb{E}_\mu[g]$. The weight $\pi/\mu$ (the
+#   expectation's policy over the sampler) removes the bias and usually costs variance: exactly
+#   $\mathrm{Var}_\mu(wg)/\mathrm{Var}_\pi(g)$ for the $g$ at hand, roughly $1+\chi^2(\pi\,\|\,\mu) = N/\mathrm{ESS}$ by Kish's
+#   rule of thumb.
 # - The exact sum needs both models' full distributions at every position, $V$ times more numbers than the
 #   per-token estimate; that is why RL code samples.
 #
@@ -514,10 +601,10 @@ assert klviz.check.lesson01.estimate_from_draws(estimate_from_draws)
 
 # %% [markdown]
 # **Exercise 2: tokens from the wrong policy.** `tokens` were drawn from $\mu$ (log-probabilities `log_mu`).
-# Return an *unbiased* estimate of $\sum_x q(x)\,g(x)$.
+# Return an *unbiased* estimate of $\sum_x \pi(x)\,g(x)$, where $\pi$ has log-probabilities `log_pi`.
 
 # %%
-def weighted_estimate(tokens, g, log_q, log_mu):
+def weighted_estimate(tokens, g, log_pi, log_mu):
     ...
 
 klviz.check.lesson01.weighted_estimate(weighted_estimate)
@@ -525,8 +612,8 @@ klviz.check.lesson01.weighted_estimate(weighted_estimate)
 
 # %%
 # solution
-def weighted_estimate(tokens, g, log_q, log_mu):
-    w = torch.exp(log_q - log_mu)[tokens]          # the expectation's policy over the sampler
+def weighted_estimate(tokens, g, log_pi, log_mu):
+    w = torch.exp(log_pi - log_mu)[tokens]          # the expectation's policy over the sampler
     return (w * g[tokens]).mean()
 
 assert klviz.check.lesson01.weighted_estimate(weighted_estimate)

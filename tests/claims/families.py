@@ -13,6 +13,7 @@ Everything is float64 unless a claim is about a lower precision.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ __all__ = [
     "gaussian_pairs",
     "SequenceCase",
     "sequence_policies",
+    "clear_cache",
 ]
 
 TOKEN_KINDS = ("logit-noise", "push-up", "push-down", "temperature", "mix-uniform")
@@ -88,9 +90,28 @@ def token_pairs(
     *,
     kinds: tuple[str, ...] = TOKEN_KINDS,
     vocab: tuple[int, int] = (2, MAX_VOCAB),
+    noise: tuple[float, float] = (1e-3, 1.0),
 ) -> list[TokenPair]:
     """``n`` cases cycling through ``kinds``; vocabulary sizes log-uniform over ``vocab`` (both ends
-    included: the first cases of each kind take the smallest and the largest size)."""
+    included: the first cases of each kind take the smallest and the largest size); the logit noise of
+    ``"logit-noise"`` log-uniform over ``noise``.
+
+    The same arguments return the same cases (cached, four families at most: several claims share
+    one family without drawing it again); a check must not modify them.
+    """
+    return list(_token_pairs(n, seed, tuple(kinds), tuple(vocab), tuple(noise)))
+
+
+def clear_cache() -> None:
+    """Forget the cached families (hundreds of MiB): a process that goes on to other work, or that
+    starts child processes whose peak memory is measured, should not carry them."""
+    _token_pairs.cache_clear()
+
+
+@functools.lru_cache(maxsize=4)
+def _token_pairs(
+    n: int, seed: int, kinds: tuple[str, ...], vocab: tuple[int, int], noise: tuple[float, float]
+) -> tuple[TokenPair, ...]:
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
@@ -100,7 +121,7 @@ def token_pairs(
         logits, base = _base_logits(rng, v)
         q_logp = torch.log_softmax(logits, -1)
         if kind == "logit-noise":
-            s = _log_uniform(rng, 1e-3, 1.0)
+            s = _log_uniform(rng, noise[0], noise[1])
             p_logits = logits + s * torch.from_numpy(rng.standard_normal(v))
             detail = f"noise sd {s:.3g}"
         elif kind in ("push-up", "push-down"):
@@ -121,7 +142,7 @@ def token_pairs(
         else:
             raise ValueError(f"unknown kind {kind!r}; the kinds are {TOKEN_KINDS}")
         out.append(TokenPair(kind, q_logp, torch.log_softmax(p_logits, -1), f"{base}, {detail}"))
-    return out
+    return tuple(out)
 
 
 @dataclass(frozen=True)

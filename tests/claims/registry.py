@@ -33,7 +33,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Evidence", "Claim", "CLAIMS", "claim", "load_all", "MIN_CASES", "CLAIM_ID", "marker_text"]
+__all__ = [
+    "Evidence",
+    "Claim",
+    "CLAIMS",
+    "claim",
+    "load_all",
+    "MIN_CASES",
+    "CLAIM_ID",
+    "marker_text",
+    "run_check",
+    "run_checks_apart",
+]
 
 #: The fewest cases a claim's check may run.
 MIN_CASES = 1000
@@ -85,6 +96,51 @@ def claim(
         return check
 
     return register
+
+
+def run_check(c: Claim) -> Evidence:
+    """Run a claim's check on one CPU thread (its thousands of small vocabulary sums gain nothing from a
+    thread pool, and on a busy machine the pool's hand-offs made them 10-20x slower), restoring the
+    caller's setting afterwards."""
+    from klviz.devices import single_thread
+
+    with single_thread():
+        return c.check()
+
+
+def run_checks_apart(ids: list[str], timeout: float = 3600) -> dict[str, Evidence | str]:
+    """Run the checks of the claims ``ids`` (:func:`run_check`, one after another) in a fresh Python process
+    and return, per claim, its :class:`Evidence` or, where the check failed, its error message. The checks'
+    memory stays in that process."""
+    import json
+    import subprocess
+    import sys
+
+    tests = Path(__file__).resolve().parents[1]
+    code = (
+        "import json, sys, traceback\n"
+        f"sys.path.insert(0, {str(tests)!r})\n"
+        "from claims.registry import load_all, run_check\n"
+        "claims = load_all()\n"
+        "out = {}\n"
+        "for cid in json.loads(sys.stdin.read()):\n"
+        "    try:\n"
+        "        ev = run_check(claims[cid])\n"
+        "        out[cid] = {'cases': ev.cases, 'worst': ev.worst}\n"
+        "    except Exception as err:\n"
+        "        out[cid] = {'error': f'{type(err).__name__}: {err}'}\n"
+        "print('CLAIMS-JSON ' + json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(list(ids)), capture_output=True, text=True, timeout=timeout
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("CLAIMS-JSON ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the claims' child process failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    results: dict[str, Evidence | str] = {}
+    for cid, r in json.loads(lines[-1][len("CLAIMS-JSON ") :]).items():
+        results[cid] = r["error"] if "error" in r else Evidence(int(r["cases"]), str(r["worst"]))
+    return results
 
 
 def marker_text(c: Claim, cases: int) -> str:
