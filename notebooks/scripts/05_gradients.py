@@ -21,7 +21,10 @@
 # - what a clamp does to the ratio-corrected k3 (verl's clamped `low_var_kl` times $\rho$; NeMo-RL);
 # - off-policy (tokens from $\pi_\text{old}$): the bias of each placement, with and without importance weights, which way
 #   k1 as a loss really moves the policy, and the bias of what PPO-style trainers actually do with a KL in the reward
-#   (the value frozen at rollout, the advantage weighted by $\rho$).
+#   (the value frozen at rollout, the advantage weighted by $\rho$);
+# - for whole responses off-policy: why a per-token $\rho$ is a one-token correction, what TRL's
+#   `use_bias_correction_kl` corrects and what it leaves, the prefix-product weight that is exact, and how to audit your
+#   own KL term in place with `klviz.audit_loss` (the same check as `klviz audit`).
 #
 # **Time**: about 40 minutes of reading, plus two panels and three exercises.
 # **Runs in**: about 20 s on an idle 2-core CPU (measured under nbval: 20 s).
@@ -42,7 +45,7 @@ import torch
 from IPython.display import display
 
 from klviz import frameworks as fw
-from klviz.bandit import (BETA_GRID, REF_PROBS, REWARDS, SequenceToy, bandit_table, forward_kl_optimum,
+from klviz.bandit import (BETA_GRID, REF_PROBS, REWARDS, SEQUENCE_WEIGHTS, SequenceToy, bandit_table, forward_kl_optimum,
                           offpolicy_expected_gradient, reverse_kl_optimum, reward_updates, tv_distance)
 from klviz.divergences import categorical_kl
 from klviz.plotting import COLORS, new_figure
@@ -671,7 +674,6 @@ print(f"random triples: a descent step on k1-as-loss increased KL(pi_old||pi_the
 assert up_old == N_TRIALS
 assert frac - 4 * se > 0.5
 
-
 # %% [markdown]
 # **Settled, for what was measured.** Off-policy, k1 as a loss is gradient *ascent* on $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$ (an
 # identity, checked to $10^{-12}$): it always pushes the policy away from the one that sampled the batch, i.e. further
@@ -679,6 +681,99 @@ assert frac - 4 * se > 0.5
 # triples this *increases* $\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$: a "KL penalty" that makes the KL grow. Its size scales with
 # $\|\pi_\theta-\pi_\text{old}\|$, so it is small when there are few inner steps, and it is zero on-policy.
 #
+# ### Whole responses off-policy: a per-token $\rho$ is a one-token correction
+#
+# Everything above is one token. A response is sampled token by token, and on a later minibatch every token of it came
+# from $\pi_\text{old}$, **its prefix included**. The per-token ratio $\rho_t=\pi_\theta(y_t|y_{<t})/\pi_\text{old}(y_t|y_{<t})$
+# turns the average over the token $y_t$ into one under $\pi_\theta$, *given its prefix*; the prefixes stay
+# $\pi_\text{old}$'s. For the sequence KL the importance weight of token $t$'s term is the weight of everything drawn up to
+# it, the **prefix product**:
+#
+# $$\mathbb E_{y\sim\pi_\text{old}}\Big[\sum_t\Big(\prod_{u\le t}\rho_u\Big)\,k_3(y_t)\Big]=\sum_t\mathbb E_{y_{\le t}\sim\pi_\theta}\big[k_3(y_t)\big]
+# =\mathrm{KL}_\text{seq}(\pi_\theta\,\|\,\pi_\text{ref}),$$
+#
+# an identity in $\theta$ ($\pi_\text{old}$ held fixed), so differentiating the surrogate, through every $\rho_u$, gives the
+# gradient of the sequence KL itself. Four weightings of $k_3$ (`SequenceToy.offpolicy_gradient`, every expectation an exact
+# sum over the 27 responses of a tabular policy with 3 tokens and length 3, all of them drawn by $\pi_\text{old}$):
+
+# %%
+seq3 = SequenceToy(vocab_size=3, length=3)
+g3 = klviz.make_generator(21)
+ref_s = seq3.random_logits(1.0, generator=g3)                 # pi_ref: one row of logits per prefix
+theta_s = ref_s + seq3.random_logits(0.7, generator=g3)       # pi_theta, being updated
+old_s = theta_s + seq3.random_logits(0.7, generator=g3)       # pi_old: sampled the responses
+target_s = seq3.true_gradient(theta_s, ref_s)                 # autograd of the exact sequence KL(pi_theta || pi_ref)
+partial_old = seq3.partial_gradient(theta_s, ref_s, prefix_logits=old_s)   # per-position KL gradients, pi_old's prefixes
+partial_theta = seq3.partial_gradient(theta_s, ref_s)                      # ... pi_theta's prefixes (section 5)
+print(f"sequence KL(pi_theta || pi_ref) = {float(seq3.sequence_kl(theta_s, ref_s)):.4f}; "
+      f"KL(pi_old || pi_theta) = {float(seq3.sequence_kl(old_s, theta_s)):.4f}")
+print(f"{'weight of k3_t':<34}{'mean value':>11}{'rel. error vs ∇KL_seq':>23}{'= partial, old prefixes':>25}")
+seq_off = {}
+for w in SEQUENCE_WEIGHTS:
+    g = seq3.offpolicy_gradient(theta_s, ref_s, old_s, "k3", w)
+    seq_off[w] = g
+    print(f"{w:<34}{seq3.offpolicy_value(theta_s, ref_s, old_s, 'k3', w):11.4f}"
+          f"{float((g - target_s).norm() / target_s.norm()):23.3f}{str(bool(torch.allclose(g, partial_old))):>25}")
+
+# %%
+assert torch.allclose(seq_off["prefix product"], target_s, atol=1e-12)            # exact
+assert abs(seq3.offpolicy_value(theta_s, ref_s, old_s, "k3", "prefix product") - float(seq3.sequence_kl(theta_s, ref_s))) < 1e-12
+assert torch.allclose(seq_off["per-token ρ"], partial_old, atol=1e-12)              # per-token rho: old prefixes
+assert torch.allclose(seq_off["prefix product, prefix detached"], partial_theta, atol=1e-12)
+assert float((seq_off["per-token ρ"] - target_s).norm() / target_s.norm()) > 0.1
+
+
+# %% [markdown]
+# Read it row by row:
+#
+# - **none** (verl's `kl_loss`, MiniMind's `kl_ref_penalty`, OpenRLHF's `use_loss`, on a second minibatch): $k_3$'s
+#   forward-KL gradient, at the wrong prefixes, with no weight at all.
+# - **per-token $\rho$** (TRL's `use_bias_correction_kl`, DeepSeek-V3.2's correction; NeMo-RL's non-default
+#   `use_on_policy_kl_approximation`, with $\pi_\text{generation}$ in the denominator) corrects what one token can: at each
+#   position, $k_3$'s forward-KL gradient becomes the reverse one, and the token is reweighted from $\pi_\text{old}$'s choice to
+#   $\pi_\theta$'s. Its expected gradient is exactly $\sum_t\mathbb E_{y_{<t}\sim\pi_\text{old}}[\nabla\mathrm{KL}(\pi_\theta(\cdot|y_{<t})\|\pi_\text{ref}(\cdot|y_{<t}))]$
+#   ([checked on 1,000 tabular sequence policies](claims.md#per-token-rho-is-the-partial-gradient-at-old-prefixes)). It
+#   leaves two things: the prefixes are $\pi_\text{old}$'s, and the future terms of section 5 are missing (the partial
+#   gradient), so it is not the gradient of the sequence KL, off-policy or on.
+# - **prefix product, prefix detached** repairs the prefixes only: the partial gradient at $\pi_\theta$'s prefixes.
+# - **prefix product**, differentiated through every $\rho_u$, is the sequence gradient exactly, off-policy and on-policy
+#   alike ([checked on 1,000 tabular sequence policies](claims.md#prefix-product-weights-are-exact)): the derivative of
+#   $\prod_{u<t}\rho_u$ is the score of the prefix, which is where the future terms come from. Its price is variance: a product of
+#   $t$ ratios, whose second moment grows like $(1+\chi^2)^t$ (lesson [08](08_sampler_vs_trainer.ipynb) §4 measures that trap).
+#
+# The mean values follow the same accounting: the prefix product's is the sequence KL, per-token $\rho$'s is
+# $\sum_t\mathbb E_{y_{<t}\sim\pi_\text{old}}[\mathrm{KL}(\pi_\theta(\cdot|y_{<t})\|\pi_\text{ref}(\cdot|y_{<t}))]$, the per-position KLs at the old prefixes.
+#
+# **Audit your own KL term, in place.** `klviz.audit_loss` runs a function written the way training code writes a KL
+# term, `fn(logprob, old_logprob, ref_logprob, response_mask)` on `[batch, length]` tensors, on every response of a tiny
+# enumerable policy, and says which gradient its exact expectation follows. `sampler="old"` draws the responses from a
+# perturbed $\pi_\text{old}$, as on a later minibatch. From a shell, `klviz audit my_loss.py:my_kl --sampler old --length 3`
+# does the same with your file. The two weightings, written as a trainer writes them:
+
+# %%
+def kl_per_token_rho(logprob, old_logprob, ref_logprob, response_mask):
+    log_r = ref_logprob - logprob
+    rho = torch.exp(logprob - old_logprob)                                   # one ratio per token
+    return (rho * (torch.expm1(log_r) - log_r) * response_mask).sum()
+
+
+def kl_prefix_product(logprob, old_logprob, ref_logprob, response_mask):
+    log_r = ref_logprob - logprob
+    weight = torch.exp(torch.cumsum((logprob - old_logprob) * response_mask, -1))   # prod_{u<=t} rho_u
+    return (weight * (torch.expm1(log_r) - log_r) * response_mask).sum()
+
+
+audits = {fn.__name__: klviz.audit_loss(fn, sampler="old", length=3) for fn in (kl_per_token_rho, kl_prefix_product)}
+for name, a in audits.items():
+    print(f"{name:<18} follows: {a.follows:<11} relative error vs ∇KL(π‖π_ref): {a.relative_error['reverse_kl']:.2g}, "
+          f"vs ∇KL(π_ref‖π): {a.relative_error['forward_kl']:.2g}")
+
+# %%
+assert audits["kl_per_token_rho"].follows == "neither" and audits["kl_prefix_product"].follows == "reverse_kl"
+assert audits["kl_prefix_product"].relative_error["reverse_kl"] < 1e-9
+
+
+# %% [markdown]
 # ## 7. What this says about the papers
 #
 # Each paper's claim in its own words (with where it says it), then what the exact sums of this lesson show, at toy scale:
@@ -720,7 +815,10 @@ assert frac - 4 * se > 0.5
 #   loss converges to the forward-KL solution; k1 in the loss, k2 and k3 in the reward do not regularise towards
 #   $\pi_\text{ref}$ at all in the bandit.
 # - For sequences, per-token losses give the partial gradient; reward-to-go of k1 in the reward gives the full one.
-# - Off-policy, a KL in the loss needs $\rho=\pi_\theta/\pi_\text{old}$ (detached for k2; through the ratio for k3). The KL in
+# - Off-policy, one token's KL term needs $\rho=\pi_\theta/\pi_\text{old}$ (detached for k2; through the ratio for k3). A
+#   whole response needs the prefix product $\prod_{u\le t}\rho_u$, differentiated: per-token $\rho$ (TRL's
+#   `use_bias_correction_kl`) follows the partial gradient at $\pi_\text{old}$'s prefixes. `klviz.audit_loss` says which
+#   gradient your own term follows. The KL in
 #   the reward as PPO computes it (frozen at rollout, advantage times $\rho$) is exact only on the first minibatch; its
 #   bias, $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$, grows with the inner steps. Unweighted k1 as a loss pushes the policy
 #   away from $\pi_\text{old}$.

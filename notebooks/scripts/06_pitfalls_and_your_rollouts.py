@@ -8,8 +8,9 @@
 #   inverted ratio of a widely shared `compute_kl`, clamps, low precision, off-policy tokens, sum vs mean, negative k1
 #   logs, a KL loss under `torch.no_grad`, "mix in samples from p" without weights, and an unsourced
 #   variance table;
-# - how to read a dump of your own run's log-probabilities with `klviz diagnose`, and what each trouble
-#   sign in its report means;
+# - how to read a dump of your own run's log-probabilities with `klviz diagnose`, what each trouble
+#   sign in its report means, and what a dump cannot show (how the KL term was wired: `klviz audit`);
+# - for whole responses on a second epoch: why a per-token importance weight is not enough (exercise 2);
 # - short answers to the questions people keep asking on GitHub, each linked to the place in the suite
 #   that shows the answer.
 #
@@ -302,11 +303,21 @@ display(fig)
 
 # %% [markdown]
 # **Takeaway.** Compute the log-softmax in float32 (upcast the logits first), and compute policy and reference
-# log-probs the same way. Do not assume your framework does it: verl's `logprobs_from_logits_v2`
-# (`verl/utils/torch_functional.py`, used when flash-attn's fused kernel is not) and TRL's `selective_log_softmax`
-# (`trl/trainer/utils.py`) run `log_softmax` row by row **in the logits' own dtype**, so bf16 logits stay bf16 there;
-# OpenRLHF's `compute_approx_kl` casts the *log-probabilities* to float32, after they were computed. The k1 batch mean tolerates independent rounding; k2 and k3 turn rounding
-# noise into a positive "KL" even between identical models.
+# log-probs the same way. What each framework does with bf16 logits, read in its code:
+#
+# - **OpenRLHF** upcasts the logits in `Actor.forward` (`openrlhf/models/actor.py`: `output["logits"].to(torch.float32)`,
+#   PR #634) before `log_probs_from_logits`, and `compute_approx_kl` computes the log-ratio in float32 again: the
+#   "bfloat16 logits" row above.
+# - **TRL 1.16.0**'s `selective_log_softmax` (`trl/trainer/utils.py`) hands CUDA and XPU logits to a Triton kernel
+#   (`trl/kernels/logprob_entropy.py`) that loads them as float32 and returns float32: the "bfloat16 logits" row. Only
+#   its fallback, on the CPU (or without Triton), runs `log_softmax` row by row **in the logits' own dtype**: the
+#   "everything in bf16" row.
+# - **verl**'s `logprobs_from_logits` (`verl/utils/torch_functional.py`) uses flash-attn's Triton cross-entropy when
+#   flash-attn is installed, which computes in float32; without it, `logprobs_from_logits_v2` runs `log_softmax` row by
+#   row in the logits' dtype, as TRL's fallback does.
+#
+# `klviz.pitfalls.logprobs_in_precision` names the same cases in its docstring. The k1 batch mean tolerates independent
+# rounding; k2 and k3 turn rounding noise into a positive "KL" even between identical models.
 
 # %% [markdown]
 # ## 4 · Off-policy tokens: the second PPO epoch <a id="off-policy"></a>
@@ -341,6 +352,13 @@ assert abs(e["ppo_kl"] - e["KL(old||theta)"]) < 1e-12
 # | $\rho\,k_1$, $\rho\,k_3$ with $\rho=\pi_\theta/\pi_\text{old}$ | $\mathrm{KL}(\pi_\theta\Vert \pi_\text{ref})$, unbiased |
 # | k1 of $\log\pi_\theta-\log\pi_\text{old}$ (`ppo_kl`) | $\mathrm{KL}(\pi_\text{old}\Vert \pi_\theta)$, unbiased |
 #
+# The table is about **one token**, drawn at one position. A response is drawn token by token, and on a second epoch its
+# prefixes came from $\pi_\text{old}$ too. Per position, $\mathbb E[\rho_t k_t\mid y_{<t}]$ is the KL of $\pi_\theta$ at that
+# prefix, but the prefixes are $\pi_\text{old}$'s: summed over a response, per-token $\rho\,k$ averages to the per-position KLs at
+# $\pi_\text{old}$'s prefixes, not to the sequence $\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$. The weight that makes a whole response
+# unbiased is the prefix product $\prod_{u\le t}\rho_u$ ([checked on 1,000 tabular sequence policies](claims.md#prefix-product-weights-are-exact));
+# lesson [05](05_gradients.ipynb) §6 shows what each weighting does to the *gradient*, and exercise 2 below asks for both.
+#
 # On the sample dump, the second epoch's numbers, as `klviz diagnose --logprob-key new_logprob --old-key logprob` reports them:
 
 # %%
@@ -354,8 +372,9 @@ rho = off.extra["mean ρ = π/π_old"]
 assert abs(rho["token_mean"] - 1) < 4 * rho["token_mean_se"]      # E_old[π/π_old] = 1: the weights are consistent
 
 # %% [markdown]
-# **Takeaway.** On reused tokens, weight by $\rho=\pi_\theta/\pi_\text{old}$ (clipped in practice) or compute the
-# reference KL once, on the first epoch. Lesson [05](05_gradients.ipynb) shows what this does to gradients.
+# **Takeaway.** On reused tokens, weight one token's term by $\rho=\pi_\theta/\pi_\text{old}$ (clipped in practice), a
+# whole response's token $t$ by $\prod_{u\le t}\rho_u$, or compute the reference KL once, on the first epoch. Lesson
+# [05](05_gradients.ipynb) shows what each does to gradients.
 
 # %% [markdown]
 # ## 5 · Sum vs mean over responses of different lengths <a id="sum-vs-mean"></a>
@@ -552,9 +571,10 @@ except ValueError as err:
 # klviz diagnose my_batch.npz --plot report.png
 # ```
 #
-# Files are opened safely: `.pt` only through `torch.load(weights_only=True)`, `.npz` with
-# `allow_pickle=False`, `.safetensors` when installed; a broken file gets one line of explanation and exit
-# status 2. Without a file it reads the sample dump. This is what the command prints for it:
+# Files are read without running anything in them: a `.pt` file is read from its zip archive's headers and storages,
+# never through `torch.load` or any unpickler that could call code (a file whose pickle asks for more is refused), `.npz`
+# with `allow_pickle=False`, `.safetensors` when installed; a broken file gets one line of explanation and exit status 2.
+# Without a file it reads the sample dump. This is what the command prints for it:
 
 # %%
 from klviz.cli import main as klviz_cli
@@ -636,7 +656,9 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # **Is k3 in the loss biased, and what do the `+` variants and ratio corrections fix?** (verl PR #2953 and #6058,
 # trl#4637, trl#4967, TRL PR #6503, OpenRLHF PR #1309, SkyRL#805) k3's value is unbiased but its gradient as a loss
 # follows the forward KL $\mathrm{KL}(\pi_\text{ref}\|\pi)$; multiplying by $\rho=\pi_\theta/\mathrm{sg}(\pi_\text{sampler})$ or using the
-# straight-through "k3+" gives the gradient of $\mathrm{KL}(\pi\|\pi_\text{ref})$. See [05 Gradients](05_gradients.ipynb).
+# straight-through "k3+" gives the gradient of $\mathrm{KL}(\pi\|\pi_\text{ref})$ token by token; for a whole response
+# off-policy a per-token $\rho$ still leaves the prefixes $\pi_\text{old}$'s, and only the prefix product corrects them. See
+# [05 Gradients](05_gradients.ipynb) §1 and §6, and audit your own term with `klviz.audit_loss`.
 #
 # **I added a KL loss and nothing changed.** (open-instruct#530, SkyRL) It was computed under `torch.no_grad`: the
 # value changes, the gradient does not. See [section 7](#no-grad).
@@ -654,11 +676,15 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # - Clamps are free while the policies are close and biased (downwards for k3) once they drift; OpenRLHF's also clips k1.
 # - Low precision: k1 averages rounding out; k2 and k3 turn it into a positive bias, which dominates when the true KL
 #   is near zero. Upcast logits, score both models alike.
-# - Reused (off-policy) tokens need $\rho=\pi_\theta/\pi_\text{old}$; without it, k1 is $\mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})-\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$.
+# - Reused (off-policy) tokens need $\rho=\pi_\theta/\pi_\text{old}$ per token; without it, k1 is $\mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})-\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$.
+#   Whole responses need the prefix product $\prod_{u\le t}\rho_u$.
 # - Per-token and per-sequence KLs differ in units and in how they weigh long responses.
 # - A negative k1 mean is noise unless it is beyond its standard error; a KL under `no_grad` has no gradient; samples
 #   from another distribution need importance weights; a variance table means nothing without its KL.
-# - `klviz diagnose` checks your own batch for all of this.
+# - `klviz diagnose` checks your own batch for what a dump can show: the values, the clamps, the precision, the sampler's
+#   consistency, the aggregation. It cannot see how the KL term was wired into the loss (under `no_grad`, detached, the
+#   wrong placement, per-token where a sequence weight is needed): `klviz.audit_loss` (lesson [05](05_gradients.ipynb) §6),
+#   or `klviz audit FILE.py:FUNCTION` from a shell, runs your KL function and says which gradient it follows.
 
 # %% [markdown]
 # ## Exercises
@@ -684,9 +710,9 @@ klviz.check.lesson06.fixed_compute_kl(my_compute_kl)
 
 
 # %% [markdown]
-# **Exercise 2.** A second-epoch batch: `logprob` from the current policy, `old_logprob` from the policy that
+# **Exercise 2 (a).** A second-epoch batch: `logprob` from the current policy, `old_logprob` from the policy that
 # sampled the tokens, `ref_logprob`, and a 0/1 `mask` (padding may hold junk). Return the token-mean over the mask
-# of an unbiased estimate of $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$.
+# of a per-token estimate of $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ that is unbiased at every position, given its prefix.
 
 # %%
 def my_is_kl(logprob, ref_logprob, old_logprob, mask):
@@ -704,6 +730,30 @@ def my_is_kl(logprob, ref_logprob, old_logprob, mask):
 
 assert klviz.check.lesson06.importance_weighted_kl(my_is_kl)
 klviz.check.lesson06.importance_weighted_kl(my_is_kl)
+
+
+# %% [markdown]
+# **Exercise 2 (b): whole responses.** The same second-epoch batch, read as responses: every token of a row, its
+# prefix included, was drawn by $\pi_\text{old}$. Return the mean over the responses of an unbiased estimate of the
+# **sequence** KL, $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})=\mathbb E_{y\sim\pi}\big[\sum_t \log\pi(y_t|y_{<t})-\log\pi_\text{ref}(y_t|y_{<t})\big]$.
+# The check averages your function over all 27 responses of a small policy, each weighted by $\pi_\text{old}$: an
+# answer with per-token weights comes out close, and wrong.
+
+# %%
+def my_sequence_is_kl(logprob, ref_logprob, old_logprob, mask):
+    ...   # your code: one number
+
+klviz.check.lesson06.sequence_importance_weighted_kl(my_sequence_is_kl)
+
+
+# %%
+# Solution: weight token t by the product of rho over the tokens up to t (the prefix was drawn by pi_old too)
+def my_sequence_is_kl(logprob, ref_logprob, old_logprob, mask):
+    weight = torch.exp(torch.cumsum((logprob - old_logprob) * mask, -1))
+    return (weight * (logprob - ref_logprob) * mask).sum(-1).mean()
+
+assert klviz.check.lesson06.sequence_importance_weighted_kl(my_sequence_is_kl)
+klviz.check.lesson06.sequence_importance_weighted_kl(my_sequence_is_kl)
 
 
 # %% [markdown]
