@@ -531,6 +531,8 @@ __all__ += [
     "CHECK_SEEDS",
     "LAB_SEED_CONFIGS",
     "LAB_SEEDS_PATH",
+    "LAB_CHECK_PATH",
+    "MISMATCH_CHECK_PATH",
     "MISMATCH_SEED_CONFIGS",
     "MISMATCH_SEED_METRICS",
     "MISMATCH_SEEDS_PATH",
@@ -543,7 +545,8 @@ __all__ += [
 
 #: The seeds every comparison of lesson 07 rests on (a verdict from one seed is no verdict): 16, as in lesson 08.
 LAB_SEEDS: tuple[int, ...] = tuple(range(16))
-#: Seeds no lesson uses: ``scripts/lab_seeds.py --check`` re-runs every verdict of lessons 07 and 08 on them.
+#: Seeds no lesson trains with: the same runs with these seeds are stored too (``LAB_CHECK_PATH``,
+#: ``MISMATCH_CHECK_PATH``), and lessons 07 and 08 show every verdict on both sets.
 CHECK_SEEDS: tuple[int, ...] = tuple(range(100, 116))
 #: Stored metrics of each run (the per-step lists of :attr:`TrainingHistory.metrics`).
 LAB_SEED_METRICS: tuple[str, ...] = ("reward", "true_kl", "reported_kl", "entropy", "approx_kl", "epochs_run")
@@ -570,8 +573,10 @@ def _lab_seed_configs() -> dict[str, LabConfig]:
 #: ``"on · ..."`` one epoch per batch, ``"off · ..."`` four epochs (off-policy after the first),
 #: ``"β=1 · ..."`` four epochs with beta = 1.
 LAB_SEED_CONFIGS: dict[str, LabConfig] = _lab_seed_configs()
-#: Where :func:`save_lab_seeds` writes them (package data, a few hundred kB).
+#: Where :func:`save_lab_seeds` writes them (package data, a few hundred kB); the same runs with :data:`CHECK_SEEDS`
+#: go to ``LAB_CHECK_PATH``.
 LAB_SEEDS_PATH = Path(__file__).resolve().parent / "data" / "lab_seeds.npz"
+LAB_CHECK_PATH = Path(__file__).resolve().parent / "data" / "lab_check_seeds.npz"
 
 
 def _mismatch_seed_configs() -> dict[str, LabConfig]:
@@ -600,6 +605,7 @@ MISMATCH_SEED_METRICS: tuple[str, ...] = (
     "entropy",
 )
 MISMATCH_SEEDS_PATH = Path(__file__).resolve().parent / "data" / "mismatch_seeds.npz"
+MISMATCH_CHECK_PATH = Path(__file__).resolve().parent / "data" / "mismatch_check_seeds.npz"
 #: The seeds of lesson 08's runs: twice lesson 07's, because the differences between corrections are small and
 #: the runs through different engines are paired by seed only loosely (their batches differ from the first step).
 MISMATCH_SEEDS: tuple[int, ...] = tuple(range(16))
@@ -760,6 +766,8 @@ class Verdict:
     :data:`klviz.statistics.RESOLVED_AT_SE` standard errors from 0, in that direction) or ``"not resolved"``.
     ``metric`` is a stored metric, ``"score"`` (lesson 07's J on the trainer's own policy) or ``"served score"``
     (J of the policy the engine serves, :meth:`LabSeeds.score`). ``wording`` is the lesson's sentence.
+    ``on_check_seeds`` is what the same comparison gives on the check seeds (:data:`CHECK_SEEDS`), when it differs
+    from ``says``: the lesson then calls the comparison fragile and says both.
     """
 
     wording: str
@@ -767,9 +775,17 @@ class Verdict:
     b: str
     metric: str
     says: str
+    on_check_seeds: str | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.says, "says", ("a < b", "a > b", "not resolved"))
+        if self.on_check_seeds is not None:
+            check_choice(self.on_check_seeds, "on_check_seeds", ("a < b", "a > b", "not resolved"))
+
+    @property
+    def fragile(self) -> bool:
+        """Whether the lesson's seeds and the check seeds say different things about this comparison."""
+        return self.on_check_seeds is not None and self.on_check_seeds != self.says
 
 
 def _final_values(store: LabSeeds, name: str, metric: str) -> np.ndarray:
@@ -780,22 +796,24 @@ def _final_values(store: LabSeeds, name: str, metric: str) -> np.ndarray:
     return store.final(name, metric)
 
 
-def judge(store: LabSeeds, verdicts: Sequence[Verdict]) -> list[dict[str, Any]]:
+def judge(store: LabSeeds, verdicts: Sequence[Verdict], *, check_seeds: bool = False) -> list[dict[str, Any]]:
     """Each verdict on ``store``: the paired difference a − b (mean and SE over the seeds), its z, in how many seeds
     a came out above, whether it is resolved (:func:`klviz.statistics.is_resolved`), how many seeds an unresolved one
-    would take (:func:`klviz.statistics.seeds_to_resolve`), and ``holds``: whether the data say what the lesson says."""
+    would take (:func:`klviz.statistics.seeds_to_resolve`), and ``holds``: whether the data say what the lesson says
+    (with ``check_seeds``, what it says about the check seeds: ``on_check_seeds`` where given)."""
     from .statistics import is_resolved, mean_se, seeds_to_resolve
 
     rows = []
     for v in verdicts:
+        says = v.on_check_seeds if (check_seeds and v.on_check_seeds is not None) else v.says
         va, vb = _final_values(store, v.a, v.metric), _final_values(store, v.b, v.metric)
         d, se = mean_se(torch.as_tensor(va - vb))
         scale = float(np.abs(vb).mean())
         resolved = is_resolved(d, se, scale)
-        if v.says == "not resolved":
+        if says == "not resolved":
             holds = not resolved
         else:
-            holds = resolved and (d < 0 if v.says == "a < b" else d > 0)
+            holds = resolved and (d < 0 if says == "a < b" else d > 0)
         rows.append(
             {
                 "verdict": v,
@@ -850,6 +868,7 @@ LAB_VERDICTS: tuple[Verdict, ...] = (
         _on("k1 in reward"),
         "true_kl",
         "a < b",
+        on_check_seeds="not resolved",
     ),
     Verdict(
         "k3 in the loss ends lower in reward than k1 in the reward",
@@ -864,6 +883,7 @@ LAB_VERDICTS: tuple[Verdict, ...] = (
         _on("k1 in reward"),
         "score",
         "not resolved",
+        on_check_seeds="a < b",
     ),
     Verdict(
         "off-policy, k1 in the loss against no penalty, in KL",
@@ -905,6 +925,7 @@ LAB_VERDICTS: tuple[Verdict, ...] = (
         "off · none",
         "true_kl",
         "a > b",
+        on_check_seeds="not resolved",
     ),
 )
 

@@ -6,18 +6,20 @@ compressed ``.npz``:
 
 - ``lab``: lesson 07's placements (:data:`klviz.rlhf.LAB_SEED_CONFIGS`) -> ``lab_seeds.npz``;
 - ``mismatch``: lesson 08's training through a mismatched engine, every engine with every
-  correction (:data:`klviz.rlhf.MISMATCH_SEED_CONFIGS`) -> ``mismatch_seeds.npz``.
+  correction (:data:`klviz.rlhf.MISMATCH_SEED_CONFIGS`) -> ``mismatch_seeds.npz``;
+- ``lab-check``, ``mismatch-check``: the same runs with seeds no lesson trains with
+  (:data:`klviz.rlhf.CHECK_SEEDS`, 100-115) -> ``lab_check_seeds.npz``, ``mismatch_check_seeds.npz``: lessons 07 and
+  08 show every verdict on both sets of seeds.
 
 The lessons load the files, state every comparison as mean ± SE over the seeds, and re-run seed 0
 of a few configs to check that they reproduce the stored numbers exactly. ``tests/test_rlhf.py``
 checks the files against the configs.
 
-``--seeds 100-115 --out PATH`` trains the same runs with other seeds (:data:`klviz.rlhf.CHECK_SEEDS` are seeds no
-lesson uses) into another file; ``benchmarks/lab_verdicts.py`` re-checks every verdict of lessons 07 and 08 on such
-a file.
+``--seeds A-B --out PATH`` trains the same runs with any other seeds into another file; ``benchmarks/lab_verdicts.py``
+re-checks every verdict of lessons 07 and 08 on such a file.
 
-Usage: python scripts/lab_seeds.py [lab|mismatch|all] [--seeds FIRST-LAST | --seeds A,B,...] [--out PATH]
-(lab: about four minutes on a 2-core CPU; mismatch: about fifteen)
+Usage: python scripts/lab_seeds.py [lab|mismatch|lab-check|mismatch-check|all] [--seeds A-B] [--out PATH]
+(lab: about four minutes on an idle 2-core CPU; mismatch: about fifteen; the check stores as long again)
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ from klviz import rlhf  # noqa: E402
 STORES = {
     "lab": (rlhf.LAB_SEED_CONFIGS, rlhf.LAB_SEEDS, rlhf.LAB_SEED_METRICS, rlhf.LAB_SEEDS_PATH),
     "mismatch": (rlhf.MISMATCH_SEED_CONFIGS, rlhf.MISMATCH_SEEDS, rlhf.MISMATCH_SEED_METRICS, rlhf.MISMATCH_SEEDS_PATH),
+    "lab-check": (rlhf.LAB_SEED_CONFIGS, rlhf.CHECK_SEEDS, rlhf.LAB_SEED_METRICS, rlhf.LAB_CHECK_PATH),
+    "mismatch-check": (
+        rlhf.MISMATCH_SEED_CONFIGS,
+        rlhf.CHECK_SEEDS,
+        rlhf.MISMATCH_SEED_METRICS,
+        rlhf.MISMATCH_CHECK_PATH,
+    ),
 }
 
 

@@ -94,8 +94,8 @@ def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     close = lambda v: abs(value - v) <= 1e-6 * max(1.0, abs(v))  # noqa: E731
     if close(expected):
         return passed(
-            "rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi || pi_ref) "
-            "although pi_old sampled the tokens."
+            "rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi || pi_ref) at every "
+            "position, given its prefix, although pi_old sampled the tokens (part (b): whole responses)."
         )
     m = mask
     if close(float(((lp - ref) * m).sum() / m.sum())):

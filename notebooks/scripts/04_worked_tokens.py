@@ -68,6 +68,8 @@ display(HTML("<table><tr><th>log π_old</th><th>log π_θ</th><th>Δ = log r</th
 # %%
 # the worked numbers, exactly (to the 4 decimals it prints)
 small, large = worked
+
+# %%
 assert abs(small.delta - 0.2) < 1e-12 and abs(small.ratio - 1.2214) < 5e-5 and abs(small.k2 - 0.02) < 1e-12
 assert abs(large.delta - 1.5) < 1e-12 and abs(large.ratio - 4.4817) < 5e-5 and abs(large.k2 - 1.125) < 1e-12
 assert abs(small.ratio - math.exp(0.2)) < 1e-12 and abs(large.k3 - (math.exp(1.5) - 1 - 1.5)) < 1e-12
@@ -105,7 +107,7 @@ assert 5 < pushes[(-2.0, -1.8)]["token_k2"] / pushes[(-2.0, -1.8)]["exact_kl"] <
 # Two lessons in one table. First, the sampled token's $\frac12\Delta^2 = 0.02$ is six times the KL (0.0034):
 # the other tokens moved too, but less, and they are drawn most of the time. Only the *average* over many
 # tokens from $\pi_{old}$ estimates a KL. Second, even that average, $\mathbb{E}_{\pi_{old}}[\frac12\Delta^2]$, is
-# not the KL: $k_1$ and $k_3$ average to it exactly, $k_2$ only to second order in $\Delta$ (lesson 02):
+# not the KL: $k_1$ and $k_3$ average to it exactly ([checked on 2,000 random token pairs](claims.md#k1-k3-unbiased-on-tokens)), $k_2$ only to second order in $\Delta$ ([checked on 1,000 random token pairs](claims.md#k2-matches-kl-to-second-order)) (lesson 02):
 # 95% of it for the small step, 88% for the large one.
 #
 # **When does $\frac12\Delta^2$ stop being a good approximation?** Sweep the new log-probability of the
@@ -158,9 +160,10 @@ assert at[-1.0] > 1.1 and at[-2.0] > 1.5                       # pushed down: it
 # %% [markdown]
 # Near $\Delta=0$ the two curves touch (both are the same $\frac12$ Fisher quadratic). The band where
 # $\frac12\Delta^2$ is within 10% is narrow, printed above: less than half a nat either way. Outside it the error has no
-# fixed sign. For a token pushed *down* it overshoots. For a token pushed *up* it first undershoots (0.81 of the KL at
-# $\Delta=1.1$) and then, once the token takes most of the probability, overshoots (past $\Delta\approx1.7$, and 2.15 times
-# the KL at $\Delta=1.98$), as the right panel shows. An early-stopping rule built on it is a heuristic threshold, not a
+# fixed sign. For a token whose old probability is below ½, like this one (0.135), pushed *down* it overshoots; pushed *up* it
+# first undershoots (0.81 of the KL at $\Delta=1.1$) and then, once the token holds more than half of the probability,
+# overshoots (past $\Delta\approx1.7$, and 2.15 times the KL at $\Delta=1.98$), as the right panel shows; for a token above ½
+# the two directions swap ([checked on 1,000 old probabilities](claims.md#one-token-push-half-delta-squared)). An early-stopping rule built on it is a heuristic threshold, not a
 # measured KL. Takeaway: **one token's $\frac12\Delta^2$ is not a KL; its batch mean is a second-order approximation of
 # $\mathrm{KL}(\pi_{old}\|\pi_\theta)$, too high or too low depending on where the policy moved.**
 #
@@ -205,6 +208,8 @@ print(f"batch {tuple(batch.input_ids.shape)}; response lengths {batch.response_l
 rescored = lm.logprobs_of(old, batch)
 assert torch.allclose(rescored, batch.logprobs, atol=1e-5)
 full_old = lm.next_token_logprobs(old, batch)
+
+# %%
 assert torch.allclose(full_old.logsumexp(-1), torch.zeros(()), atol=1e-5)
 assert int(batch.response_lengths.min()) < int(batch.response_lengths.max())     # EOS at different places
 
@@ -217,7 +222,8 @@ assert int(batch.response_lengths.min()) < int(batch.response_lengths.max())    
 # 1. a row's length is the position of its **first EOS + 1** (the EOS is kept: stopping is an action the policy
 #    chose), or all of its generated tokens if it never emitted EOS;
 # 2. padding positions are out;
-# 3. the denominator is `mask.sum().clamp(min=1)`, so a batch with no response token gives 0, not NaN.
+# 3. the denominator is `mask.sum().clamp(min=1)`, so a batch with no response token gives 0, not NaN (so do
+#    `klviz.masked_mean` and every framework model of `klviz.frameworks` ([checked on 1,000 random batches](claims.md#empty-mask-gives-zero))).
 #
 # Some generation engines keep sampling every row until the longest is done. `stop_at_eos=False` imitates
 # that: the rows go on after their EOS.
@@ -263,6 +269,8 @@ no_clamp = (values * empty).sum() / empty.sum()
 with_clamp = (values * empty).sum() / empty.sum().clamp(min=1)
 print(f"without clamp: {no_clamp.item()}   with clamp(min=1): {with_clamp.item()}   klviz.masked_mean: "
       f"{klviz.masked_mean(values, empty).item()}")
+
+# %%
 assert math.isnan(no_clamp.item()) and with_clamp.item() == 0.0 == klviz.masked_mean(values, empty).item()
 
 # %% [markdown]
@@ -288,14 +296,16 @@ print(f"mean response length {float(R_mask.sum(1).mean()):.1f} tokens; "
 
 # %%
 seq_sum, seq_len = k1_old_ref.sum(1), R_mask.sum(1)
+
+# %%
 assert abs(agg["token-mean"] - float(seq_sum.sum() / seq_len.sum())) < 1e-5          # long rows weigh more
 assert abs(agg["seq-mean-token-mean"] - float((seq_sum / seq_len).mean())) < 1e-5     # every row weighs 1
 assert abs(agg["seq-mean-token-sum"] - float(seq_sum.mean())) < 1e-4                  # chain rule: a sequence KL
 assert agg["seq-mean-token-sum"] > 10 * agg["token-mean"]
 
 # %% [markdown]
-# Same tokens, same estimator: a token mean and a per-sequence sum differ by roughly the mean response
-# length (printed above). Before comparing a KL curve from TRL's PPO with one from verl, check which of the
+# Same tokens, same estimator: the batch mean of per-sequence sums is the token mean times the mean response length,
+# exactly ([checked on 1,000 random batches](claims.md#token-mean-times-length-is-sequence-sum)) (printed above). Before comparing a KL curve from TRL's PPO with one from verl, check which of the
 # three it is.
 #
 # ## 4. Two KLs in one PPO step
@@ -367,7 +377,7 @@ print(f"at the stop step {stop}: kl_ref = {at_stop['kl_ref']:.2f} against an exa
 # noise: these are the very tokens the update steps were fitted to, so they are the tokens whose
 # probability moved most. On a **fresh** batch from old, $k_1$ is unbiased for the exact per-position KL,
 # token by token ($\mathbb{E}[k_1 \mid \text{prefix}]$ is the exact KL at that prefix, so the differences are
-# uncorrelated and the plain standard error applies):
+# uncorrelated and the plain standard error applies ([checked on 2,000 random token pairs](claims.md#k1-k3-unbiased-on-tokens))):
 
 # %%
 N_FRESH_REPEATS = 20     # fresh responses per prompt (more: tighter check, slower)
@@ -382,7 +392,7 @@ sel = F_mask.bool()
 diff = (f_old - f_new - f_exact)[sel]                     # k1 minus the exact KL at each position
 se = float(diff.std() / math.sqrt(diff.numel()))
 print(f"fresh batch, {diff.numel()} tokens: mean k1 = {float((f_old - f_new)[sel].mean()):.4f}, "
-      f"exact = {float(f_exact[sel].mean()):.4f}, difference {float(diff.mean()):+.4f} ± {se:.4f} (1 SE)")
+      f"exact = {float(f_exact[sel].mean()):.4f}, difference {plus_minus(float(diff.mean()), se, '+.4f')}")
 print(f"training batch at the last step: ppo_kl = {trace[-1]['ppo_kl']:.4f}, exact = {trace[-1]['exact_old_theta']:.4f}")
 
 # %%
@@ -466,8 +476,9 @@ klviz.show_source(ClampRule.apply)
 # - `log_r = ref_logprob - logprob` (written $d$ below): $\log r$ with the policy as the sampler, so it estimates
 #   $\mathrm{KL}(\pi\|\pi_{ref})$.
 # - **Input clamp to $[-20, 20]$.** $e^{d}$ overflows float32 above $d\approx 88.7$: a token to which the
-#   policy gives a probability below $10^{-38}$ but the reference does not. The forward value would still be clamped to 10 at the end;
-#   the *gradient* is the problem: the output clamp's zero gradient times the infinite gradient of `exp` is
+#   policy gives a probability below $10^{-38}$ but the reference does not. The forward value would still be clamped to 10 at
+#   the end: the output clamp binds long before the input clamp, which therefore changes no value at all ([checked on 3,000 log-ratios](claims.md#verl-input-clamp-changes-no-value)).
+#   The *gradient* is the problem: the output clamp's zero gradient times the infinite gradient of `exp` is
 #   NaN, and one NaN gradient destroys the weights. Clamping $d$ first keeps everything finite.
 
 # %%
@@ -494,7 +505,7 @@ assert torch.equal(with_clamp["value"], without["value"])         # same forward
 #   token the *policy* finds $e^{11}\approx 6\cdot10^4$ times likelier than the reference: there $k_3\approx -d-1$ is
 #   nearly linear, not heavy-tailed at all, and these are the tokens RL pushed up hardest. On both sides the clamp
 #   sets the gradient to 0 (the last row of the table above, $d=-12$): the penalty stops pulling back exactly the tokens
-#   that moved most.
+#   that moved most ([checked on 207,003 log-ratios](claims.md#verl-k3-clamp-binds-at-2-61-and-minus-11)).
 
 # %%
 tiny = torch.logspace(-9, -1, 2_001)
@@ -504,6 +515,8 @@ d_star, d_low = tk.k3_crossing_point(), tk.k3_crossing_point(negative=True)
 print(f"smallest k3 over log r in [-30, 30]: {k3_verl_way.min().item():.3g} (verl's formula), "
       f"{klviz.k3(grid).min().item():.3g} (klviz's expm1); k3 reaches 10 at log r = {d_star:.4f} "
       f"(π_ref/π = {math.exp(d_star):.1f}) and at log r = {d_low:.4f} (π/π_ref = {math.exp(-d_low):.3g})")
+
+# %%
 assert abs(d_low + 11.0) < 1e-3 and 5e4 < math.exp(-d_low) < 7e4
 assert abs(float(klviz.k3(torch.tensor(d_low, dtype=torch.float64))) - 10) < 1e-9
 assert k3_verl_way.min().item() > -1e-6 and klviz.k3(grid).min().item() > -1e-6
@@ -522,6 +535,8 @@ print(f"{100 * effect['fraction_clamped']:.2f}% of {effect['tokens']} tokens cla
 
 # %%
 manual = klviz.k3(lp_ref_b - lp_new_b)
+
+# %%
 assert abs(effect["mean_unclamped"] - float(klviz.masked_mean(manual, R_mask))) < 1e-5
 assert effect["fraction_clamped"] < 0.05 and effect["removed_share"] > 0.1    # a few tokens, much of the value
 assert effect["smallest_k3"] > -1e-6
@@ -604,10 +619,10 @@ assert abs(val[("verl", "actor/ppo_kl", "KL(π_old‖π_θ)")] - ex_tok["KL(π_o
 # - **Off-policy.** π_θ did not sample these tokens. $k_3$ of π_θ vs ref on old's tokens is biased for
 #   $\mathrm{KL}(\pi_\theta\|\pi_{ref})$; multiplying by $\pi_\theta/\pi_{old}$ (TRL `use_bias_correction_kl`) is the
 #   per-token importance weight that removes the bias *at each prefix*, at the price of variance (next cell). The prefixes
-#   themselves were drawn by π_old: for the KL of whole responses a per-token weight is not enough (lesson
+#   themselves were drawn by π_old: for the KL of whole responses a per-token weight is not enough ([checked on 1,000 tabular sequence policies](claims.md#per-token-rho-is-the-partial-gradient-at-old-prefixes)) (lesson
 #   [05](05_gradients.ipynb) §6).
 # - **MiniMind's GRPO** logs `kl_ref` as the token mean of `ref - logp`: **minus** $k_1$, negative on average, under the name
-#   its PPO gives to $k_3$ (`train_grpo.py`, `fw.minimind_grpo_kl`). MiniMind's rows read this batch as if π_old had
+#   its PPO gives to $k_3$ (`train_grpo.py`, `fw.minimind_grpo_kl`) ([checked on 1,000 random batches](claims.md#minimind-grpo-logs-minus-k1)). MiniMind's rows read this batch as if π_old had
 #   sampled it at temperature 1; section 4 measured what its temperature of 0.8 changes.
 # - **Scale.** TRL PPO's `objective/kl` is a per-sequence sum, tens of times larger than the token means, and
 #   its `approxkl` is diluted by padding (a plain mean over all `batch × R` entries).
@@ -626,7 +641,7 @@ corrected = torch.exp((t_theta - t_old)[sel_t]) * plain_k3
 for name, est in (("k3 on old's tokens", plain_k3), ("k3 × π_θ/π_old", corrected)):
     gap = est - exact_tr
     print(f"{name:>19}: mean {float(est.mean()):.4f} vs exact {float(exact_tr.mean()):.4f}, "
-          f"difference {float(gap.mean()):+.4f} ± {float(gap.std() / math.sqrt(gap.numel())):.4f} (1 SE)")
+          f"difference {plus_minus(float(gap.mean()), float(gap.std() / math.sqrt(gap.numel())), '+.4f')}")
 for est in (plain_k3, corrected):
     gap = est - exact_tr
     assert abs(float(gap.mean())) < 4 * float(gap.std() / math.sqrt(gap.numel()))
@@ -673,10 +688,10 @@ panel.set(step=4);
 #
 # | framework | KL in the reward | KL in the loss | clip, epochs | logged: name → estimates |
 # |---|---|---|---|---|
-# | **verl** (`verl/trainer/config/actor/actor.yaml`, `algorithm.py`, `core_algos.py`, `workers/utils/losses.py`) | `algorithm.use_kl_in_reward` (False), `algorithm.kl_penalty` (`kl` = k1), `kl_ctrl.kl_coef` (0.001) | `actor.use_kl_loss` (False), `kl_loss_type` (`low_var_kl` = clamped k3; `+` suffix: k2's gradient), `kl_loss_coef` (0.001), `loss_agg_mode` (`token-mean`) | `clip_ratio` 0.2; `ppo_epochs` (1); `ppo_mini_batch_size` (256) splits a batch into several updates | `actor/reward_kl_penalty` → KL(π_old‖π_ref) (mean of per-sequence token means); `actor/kl_loss` → KL(π_θ‖π_ref) on π_old's tokens; `actor/ppo_kl` → KL(π_old‖π_θ), k1, log-ratio clamped ±20 (with `policy_loss.loss_mode=kl_cov`: the mean of \|Δ\|, no KL) |
+# | **verl** (`verl/trainer/config/actor/actor.yaml`, `algorithm.py`, `core_algos.py`, `workers/utils/losses.py`) | `algorithm.use_kl_in_reward` (False), `algorithm.kl_penalty` (`kl` = k1), `kl_ctrl.kl_coef` (0.001) | `actor.use_kl_loss` (False), `kl_loss_type` (`low_var_kl` = clamped k3; `+` suffix: k2's gradient), `kl_loss_coef` (0.001), `loss_agg_mode` (`token-mean`) | `clip_ratio` 0.2; `ppo_epochs` (1); `ppo_mini_batch_size` (256) splits a batch into several updates | `actor/reward_kl_penalty` → KL(π_old‖π_ref) (mean of per-sequence token means); `actor/kl_loss` → KL(π_θ‖π_ref) on π_old's tokens; `actor/ppo_kl` → KL(π_old‖π_θ), k1, log-ratio clamped ±20 (with `policy_loss.loss_mode=kl_cov`: the mean of \|Δ\|, no KL ([checked on 1,000 random batches](claims.md#verl-kl-cov-logs-mean-abs-delta))) |
 # | **TRL** GRPO (`trl/trainer/grpo_config.py`, `grpo_trainer.py`, release 1.16.0) | — | `beta` (**0.0**: no KL term, no reference model, no `kl` metric), k3 unclamped, `use_bias_correction_kl` (True: × per-token ρ) | `epsilon` 0.2; `num_iterations` (1) | `kl` → token mean of (ρ·)k3, KL(π_θ‖π_ref) per position |
 # | **TRL** PPO (`trl/experimental/ppo/ppo_config.py`, `ppo_trainer.py`; not in release 1.16.0) | `kl_estimator` (`k1`; or `k3`), `kl_coef` (0.05) | — | `cliprange` 0.2; `num_ppo_epochs` (4) | `objective/kl` → KL(π_old‖π_ref) as a **per-sequence sum**; `policy/approxkl_avg` → ½Δ², padding-diluted |
-# | **OpenRLHF** (`openrlhf/cli/train_ppo_ray.py`, `models/utils.py`, `trainer/ray/ppo_actor.py`) | default: `--algo.kl.estimator` (`k1`), `--algo.kl.init_coef` (0.01; 0 builds no reference model); every estimator clamped ±10 | `--algo.kl.use_loss` (off; for GRPO), with `--algo.kl.init_coef` as its coefficient | `--actor.eps_clip` 0.2; `--train.max_epochs` (1); `--rollout.batch_size` 1024 prompts (× `--rollout.n_samples_per_prompt`, 1) over `--train.batch_size` 128: 8 updates per batch | `kl` → KL(π_old‖π_ref), mean of per-sequence means (reward); KL(π_θ‖π_ref), **token mean** (`use_loss`); 0 when `init_coef` is 0 |
+# | **OpenRLHF** (`openrlhf/cli/train_ppo_ray.py`, `models/utils.py`, `trainer/ray/ppo_actor.py`) | default: `--algo.kl.estimator` (`k1`), `--algo.kl.init_coef` (0.01; 0 builds no reference model); every estimator clamped ±10 | `--algo.kl.use_loss` (off; for GRPO), with `--algo.kl.init_coef` as its coefficient | `--actor.eps_clip` 0.2; `--train.max_epochs` (1); `--rollout.batch_size` 1024 prompts (× `--rollout.n_samples_per_prompt`, 1) over `--train.batch_size` 128: 8 updates per batch | `kl` → KL(π_old‖π_ref), mean of per-sequence means (reward); KL(π_θ‖π_ref), **token mean** (`use_loss`); 0 when `init_coef` is 0 ([checked on 1,000 random batches](claims.md#openrlhf-logged-kl)) |
 # | **NeMo-RL** (`nemo_rl/algorithms/loss/loss_functions.py`, `utils.py`, `advantage_estimator.py`, `examples/configs/grpo_math_1B.yaml`) | `use_kl_in_reward` (False): with the Reinforce++ estimator β·k of each token is subtracted from that token's own advantage (no reward-to-go); with the PPO estimator it is a per-token reward under GAE; the loss coefficient is then 0 | `reference_policy_kl_penalty` (0.01), `reference_policy_kl_type` (`k3`), input clamp 20, output clamp 10 on weight × k3; `use_on_policy_kl_approximation` (False: weight `exp(curr − curr.detach())`, value 1, gradient of k3+; True: π_θ/π_generation) | `ratio_clip_min/max` 0.2 | `kl_penalty` → KL(π_θ‖π_ref) per position |
 # | **MiniMind** (`trainer/train_ppo.py`, `train_grpo.py`, `rollout_engine.py`) | — | PPO: `--kl_coef` (0.02), k3 unclamped (`kl_ref_penalty`); GRPO: `--beta` (0.1), the same k3 | `--clip_epsilon` 0.2; `--ppo_update_iters` (2); `--early_stop_kl` (0.25) on `approx_kl`; rollouts at temperature 0.8, log-probs recomputed at 1 | PPO: `kl_ref` → k3 on the T = 0.8 policy's tokens, no KL of π_θ; `approx_kl` → ½Δ² on the same tokens (section 4). GRPO: `kl_ref` → **minus k1** |
 #

@@ -49,6 +49,7 @@ from klviz.bandit import (BETA_GRID, REF_PROBS, REWARDS, SEQUENCE_WEIGHTS, Seque
                           offpolicy_expected_gradient, reverse_kl_optimum, reward_updates, tv_distance)
 from klviz.divergences import categorical_kl
 from klviz.plotting import COLORS, new_figure
+from klviz.statistics import plus_minus
 from klviz.policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from klviz.simplex import CHOICE_COLORS, CHOICE_STYLES, CHOICES, descent_paths, gradient_error_terms
 from klviz.usage import EstimatorUse
@@ -138,7 +139,8 @@ print(f"{'(reverse KL)':<16}{float(rev.norm()):10.4f}   columns 3-4: ||E[grad] -
 # %% [markdown]
 # The brute-force autograd sums agree with `klviz.expected_kl_gradient` to float64 precision, and the columns read
 # off the table: k1 in the loss has no mean gradient at all, four choices sit exactly on the reverse-KL gradient,
-# k3 in the loss sits exactly on the **forward**-KL gradient, and k3 in the reward is the difference of the two.
+# k3 in the loss sits exactly on the **forward**-KL gradient, and k3 in the reward is the difference of the two, for every
+# pair of token distributions ([checked on 1,000 random token pairs](claims.md#on-policy-gradient-table)).
 # The asserts below hold to $10^{-12}$:
 
 # %%
@@ -152,7 +154,7 @@ assert (E["k2 in reward"] - rev).norm() > 0.05 * rev.norm()                  # b
 print("all identities hold to 1e-12")
 
 # %% [markdown]
-# **k2 in the loss is k1 in the reward, sample by sample.** Not only on average: $\nabla\tfrac12(\log r)^2 =
+# **k2 in the loss is k1 in the reward, sample by sample** ([checked on 1,000 random token pairs](claims.md#k2-loss-equals-k1-reward-per-sample)). Not only on average: $\nabla\tfrac12(\log r)^2 =
 # \log r\cdot\nabla(-\log\pi(x)) = k_1\,s(x)$, which is exactly the gradient of $\mathrm{sg}(k_1)\log\pi(x)$. The same
 # holds for `k3+` and the ratio-corrected k3. Check it on 64 sampled tokens, one autograd call per token:
 
@@ -173,6 +175,8 @@ for x in tokens:
     for name in ("k2 in loss", "k3·ρ in loss", "k3+ in loss"):
         worst = max(worst, float((per_sample_gradient(x, CHOICES[name]) - g_k1_reward).abs().max()))
 print(f"largest difference from k1-in-the-reward over 64 tokens x 3 choices: {worst:.1e}")
+
+# %%
 assert worst < 1e-12
 
 # %% [markdown]
@@ -257,12 +261,15 @@ assert abs(float(g_nemo[5])) < 0.2 * abs(float(rev_c[5]))              # clampin
 # the per-token gradient of rho x clamped k3 on the clamped token is 10 s(x), by hand:
 s5 = torch.nn.functional.one_hot(torch.tensor(5), 12).double() - lp_c.exp()
 by_hand = rev_c - lp_c.exp()[5] * (klviz.k1(lr_c - lp_c)[5] - 10.0) * s5
+
+# %%
 assert torch.allclose(g_verl, by_hand, atol=1e-12)
 
 # %% [markdown]
 # The token RL crushed hardest is the one a reverse-KL penalty should pull back up (negative $\partial/\partial\theta$:
 # descent raises its logit). With $\rho$ times verl's clamped $k_3$ its coefficient is 10 instead of $k_1$, and the push
-# **flips sign**: it drives the token further down, harder than the right gradient would lift it. The vector as a whole
+# **flips sign**: it drives the token further down, harder than the right gradient would lift it. That holds on every token
+# the clamp catches on this side ([checked on 2,000 log-ratios](claims.md#rho-times-clamped-k3-flips-the-push)). The vector as a whole
 # moves little here because the crushed token is rare (its weight is its probability); on a language model the same
 # thing happens on every clamped token, and lesson 07 §5 measures it on all 45k parameters. Clamping the product
 # (NeMo-RL today) does not flip the sign but removes most of the restoring push. Unclamped $k_3\cdot\rho$ (TRL) is exact.
@@ -322,6 +329,8 @@ log_r_all = torch.log_softmax(log_ref, -1) - torch.log_softmax(logits, -1)
 value_var = {k: float(pi @ (fn(log_r_all) - pi @ fn(log_r_all)) ** 2) for k, fn in (("k1", klviz.k1), ("k3", klviz.k3))}
 print(f"value variance per token:    k1 {value_var['k1']:.3f}   k3 {value_var['k3']:.3f}")
 print(f"gradient variance per token: reverse-KL group {gvar['k1 in reward']:.3f}   k3 in the loss {gvar['k3 in loss']:.3f}")
+
+# %%
 assert value_var["k3"] < value_var["k1"]                       # low variance as a value ...
 assert gvar["k3 in loss"] > 1.3 * gvar["k1 in reward"]         # ... noisier than the reverse-KL group as a loss
 
@@ -356,6 +365,8 @@ print(f"{'choice':<14}{'KL(pi||ref) start':>19}{'after 60 steps':>16}   policy a
 for name, path in paths.items():
     kl0, kl1 = float(categorical_kl(path[0], ref3)), float(categorical_kl(path[-1], ref3))
     print(f"{name:<14}{kl0:19.4f}{kl1:16.4f}   {np.round(path[-1].numpy(), 3)}")
+
+# %%
 assert torch.allclose(paths["k2 in loss"], paths["reverse KL"], atol=1e-12)
 assert torch.allclose(paths["k3 in loss"], paths["forward KL"], atol=1e-12)
 assert (paths["k1 in loss"] - start3).abs().max() < 1e-12
@@ -366,7 +377,8 @@ assert paths["k2 in reward"][-1][0] < paths["k2 in reward"][0][0] / 4           
 # Why does k3 in the reward *increase* the KL? Its expected gradient is $\nabla\mathrm{KL}(\pi\|\pi_\text{ref}) -
 # \nabla\mathrm{KL}(\pi_\text{ref}\|\pi)$, so descending it minimises the difference of the two KLs. Near a corner the
 # forward KL grows without bound while the reverse KL stays finite: the "penalty" is lowest at the corners. Near
-# $\pi_\text{ref}$ the two KLs agree to second order, which is why the bias is invisible for small steps. k2 in the
+# $\pi_\text{ref}$ the two KLs agree to second order ([checked on 1,000 random token pairs](claims.md#forward-and-reverse-kl-agree-to-second-order)), which is why the bias is
+# invisible for small steps. k2 in the
 # reward penalises $\tfrac12(\log r)^2$, which is large both for tokens that rose *and* for tokens that fell, so it
 # keeps pushing down tokens that have already fallen below $\pi_\text{ref}$.
 #
@@ -430,7 +442,8 @@ print(f"\nk3 in the loss is farthest from pi* at beta = {BETA_GRID[i_max]:g}: TV
 # **Math.** By the score-function rule with $s_t=\nabla\log\pi(y_t|y_{<t})$,
 # $$\nabla\,\mathrm{KL}_\text{seq} = \mathbb E\Big[\sum_t s_t \sum_{u\ge t} k_1(y_u)\Big],$$
 # because token $t$ changes which tokens come *after* it. k2 as a per-token loss (or k1 in the reward of the token
-# itself, without the later tokens) gives $\mathbb E[\sum_t s_t\,k_1(y_t)]$: only the $u=t$ term, the **partial gradient**. It equals the gradient
+# itself, without the later tokens) gives $\mathbb E[\sum_t s_t\,k_1(y_t)]$: only the $u=t$ term, the **partial gradient**
+# ([checked on 1,000 tabular sequence policies](claims.md#token-level-losses-give-the-partial-gradient)). It equals the gradient
 # of $\sum_t\mathbb E[\mathrm{KL}(\pi(\cdot|y_{<t})\|\pi_\text{ref}(\cdot|y_{<t}))]$ with the prefix distribution held fixed: the
 # part of the cost that comes from steering into prefixes where later tokens will pay KL is lost.
 #
@@ -525,6 +538,8 @@ ax2.set_ylabel("true sequence KL(π‖π_ref)")
 ax2.set_title("KL during training")
 ax2.legend(fontsize=7)
 display(fig)
+
+# %%
 assert tv_distance(runs["k1 in reward, reward-to-go"]["probs"], seq_star) < 1e-3
 assert tv_distance(runs["k2 in loss"]["probs"], seq_star) > 0.02
 assert objective(runs["k1 in reward, reward-to-go"]["probs"]) > objective(runs["k2 in loss"]["probs"])
@@ -632,7 +647,7 @@ display(fig)
 # the target as $\pi_\theta$ moves: k2 in the loss and k1 in the reward lose their exactness, k3 in the loss gets much
 # worse. Importance weights repair what was right on-policy: `detached` weights on k2/k3+ in the loss, and the `ratio` form
 # of k3 (and, less known, of k1), are exact for every $k$; so is k1 in the reward *recomputed at the current
-# $\pi_\theta$* with a detached weight. That last one is not what trainers run. PPO, verl, OpenRLHF and the lab of lesson 07
+# $\pi_\theta$* with a detached weight, for one token and any three policies ([checked on 1,000 random token triples](claims.md#importance-weights-repair-one-token-offpolicy)). That last one is not what trainers run. PPO, verl, OpenRLHF and the lab of lesson 07
 # freeze the KL reward at rollout and weight the advantage by $\rho$: exact on the first minibatch, then biased by
 # $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$ (the identity is checked to $10^{-12}$ above), a relative bias of 0.29 after one
 # update, 0.55 after four and 0.63 after eight in this setting (the black dotted curve). PPO's clip and small inner
@@ -670,7 +685,9 @@ for _ in range(N_TRIALS):
     up_rev += float(-(g @ klviz.reverse_kl_gradient(t_logits, r_logits))) > 0
 frac, se = up_rev / N_TRIALS, math.sqrt(up_rev / N_TRIALS * (1 - up_rev / N_TRIALS) / N_TRIALS)
 print(f"random triples: a descent step on k1-as-loss increased KL(pi_old||pi_theta) in {up_old}/{N_TRIALS}, "
-      f"and increased KL(pi_theta||pi_ref) in {up_rev}/{N_TRIALS} = {100 * frac:.1f}% ± {200 * se:.1f}% (2 SE)")
+      f"and increased KL(pi_theta||pi_ref) in {up_rev}/{N_TRIALS}: {plus_minus(100 * frac, 100 * se, '.1f')} percent")
+
+# %%
 assert up_old == N_TRIALS
 assert frac - 4 * se > 0.5
 
@@ -678,7 +695,8 @@ assert frac - 4 * se > 0.5
 # **Settled, for what was measured.** Off-policy, k1 as a loss is gradient *ascent* on $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$ (an
 # identity, checked to $10^{-12}$): it always pushes the policy away from the one that sampled the batch, i.e. further
 # along the update it has just made, and never toward $\pi_\text{ref}$ as such. In the lesson's setting and in most random
-# triples this *increases* $\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$: a "KL penalty" that makes the KL grow. Its size scales with
+# triples this *increases* $\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$ ([checked on 2,000 random triples](claims.md#k1-loss-offpolicy-usually-raises-the-kl)): a "KL penalty"
+# that makes the KL grow. Its size scales with
 # $\|\pi_\theta-\pi_\text{old}\|$, so it is small when there are few inner steps, and it is zero on-policy.
 #
 # ### Whole responses off-policy: a per-token $\rho$ is a one-token correction

@@ -49,6 +49,7 @@ from klviz import diagnose as dg
 from klviz import lm
 from klviz import pitfalls as pf
 from klviz.plotting import COLORS, new_figure
+from klviz.statistics import PM_SE, plus_minus
 from klviz.policies import move_policy, toy_sampler_logits, zipf_logits
 
 # %% [markdown]
@@ -88,7 +89,7 @@ fig, ax = new_figure(7.5, 3.4)
 ax.plot(mus, exact_ok, color=COLORS["k3"], label=r"correct $k_3$, $r=p/q$: mean $\mu^2/2$")
 ax.plot(mus, exact_bad, color=COLORS["mu"], label=r"inverted $k_3$, $r=q/p$: mean $e^{\mu^2}-1-\mu^2/2$")
 ax.errorbar(mc_mus, [mc[m]["correct"] for m in mc_mus], yerr=[2 * mc[m]["correct_se"] for m in mc_mus],
-            fmt="o", color=COLORS["k3"], ms=4, label="Monte Carlo ± 2 SE")
+            fmt="o", color=COLORS["k3"], ms=4, label=f"Monte Carlo ± {PM_SE} SE")
 ax.errorbar(mc_mus, [mc[m]["inverted"] for m in mc_mus], yerr=[2 * mc[m]["inverted_se"] for m in mc_mus],
             fmt="o", color=COLORS["mu"], ms=4)
 ax.set_xlabel(r"distance between the policies $\mu$  ($q=\mathcal{N}(0,1)$, $p=\mathcal{N}(\mu,1)$)")
@@ -101,13 +102,15 @@ for m in (0.1, 1.0):
     ex = pf.inverted_k3_exact(m)
     print(f"μ = {m}: true KL {ex['kl']:.5f}, the inverted estimator averages {ex['inverted']:.5f} "
           f"({100 * ex['rel_error']:+.1f}%)")
+
+# %%
 assert abs(pf.inverted_k3_exact(1.0)["rel_error"] - (2 * math.e - 4)) < 1e-12    # (e - 1 - 1/2)/(1/2) - 1
 
 # %% [markdown]
 # At $\mu=1$ the relative error is exactly $2e-4\approx 1.437$: the inverted estimator reports 144% more than the
 # true KL. Nothing warns you: the inverted k3 is still never negative and still looks smooth.
 #
-# The same identity holds for any two token distributions, not just Gaussians. A brute-force check on the
+# The same identity holds for any two token distributions, not just Gaussians ([checked on 1,000 random token pairs](claims.md#inverted-ratio-measures-chi2-minus-kl)). A brute-force check on the
 # twelve tokens of lesson 00, summing over the vocabulary:
 
 # %%
@@ -119,11 +122,14 @@ chi2 = float((q * q / p).sum() - 1)
 kl = float((q * torch.log(q / p)).sum())
 assert abs(kl - float(klviz.categorical_kl(q, p))) < 1e-6        # klviz's exact KL (float32) agrees
 print(f"E_q[inverted k3] = {mean_inverted:.6f};  χ²(q‖p) − KL(q‖p) = {chi2 - kl:.6f};  KL(q‖p) = {kl:.6f}")
+
+# %%
 assert abs(mean_inverted - (chi2 - kl)) < 1e-10
 
 # %% [markdown]
 # **A second slip in the same note.** It says k3 reduces variance because $\mathrm{Cov}[\log r, r-1]\approx-\mathrm{Var}[\log r]$.
-# The sign is wrong: near $r=1$, $r-1\approx\log r$, so the covariance is about $+\mathrm{Var}[\log r]$; for the Gaussian pair it is
+# The sign is wrong: $\log r$ and $r-1$ both increase with $r$, so their covariance is never negative
+# ([checked on 1,000 random token pairs](claims.md#cov-log-r-and-r-is-positive)); near $r=1$, $r-1\approx\log r$, so it is about $+\mathrm{Var}[\log r]$; for the Gaussian pair it is
 # *exactly* $\mu^2=\mathrm{Var}[\log r]$. What is negatively correlated is $r-1$ and $-\log r$, the two terms k3 adds;
 # that is the control variate at work (lesson [02](02_three_estimators.ipynb)).
 
@@ -134,7 +140,9 @@ log_r = MU * x - MU**2 / 2
 prod = (log_r - log_r.mean()) * (torch.expm1(log_r) - torch.expm1(log_r).mean())
 cov, cov_se = float(prod.mean()), float(prod.std()) / math.sqrt(N_SAMPLES)
 exact = pf.gaussian_cov_logr_r(MU)
-print(f"Cov[log r, r − 1] = {cov:.4f} ± {2 * cov_se:.4f} (exact {exact['cov']:.4f} = Var[log r] = {exact['var_log_r']:.4f})")
+print(f"Cov[log r, r − 1] = {plus_minus(cov, cov_se, '.4f')} (exact {exact['cov']:.4f} = Var[log r] = {exact['var_log_r']:.4f})")
+
+# %%
 assert abs(cov - exact["cov"]) < 4 * cov_se and cov > 0
 
 # %% [markdown]
@@ -152,7 +160,7 @@ assert abs(cov - exact["cov"]) < 4 * cov_se and cov > 0
 # **Intuition.** A clamp only changes tokens where it binds. While the policies are close, no token comes near
 # the bounds and the clamp is free. As they separate, $k_3$ grows like $e^{\log r}$ on tokens the target likes far more
 # than the sampler; the output clamp cuts exactly the tokens that carry the mean, so the clamped k3 becomes biased
-# *downwards*. verl's lower bound $-10$ can never act because $k_3\ge 0$, but its upper bound binds on **both** sides:
+# *downwards* ([checked on 1,000 random token pairs](claims.md#clamps-only-lower-k3)). verl's lower bound $-10$ can never act because $k_3\ge 0$ ([checked on 2,000 random token pairs](claims.md#k2-k3-never-negative)), but its upper bound binds on **both** sides:
 # also where $\log r<-11$, a token the *policy* finds $e^{11}\approx6\cdot10^4$ times likelier than the reference. There
 # $k_3\approx-\log r-1$ is linear, not heavy-tailed, and the clamp sets its gradient to zero on the very tokens RL pushed up
 # hardest (lesson [04](04_worked_tokens.ipynb) §5 computes both crossing points).
@@ -191,9 +199,11 @@ for (est, rule) in curves:
     v = pf.apply_clamp(log_r, est, rule)
     mean, se = float(v.mean()), float(v.std()) / math.sqrt(N_SAMPLES)
     quad = pf.gaussian_clamped_expectation(MU_CHECK, est, rule)
-    print(f"μ = {MU_CHECK}: {curves[(est, rule)][0]:22s} quadrature {quad:.4f}, sampled {mean:.4f} ± {2 * se:.4f} "
+    print(f"μ = {MU_CHECK}: {curves[(est, rule)][0]:22s} quadrature {quad:.4f}, sampled {plus_minus(mean, se, '.4f')} "
           f"(true KL {MU_CHECK**2 / 2})")
     assert abs(mean - quad) < 4 * se
+
+# %%
 assert pf.gaussian_clamp_hit_rate(1.0, "k3", "verl low_var_kl") < 0.01 < pf.gaussian_clamp_hit_rate(4.0, "k3", "verl low_var_kl")
 
 # %% [markdown]
@@ -277,7 +287,7 @@ print(f"{'float32 batch means (for scale)':44s}" + "".join(f"{rows[0][1][k]['bat
 # **Same weights, two precisions: a KL that should be zero.** A common real case: the rollout engine scores
 # tokens in one precision and the trainer in another, or the "reference" is the policy itself at step 0.
 # The true KL is 0, yet k2 and k3 come out positive: exactly $\tfrac12\overline{e^2}$ for k2 and almost the same for
-# k3, while k1's mean is zero up to its noise.
+# k3 ([checked on 1,000 random logit batches](claims.md#rounding-noise-biases-k2-and-k3-upwards)), while k1's mean is zero up to its noise.
 
 # %%
 same = pf.precision_errors(policy_logits, policy_logits, tokens, "bfloat16 logits", ref_precision="float32")
@@ -329,7 +339,7 @@ display(fig)
 # **Math.** Averages are under $\pi_\text{old}$, the sampler. For k1:
 # $\mathbb{E}_{\pi_\text{old}}[\log\pi_\theta-\log\pi_\text{ref}] = \mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})-\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$:
 # neither the KL you want nor any KL, and negative once $\pi_\theta$ moves further from $\pi_\text{old}$ than $\pi_\text{old}$ is from the
-# reference. With the importance weight $\rho=\pi_\theta/\pi_\text{old}$, $\mathbb{E}_{\pi_\text{old}}[\rho\,k]=\mathbb{E}_{\pi_\theta}[k]$ is
+# reference ([checked on 1,000 random token triples](claims.md#k1-on-old-tokens-is-a-difference-of-kls)). With the importance weight $\rho=\pi_\theta/\pi_\text{old}$, $\mathbb{E}_{\pi_\text{old}}[\rho\,k]=\mathbb{E}_{\pi_\theta}[k]$ is
 # unbiased again. PPO's own `ppo_kl` (old minus new on old's tokens) estimates $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$.
 # Exact values, summing over the twelve-token vocabulary:
 
@@ -340,6 +350,8 @@ ref = move_policy(old, temperature=1.3, push=-0.5, push_token=0)
 e = pf.off_policy_expectations(old, theta, ref)
 for k, v in e.items():
     print(f"  {k:16s} {v:+.5f}")
+
+# %%
 assert abs(e["k1"] - (e["KL(old||ref)"] - e["KL(old||theta)"])) < 1e-12
 assert abs(e["rho*k1"] - e["KL(theta||ref)"]) < 1e-12 and abs(e["rho*k3"] - e["KL(theta||ref)"]) < 1e-12
 assert abs(e["ppo_kl"] - e["KL(old||theta)"]) < 1e-12
@@ -365,10 +377,12 @@ assert abs(e["ppo_kl"] - e["KL(old||theta)"]) < 1e-12
 off = dg.diagnose(dg.load_rollouts(dg.sample_rollouts_path(), logprob_key="new_logprob", old_key="logprob"))
 assert off.off_policy
 for name, v in off.extra.items():
-    print(f"  {name:26s} {v['token_mean']:+.4f} ± {2 * v['token_mean_se']:.4f}   {off.directions[name]}")
-print(f"  {'naive k1 (new − ref)':26s} {off.estimates['k1']['token_mean']:+.4f} ± {2 * off.estimates['k1']['token_mean_se']:.4f}"
+    print(f"  {name:26s} {plus_minus(v['token_mean'], v['token_mean_se'], '+.4f')}   {off.directions[name]}")
+print(f"  {'naive k1 (new − ref)':26s} {plus_minus(off.estimates['k1']['token_mean'], off.estimates['k1']['token_mean_se'], '+.4f')}"
       f"   {off.directions['k1']}")
 rho = off.extra["mean ρ = π/π_old"]
+
+# %%
 assert abs(rho["token_mean"] - 1) < 4 * rho["token_mean_se"]      # E_old[π/π_old] = 1: the weights are consistent
 
 # %% [markdown]
@@ -384,7 +398,8 @@ assert abs(rho["token_mean"] - 1) < 4 * rho["token_mean_se"]      # E_old[π/π_
 #
 # **Answer.** Both, in different units. By the chain rule the *sequence* KL is the sum of per-token terms, so
 # `seq-mean-token-sum` (TRL's PPO log, verl's `seq-mean-token-sum`) is nats per response; `token-mean` and
-# `seq-mean-token-mean` (verl's in-reward metric `actor/reward_kl_penalty`) are nats per token. They also weigh tokens differently:
+# `seq-mean-token-mean` (verl's in-reward metric `actor/reward_kl_penalty`) are nats per token. They also weigh tokens
+# differently ([checked on 1,000 random batches](claims.md#aggregation-weights)):
 
 # %%
 lengths = [4, 12, 48]
@@ -460,6 +475,8 @@ demo = pf.no_grad_kl_demo(logits, ref_logits, toks, adv, beta=0.5)
 for kind, d in demo.items():
     print(f"{kind:18s} loss {d['loss']:+.4f}   KL term requires_grad={d['kl_requires_grad']!s:5s}  "
           f"|grad| = {float(d['grad'].norm()):.5f}")
+
+# %%
 assert torch.equal(demo["kl under no_grad"]["grad"], demo["pg only"]["grad"])       # identical gradient
 assert demo["kl under no_grad"]["loss"] != demo["pg only"]["loss"]                  # but a different logged loss
 assert not torch.allclose(demo["kl with grad"]["grad"], demo["pg only"]["grad"])
@@ -477,7 +494,7 @@ assert not torch.allclose(demo["kl with grad"]["grad"], demo["pg only"]["grad"])
 # **Math.** With a fraction $\alpha$ of the samples from $p$ and k3 averaged as usual, the mean is
 # $(1-\alpha)\,\mathrm{KL}(q\|p)+\alpha\,\big(\chi^2(p\|q)-\mathrm{KL}(p\|q)\big)$: on $p$'s samples the ratio $p/q$ is the *inverted* one of
 # section [1](#inverted-ratio). Weighting every sample by $q(x)/m(x)$, with $m=(1-\alpha)q+\alpha p$ the mixture that
-# actually drew it, restores $\mathrm{KL}(q\|p)$ exactly.
+# actually drew it, restores $\mathrm{KL}(q\|p)$ exactly ([checked on 1,000 random token pairs](claims.md#mixture-sampling-needs-weights)).
 
 # %%
 MU = 1.0
@@ -485,8 +502,8 @@ print(f"q = N(0,1), p = N({MU},1), true KL(q‖p) = {MU**2 / 2}")
 for alpha in (0.0, 0.1, 0.25, 0.5):
     ex = pf.mixture_k3_exact(MU, alpha)
     sim = pf.mixture_k3_mc(MU, alpha, N_SAMPLES, generator=gen)
-    print(f"  α = {alpha:4}: naive mean {sim['naive']:.4f} ± {2 * sim['naive_se']:.4f} (exact {ex['naive']:.4f});"
-          f"  weighted {sim['weighted']:.4f} ± {2 * sim['weighted_se']:.4f}")
+    print(f"  α = {alpha:4}: naive mean {plus_minus(sim['naive'], sim['naive_se'], '.4f')} (exact {ex['naive']:.4f});"
+          f"  weighted {plus_minus(sim['weighted'], sim['weighted_se'], '.4f')}")
     assert abs(sim["naive"] - ex["naive"]) < 4 * sim["naive_se"]
     assert abs(sim["weighted"] - ex["kl"]) < 4 * sim["weighted_se"]
 
@@ -532,10 +549,12 @@ print(f"{'quoted (unsourced)':30s}{0.3:14.3f}{0.4:14.3f}{12.0:9.1f}%")
 # (responses are the independent units: tokens of one response share their prefix)
 for name, fn in (("k1", klviz.k1), ("k3", klviz.k3)):
     diff, se = klviz.statistics.clustered_mean_se(fn(log_r_bt) - exact_bt, mask)
-    print(f"{name}: mean − exact = {diff:+.4f} ± {2 * se:.4f}")
+    print(f"{name}: mean − exact = {plus_minus(diff, se, '+.4f')}")
     assert abs(diff) < 4 * se
 
 row15 = table["Gaussian, KL = 1.125"]                        # both variance ratios pass 1 there
+
+# %%
 assert abs(row15["k2"][0] - 2.3906) < 1e-3 and abs(row15["k3"][0] - 2.7731) < 1e-3 and min(row15["k2"][0], row15["k3"][0]) > 1
 
 # %% [markdown]
@@ -551,7 +570,8 @@ assert abs(row15["k2"][0] - 2.3906) < 1e-3 and abs(row15["k3"][0] - 2.7731) < 1e
 # ## 10 · Misspelled estimator names <a id="fall-through"></a>
 #
 # A config key with a typo, or a name from another framework, can silently select a default estimator
-# (AReaL PR #408 fixed such a fall-through). klviz refuses unknown names, naming the argument:
+# (AReaL PR #408 fixed such a fall-through). klviz refuses unknown names, naming the argument
+# ([checked on 1,000 names](claims.md#unknown-estimator-names-raise)):
 
 # %%
 try:
@@ -579,6 +599,8 @@ except ValueError as err:
 # %%
 from klviz.cli import main as klviz_cli
 status = klviz_cli(["diagnose"])
+
+# %%
 assert status == 0
 
 # %% [markdown]
@@ -661,7 +683,8 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # [05 Gradients](05_gradients.ipynb) §1 and §6, and audit your own term with `klviz.audit_loss`.
 #
 # **I added a KL loss and nothing changed.** (open-instruct#530, SkyRL) It was computed under `torch.no_grad`: the
-# value changes, the gradient does not. See [section 7](#no-grad).
+# value changes, the gradient does not. See [section 7](#no-grad); `klviz.audit_loss` on your KL function reports such a
+# term as following `"zero"`.
 #
 # **A typo in the estimator name went unnoticed.** (AReaL PR #408) Some code falls through to a default estimator
 # on an unknown name; check that unknown names raise. See [section 10](#fall-through).

@@ -43,7 +43,8 @@ from IPython.display import display
 
 from klviz import lm
 from klviz.plotting import new_figure
-from klviz.rlhf import LAB_SEED_CONFIGS, LAB_VERDICTS, PLACEMENT_COLORS, cached_run, judge, load_lab_seeds
+from klviz.rlhf import (CHECK_SEEDS, LAB_CHECK_PATH, LAB_SEED_CONFIGS, LAB_VERDICTS, PLACEMENT_COLORS, cached_run,
+                        judge, load_lab_seeds)
 from klviz.statistics import PM_SE, is_resolved, mean_se, plus_minus
 from klviz.widgets.lesson07 import RLHFLabPanel
 
@@ -77,7 +78,7 @@ for prompt, text, r in zip(rollouts.prompts, rollouts.responses, lm.reward(rollo
 # the sequence KL of lesson 05, whose optimum is $\pi^*\propto\pi_\text{ref}\,e^{R/\beta}$. The lab measures it at every step
 # from the batch (the mean reward minus β times the true KL below) and calls it the **score**: the yardstick by which this
 # lesson and lesson [08](08_sampler_vs_trainer.ipynb) compare runs (`LabSeeds.score`). Only the reverse-KL placements
-# follow its gradient; k3 in the loss follows the forward KL's (lesson 05).
+# follow its gradient; k3 in the loss follows the forward KL's (lesson 05) ([checked on 1,000 random token pairs](claims.md#only-reverse-kl-placements-climb-the-score)).
 #
 # Everything below is the library's one copy of the loop:
 
@@ -88,8 +89,8 @@ klviz.show_source(klviz.rlhf.TrainingRun._advance)
 # **The true KL.** The number to trust is not any estimator's: at every response position the model gives both full
 # next-token distributions, so the exact $\mathrm{KL}(\pi(\cdot|y_{<t})\,\|\,\pi_\text{ref}(\cdot|y_{<t}))$ is a sum over the
 # 32 tokens (`klviz.exact_kl`). Summed along a sampled response and averaged over the batch, it is an unbiased
-# estimate of the sequence KL with no sampling noise inside each position (the Rao-Blackwellized estimator of
-# Amini et al.). The lab logs it beside what the chosen estimator reports.
+# estimate of the sequence KL ([checked on 1,000 tabular sequence policies](claims.md#exact-next-token-kl-along-samples-is-unbiased)) with no sampling noise inside each position
+# (the Rao-Blackwellized estimator of Amini et al.). The lab logs it beside what the chosen estimator reports.
 #
 # **PPO's clip, and where the KL term sits.** With `LabConfig(clip=0.2)` the advantage term becomes PPO's
 # $-\min(\rho_tA_t,\ \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon)A_t)$ (the `cfg.clip` branch above). The KL term is added
@@ -192,20 +193,28 @@ for p in SHOWN:
 # **resolved** when the mean difference is at least 3 standard errors from zero (`klviz.statistics.is_resolved`, the rule
 # of lessons 07 and 08 alike); otherwise it is **not resolved**, and `seeds_to_resolve` says how many seeds it would take
 # if its mean and spread stayed as measured. The comparisons the lesson states are data, `klviz.rlhf.LAB_VERDICTS`, each
-# with what the lesson says about it; `judge` weighs them on the stored runs, and `benchmarks/lab_verdicts.py` weighs the
-# same list on sixteen seeds no lesson uses.
+# with what the lesson says about it; `judge` weighs them on the stored runs. The same runs are stored for sixteen more
+# seeds, 100–115, that nothing else here uses: each line ends with the comparison on those. A comparison the two sets of
+# seeds judge differently is **fragile**, and the text says so (`Verdict.fragile`; `benchmarks/lab_verdicts.py` re-checks
+# the list on any other seeds).
 
 # %%
+check = load_lab_seeds(LAB_CHECK_PATH)                   # the same runs with seeds 100-115, which nothing here uses
 verdicts = {row["verdict"].wording: row for row in judge(lab, LAB_VERDICTS)}
+rechecked = {row["verdict"].wording: row for row in judge(check, LAB_VERDICTS, check_seeds=True)}
+
+
+def said(r):
+    if r["resolved"]:
+        return "resolved"
+    return f"not resolved (~{r['seeds_to_resolve']:,} seeds)" if r["seeds_to_resolve"] else "not resolved"
 
 
 def show(*wordings):
     for w in wordings:
-        r = verdicts[w]
-        said = ("resolved" if r["resolved"] else
-                f"not resolved (about {r['seeds_to_resolve']:,} seeds would do)" if r["seeds_to_resolve"] else "not resolved")
-        print(f"{w:<58} {plus_minus(r['diff'], r['se'], '+.3f'):>22}  z = {r['z']:+5.1f}  first above in "
-              f"{r['a_above']:>2}/{r['seeds']}: {said}")
+        r, c = verdicts[w], rechecked[w]
+        print(f"{w:<58} {plus_minus(r['diff'], r['se'], '+.3f'):>21} z = {r['z']:+5.1f}, above in {r['a_above']:>2}/{r['seeds']}: "
+              f"{said(r):<28} | seeds 100-115: z = {c['z']:+5.1f}, {said(c)}")
 
 
 on_policy = [v.wording for v in LAB_VERDICTS if v.a.startswith("on ·") and v.b.startswith("on ·")]
@@ -220,6 +229,13 @@ for p in ("k1 in reward", "k3 in loss"):
 
 # %%
 assert all(r["holds"] for r in verdicts.values()), [w for w, r in verdicts.items() if not r["holds"]]
+assert all(r["holds"] for r in rechecked.values()), [w for w, r in rechecked.items() if not r["holds"]]
+assert check.seeds == CHECK_SEEDS and not set(check.seeds) & set(lab.seeds)
+assert sum(v.fragile for v in LAB_VERDICTS) == 3 and len(LAB_VERDICTS) == 18      # "three of eighteen"
+k3_kl = "k3 in the loss ends lower in KL than k1 in the reward"
+assert LAB_VERDICTS[[v.wording for v in LAB_VERDICTS].index(k3_kl)].fragile
+assert round(verdicts[k3_kl]["z"], 1) == -3.3 and round(rechecked[k3_kl]["z"], 1) == -1.5      # the z the text quotes
+assert verdicts["the clip does not stop it: β = 1, clip 0.2, in KL"]["a_above"] == len(lab.seeds)  # "every seed here"
 final_kl = {p: lab.final(ON[p], "true_kl") for p in SHOWN}
 for p in ("k1 in reward", "k2 in loss", "k3 in loss"):
     assert 2.5 < final_kl[p].mean() < 3.5 and final_kl[p].mean() < final_kl["none"].mean() / 2.5   # "near 3 nats, a third"
@@ -242,11 +258,13 @@ show(*on_policy[7:])
 
 # %% [markdown]
 # The partial gradient is not resolved: the token-level k2 loss and k1 in the reward with reward-to-go end at the same
-# KL within its standard error; the responses are short and β·(future KL) is small next to the reward signal. Lesson 05
-# shows the difference exactly on an enumerable toy. k3 in the loss ends **lower** in KL than k1 in the reward (resolved,
-# though by little more than the rule asks: see the z above) and lower in reward in every seed: it is a different penalty
-# (the forward KL), and at this β it restrains the policy more. In the score $J$ the two are not resolved: less reward and
-# less KL nearly cancel at β = 0.2.
+# KL within its standard error, on both sets of seeds; the responses are short and β·(future KL) is small next to the
+# reward signal. Lesson 05 shows the difference exactly on an enumerable toy. k3 in the loss ends **lower in reward** than
+# k1 in the reward, resolved on both sets: it is a different penalty (the forward KL), and at this β it restrains the
+# policy more. Its lower KL is **fragile**: resolved on the lesson's seeds (z = −3.3), not on seeds 100–115 (z = −1.5), so
+# all one can say is that it is small, near the edge of what sixteen seeds resolve. The score $J$ is fragile the other way:
+# not resolved here, lower for k3 in the loss on the other seeds. A reading of either from one set of sixteen seeds alone
+# would have been a coin toss.
 #
 # ## 5. Identical steps on-policy: k2, k3+, ratio-corrected k3, and k1 in the reward (same token)
 #
@@ -380,9 +398,11 @@ assert lab.final(BIG["k3·ρ in loss"], "true_kl").max() < lab.final(OFF["none"]
 
 
 # %% [markdown]
-# At β = 1 the k1 "penalty" drives the true KL to more than twice the no-penalty run's (resolved; above it in all but at
-# most two seeds), while the reward falls to zero: the samples are no longer sentences. PPO's clip does not stop it,
-# because the KL term sits outside the clip (section 2). The ratio-corrected k3 at the same β holds the KL at a nat and a
+# At β = 1 the k1 "penalty" drives the true KL to more than twice the no-penalty run's (resolved on both sets of seeds;
+# above it in all but at most two seeds), while the reward falls to zero: the samples are no longer sentences. PPO's clip
+# does not stop it, because the KL term sits outside the clip (section 2): with the clip the KL ends above no penalty in
+# every seed here, though the spread of runs that collapse is so large that the difference is resolved on the lesson's
+# seeds and not on seeds 100–115 (fragile, by the rule). The ratio-corrected k3 at the same β holds the KL at a nat and a
 # half.
 #
 # ## 7. What these runs say about the papers
@@ -399,9 +419,9 @@ assert lab.final(BIG["k3·ρ in loss"], "true_kl").max() < lab.final(OFF["none"]
 # - **Shah et al., "A Comedy of Estimators" (arXiv 2512.21852).** Abstract: "in on-policy settings: (1) estimator
 #   configurations with biased gradients can result in training instabilities; and (2) using estimator configurations
 #   resulting in unbiased gradients leads to better performance". The configurations they compare include k3 in the loss,
-#   the one most libraries ship, and k1 in the reward (only the abstract was read here, not the full text). *Here:* on-policy, k3 in the loss is stable; it ends with **less** KL
-#   and **less** reward than k1 in the reward (section 4, resolved): biased, as they say, towards a stronger restraint at
-#   this β rather than towards instability. The instability we do see is k1 in the loss off-policy at β = 1 (section 6),
+#   the one most libraries ship, and k1 in the reward (only the abstract was read here, not the full text). *Here:* on-policy, k3 in the loss is stable; it ends with
+#   **less** reward than k1 in the reward (section 4, resolved on both sets of seeds) and less KL (fragile: resolved on
+#   one set only): biased, as they say, towards a stronger restraint at this β rather than towards instability. The instability we do see is k1 in the loss off-policy at β = 1 (section 6),
 #   which they list among the biased configurations. Their downstream accuracy claims cannot be tested at this scale.
 # - **Liu et al., "Rethinking KL Regularization in RLHF" (arXiv 2510.01555).** Abstract: "under on-policy conditions, the
 #   'k2 as loss' formulation is, in fact, gradient-equivalent to 'k1 in reward'"; "'k3 as loss' (like GRPO) is merely a
@@ -418,7 +438,9 @@ assert lab.final(BIG["k3·ρ in loss"], "true_kl").max() < lab.final(OFF["none"]
 # - k1 as a loss is not a KL penalty: on-policy it averages to nothing, off-policy it pushes the policy away from
 #   $\pi_\text{old}$, and at β = 1 it wrecks the model; PPO's clip does not help, because the KL term sits outside it.
 # - k1 in the reward (with reward-to-go), k2 in the loss, k3+ and k3·ρ regularise towards $\pi_\text{ref}$; the last three
-#   are the same gradient on-policy. k3 in the loss regularises towards a different, forward-KL target, and here more strongly.
+#   are the same gradient on-policy. k3 in the loss regularises towards a different, forward-KL target, and here ends
+#   with less reward.
+# - Re-check a verdict on other seeds before you build on it: three of eighteen here are fragile.
 # - Several epochs per batch make every placement off-policy; `approx_kl` early stopping bounds the drift per batch.
 #
 # ## Exercises

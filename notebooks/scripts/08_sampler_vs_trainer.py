@@ -95,7 +95,9 @@ rollout_kl, rollout_kl_se = klviz.statistics.clustered_mean_se(klviz.k1(old_lp -
 print(f"{int(mask.sum())} tokens in {mask.shape[0]} responses")
 print(f"ppo_kl, trainer recompute as old:     {ppo_kl_recompute:+.2e}")
 print(f"ppo_kl, engine log-probs as old:      {ppo_kl_bypass:+.2e}")
-print(f"k1 of KL(π_rollout ‖ π_old), engine vs recompute: {rollout_kl:+.2e} ± {2 * rollout_kl_se:.1e}")
+print(f"k1 of KL(π_rollout ‖ π_old), engine vs recompute: {plus_minus(rollout_kl, rollout_kl_se, '+.2e')}")
+
+# %%
 assert ppo_kl_recompute == 0.0
 assert abs(ppo_kl_bypass - rollout_kl) < 1e-9 and ppo_kl_bypass != 0.0
 
@@ -118,11 +120,12 @@ assert abs(ppo_kl_bypass - rollout_kl) < 1e-9 and ppo_kl_bypass != 0.0
 # rounds logits to 8 significant bits; (b) temperature: the engine samples from $\text{softmax}(z/T)$; a trainer that
 # scores $\text{softmax}(z)$ compares two different distributions; (c) truncation: top-p/top-k sample from the
 # renormalised distribution $p(x)/S$ on the kept set, where $S=\sum_{x\text{ kept}}p(x)$, so for every sampled token
-# $\pi_\text{train}/\pi_\text{engine}=S$; (d) batch or chunk dependence: the same logits computed in a different batch
+# $\pi_\text{train}/\pi_\text{engine}=S$ ([checked on 1,000 random token distributions](claims.md#truncation-puts-kept-mass-in-every-ratio)); (d) batch or chunk dependence: the same logits computed in a different batch
 # shape or one position at a time (decode) instead of all at once (prefill).
 #
 # **Math.** With tokens from $q$: $\mathbb{E}_q[p/q]=\sum_{x:\,q(x)>0}p(x)$, the mass $p$ puts where $q$ can sample. For
-# truncation it is $\mathbb{E}[S]<1$; for rounding and temperature the support is the same and it is exactly 1. Replaying
+# truncation it is $\mathbb{E}[S]<1$; for rounding and temperature the support is the same and it is exactly 1
+# ([checked on 1,000 random token pairs](claims.md#mean-ratio-test-sees-only-lost-support)). Replaying
 # the engine's sampling mask on the trainer side (DeepSeek-V3.2's "keep sampling mask") renormalises the trainer over
 # the same kept set, and the factor $S$ disappears.
 
@@ -143,10 +146,10 @@ for name, spec in engines.items():
     mf = mm.mismatch_metrics(fixed, er.engine_logprob, er.mask)
     S = float(er.kept_mass[er.mask].double().mean())
     measured[name] = {"m": m, "fixed": mf, "S": S, "er": er}
-    rows.append(f"<tr><td>{name}</td><td>{m['mean_ratio']:.4f} ± {2 * m['mean_ratio_se']:.4f}</td><td>{S:.4f}</td>"
+    rows.append(f"<tr><td>{name}</td><td>{plus_minus(m['mean_ratio'], m['mean_ratio_se'], '.4f')}</td><td>{S:.4f}</td>"
                 f"<td>{m['k3']:.2e}</td><td>{m['abs_diff_max']:.3f}</td><td>{mf['mean_ratio']:.6f}</td>"
                 f"<td>{mf['k3']:.1e}</td></tr>")
-display(HTML("<table><tr><th>engine</th><th>mean ratio π_old/π_rollout ± 2 SE</th><th>mean kept mass S</th>"
+display(HTML("<table><tr><th>engine</th><th>mean ratio π_old/π_rollout</th><th>mean kept mass S</th>"
              "<th>k3 per token</th><th>max |log r|</th><th>mean ratio, trainer divides by T and replays the mask</th>"
              "<th>k3 then</th></tr>" + "".join(rows) + "</table>"))
 
@@ -193,6 +196,8 @@ for p, v in inv.items():
 float32_engine = mm.sample_engine(trainer, prompts, klviz.make_generator(8), mm.EngineSpec(), 40)
 same = mm.mismatch_metrics(mm.trainer_logprobs(trainer, float32_engine), float32_engine.engine_logprob, float32_engine.mask)
 print(f"float32 engine vs float32 trainer: max |log r| = {same['abs_diff_max']:.1e}")
+
+# %%
 assert same["abs_diff_max"] < 1e-5
 
 # %% [markdown]
@@ -282,10 +287,11 @@ for key in ("k1", "k3", "mean_ratio", "chi2_token"):
 # $w_t=\min(r_t, C)$; **token masking** (IcePop) $w_t=r_t\,\mathbf 1[1/C\le r_t\le C]$; **sequence IS** $w_t=W$
 # (unbiased, variance $\mathbb{E}[W^2]-1$, which grows like $(1+\chi^2)^T$); **sequence TIS** $\min(W,C)$;
 # **geometric-mean rejection** $w_t=r_t\,\mathbf 1[1/C\le (\prod_t r_t)^{1/T}\le C]$, a band on the per-token *average*
-# log-ratio, hence the same for short and long responses. Token-level weights ignore that the *prefix* was also drawn
-# from the engine: they are biased, by at most a total-variation term, and their variance does not compound (the same
+# log-ratio, hence the same for short and long responses. Sequence IS is exact, and token-level weights, which ignore
+# that the *prefix* was also drawn from the engine, are biased from two tokens on ([checked on 1,000 Markov pairs](claims.md#sequence-is-unbiased-token-weights-are-not)),
+# by at most a total-variation term, and their variance does not compound (the same
 # accounting as lesson [05](05_gradients.ipynb) §6 for a KL term: a per-token weight corrects the token, the product of the
-# weights up to it corrects its prefix).
+# weights up to it corrects its prefix ([checked on 1,000 tabular sequence policies](claims.md#prefix-product-weights-are-exact))).
 #
 # **Exact, on an enumerable case.** A trainer and an engine over 3 tokens, each a Markov chain (the next token depends on
 # the previous one); the engine adds logit noise of std 0.6, like rounding but larger. All $3^T$ responses are summed:
@@ -313,6 +319,8 @@ q_seq = en_all.sum(-1).exp()
 idx = torch.multinomial(q_seq, 200_000, replacement=True, generator=g)
 est = mm.corrected_estimates(g_all[idx], tr_all[idx] - en_all[idx], torch.ones(len(idx), T, dtype=torch.bool), "token_tis")
 mc_mean, mc_se = klviz.statistics.mean_se(est)
+
+# %%
 assert abs(mc_mean - exact[(T, "token_tis")]["mean"]) < 4 * mc_se
 
 # %% [markdown]
@@ -352,6 +360,8 @@ display(fig)
 for name, (mu, sd, t50) in trap.items():
     print(f"{name:32s} per-token mean log r {mu:+.2e}, std {sd:.2e}: half the responses clamped at T ≈ {t50:,.0f}")
 mu, sd, t50 = trap["top-p 0.8"]
+
+# %%
 assert abs(t50 - 20 / abs(mu)) / (20 / abs(mu)) < 0.1      # drift dominates: T ≈ 20 / |μ|
 assert trap["bf16 compute"][2] > 100 * t50 and 200 < t50 < 1000        # "a few hundred tokens"
 
@@ -382,9 +392,9 @@ for name, spec in (("temperature 0.8", mm.EngineSpec(temperature=0.8)), ("top-p 
         e = mm.corrected_estimates(gv, lr, er.mask, meth, cap=2.0, band=(0.5, 2.0))
         results[(name, meth)] = (*klviz.statistics.mean_se(e), float(e.std()))
 print(f"truth G = {plus_minus(truth, truth_se, '.3f')} nats per response")
-display(HTML("<table><tr><th>correction</th><th>T 0.8 engine: estimate ± 2 SE</th><th>std</th>"
-             "<th>top-p 0.8 engine: estimate ± 2 SE</th><th>std</th></tr>" + "".join(
-    f"<tr><td>{meth}</td>" + "".join(f"<td>{results[(n, meth)][0]:.2f} ± {2 * results[(n, meth)][1]:.2f}</td>"
+display(HTML("<table><tr><th>correction</th><th>T 0.8 engine: estimate</th><th>std</th>"
+             "<th>top-p 0.8 engine: estimate</th><th>std</th></tr>" + "".join(
+    f"<tr><td>{meth}</td>" + "".join(f"<td>{plus_minus(results[(n, meth)][0], results[(n, meth)][1], '.2f')}</td>"
                                      f"<td>{results[(n, meth)][2]:.2f}</td>" for n in ("temperature 0.8", "top-p 0.8"))
     + "</tr>" for meth in mm.CORRECTIONS) + "</table>"))
 
@@ -392,6 +402,8 @@ def off_by(key):
     m, se, _ = results[key]
     return abs(m - truth) / math.hypot(se, truth_se)
 
+
+# %%
 assert off_by(("temperature 0.8", "none")) > 4                 # no correction: biased
 assert off_by(("temperature 0.8", "sequence_is")) < 4          # sequence IS: unbiased ...
 assert results[("temperature 0.8", "sequence_is")][2] > 3 * results[("temperature 0.8", "token_tis")][2]  # ... noisy
@@ -723,7 +735,7 @@ print(f"panel update: {training.last_compute_ms:.1f} ms")
 # Two of these rows are checked here on the bf16 + top-p 0.8 batch, each with the framework's own formula
 # (`klviz.frameworks`, tested against the code it follows). verl's `ppl_ratio` is the batch **mean of each response's
 # ratio**, $\exp(\overline{\log\pi_\text{rollout}}-\overline{\log\pi_\text{old}})$ per response, not the exp of their mean
-# (`compute_offpolicy_metrics`; `mismatch_metrics` follows it). NeMo-RL's `policy_kl_error` (k3 with the arguments
+# (`compute_offpolicy_metrics`; `mismatch_metrics` follows it) ([checked on 1,000 random batches](claims.md#verl-ppl-ratio-is-a-mean-of-ratios)). NeMo-RL's `policy_kl_error` (k3 with the arguments
 # swapped) is not the KL it is labelled with: with truncation, $\mathrm{KL}(\pi_\text{old}\|\pi_\text{rollout})$ is infinite ($\pi_\text{old}$ puts
 # mass on tokens the engine cannot sample), yet the logged number is finite; it averages $\chi^2-\mathrm{KL}$ of the other
 # direction, as lesson 06's inverted ratio does, and comes out larger than `gen_kl_error`:
@@ -756,9 +768,11 @@ assert bool((er.kept_mass[er.mask] < 1).any())      # π_old has mass the engine
 # - The mean-ratio test $\mathbb{E}[\pi_\text{old}/\pi_\text{rollout}]=1$ fails only for lost support; k3 sees every mismatch.
 # - Corrections: token TIS (small bias, bounded variance); sequence IS (unbiased, variance exponential in $T$, clamped log
 #   weights after $T\,|\mu|\approx20$); geometric-mean rejection (length-invariant); truncation needs the mask, not a weight.
-# - In training (16 seeds, a toy model): bf16 mismatch changes nothing resolvable; a temperature not divided
-#   out or top-p makes the logged reward flatter the trainer's own policy. Weights move reward and KL without
-#   improving the score; the replayed mask removes a truncation mismatch by training what is served, and scores lowest.
+# - In training (16 seeds, a toy model, every comparison at 3 SE): bf16 mismatch changes nothing resolvable; a
+#   temperature not divided out or top-p makes the logged reward flatter the trainer's own policy. Weights move reward and
+#   KL without improving the score of either policy, the trainer's or the one the engine serves; the replayed mask removes
+#   a truncation mismatch by training what is served, and scores lowest by both.
+# - MiniMind's rollouts (sampled at 0.8, scored at 1) carry a temperature mismatch in every batch.
 #
 
 # %% [markdown]
