@@ -406,8 +406,8 @@ assert trace[-1]["approx_kl"] > trace[-1]["exact_old_theta"]                # th
 # then recomputes `per_token_logps` from the raw logits, at temperature 1 (`compute_per_token_logps`). So
 # `old_resp_logp` is π_old's log-probability of a token that $\pi_{old}^{(T=0.8)}$ drew, and every mean MiniMind takes is
 # over the tempered policy's tokens. Neither `kl_ref` nor `approx_kl` is then an estimate of the KL it names, not even on
-# the first minibatch, where π_θ = π_old: $k_3$ is unbiased only because $\mathbb E_\pi[\pi_{ref}/\pi]=1$ under π's own
-# tokens. `fw.minimind_rollout` builds a batch the way MiniMind does. The same policy's tokens at T = 1 and at T = 0.8,
+# the first minibatch, where π_θ = π_old: $k_3$ is unbiased ([checked on 2,000 random token pairs](claims.md#k1-k3-unbiased-on-tokens)) because $\mathbb E_\pi[\pi_{ref}/\pi]=1$
+# under π's own tokens, and under the tempered policy's tokens that mean is no longer 1. `fw.minimind_rollout` builds a batch the way MiniMind does. The same policy's tokens at T = 1 and at T = 0.8,
 # each against the exact value at its own prefixes (responses as the independent units):
 
 # %%
@@ -497,7 +497,7 @@ assert with_clamp["value"][4] == 10.0 and with_clamp["grad"][4] == 0.0     # d =
 assert torch.equal(with_clamp["value"], without["value"])         # same forward value: only the backward differs
 
 # %% [markdown]
-# - **Output clamp to $[-10, 10]$.** Its lower half can never act: $k_3=e^{d}-d-1\ge 0$ because
+# - **Output clamp to $[-10, 10]$.** Its lower half can never act: $k_3=e^{d}-d-1\ge 0$ ([checked on 2,000 random token pairs](claims.md#k2-k3-never-negative)) because
 #   $e^{d}\ge 1+d$ (the tangent line lies under the convex curve). Computed verl's way,
 #   `exp(d) - d - 1` in float32, rounding can at worst leave values a hair below 0 near $d=0$ (of the order
 #   of float32's spacing $10^{-7}$), nowhere near $-10$. The upper half acts on **both** sides of $d=0$, at the two crossing points printed below. For $d>2.61$, a token
@@ -699,7 +699,7 @@ panel.set(step=4);
 # π_old ≠ π_θ. A KL **in the reward** was computed once, at rollout, and does not change; PPO then weights the whole
 # advantage by ρ, which leaves a bias that grows with the drift (lesson 05 §6). A KL **in the loss** is recomputed every
 # update with π_θ on π_old's tokens: without ρ (verl, OpenRLHF, MiniMind, NeMo-RL's default) it is off-policy and its
-# value is no longer a KL estimate (section 4 above); TRL's `use_bias_correction_kl` weights each token by ρ = π_θ/π_old,
+# value is no longer a KL estimate ([checked on 1,000 random token triples](claims.md#k1-on-old-tokens-is-a-difference-of-kls)) (section 4 above); TRL's `use_bias_correction_kl` weights each token by ρ = π_θ/π_old,
 # NeMo-RL only with `use_on_policy_kl_approximation`, and then by π_θ/π_generation. Both are per-token weights: they
 # correct each token at its prefix, not the prefixes (lesson [05](05_gradients.ipynb) §6). `ppo_kl` and `approx_kl`
 # grow from 0 across the updates of a batch; early stopping on them bounds the drift, not the reference penalty's error.
@@ -707,14 +707,15 @@ panel.set(step=4);
 # ## Takeaways
 #
 # - One token's $\frac12\Delta^2$ (0.02, 1.125 above) is not a KL. The batch mean of $\frac12\Delta^2$ is
-#   a second-order approximation of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$, within 10% only for
-#   $|\Delta|$ well below 1, and too low or too high beyond; $k_1$ and $k_3$ are unbiased for it.
+#   a second-order approximation of $\mathrm{KL}(\pi_{old}\|\pi_\theta)$ ([checked on 1,000 random token pairs](claims.md#k2-matches-kl-to-second-order)), within 10% only for
+#   $|\Delta|$ well below 1 in the push above, and too low or too high beyond ([checked on 1,000 old probabilities](claims.md#one-token-push-half-delta-squared)); $k_1$ and
+#   $k_3$ are unbiased for it ([checked on 2,000 random token pairs](claims.md#k1-k3-unbiased-on-tokens)).
 # - The mask: response tokens up to and including the first EOS, no padding, denominator at least 1.
 # - Token mean, sequence mean and sequence sum are three different numbers from the same tokens.
 # - `approx_kl`/`ppo_kl` (old vs current, old's tokens) guard the PPO update; the reference penalty
 #   (current vs reference) shapes the objective. The sampler decides each direction.
-# - verl's input clamp protects gradients from NaN; the output clamp's lower half never acts, its upper half
-#   binds twice: on the heavy tail of $k_3$ ($\pi_{ref}/\pi>13.6$) and on tokens the policy pushed up by $6\cdot10^4$,
+# - verl's input clamp protects gradients from NaN and changes no value ([checked on 3,000 log-ratios](claims.md#verl-input-clamp-changes-no-value)); the output
+#   clamp's lower half never acts, its upper half binds twice ([checked on 207,003 log-ratios](claims.md#verl-k3-clamp-binds-at-2-61-and-minus-11)): on the heavy tail of $k_3$ ($\pi_{ref}/\pi>13.6$) and on tokens the policy pushed up by $6\cdot10^4$,
 #   where it zeroes the gradient that should pull them back.
 # - Early stopping on `approx_kl` bounds the drift per batch; it does not make an off-policy reference penalty accurate.
 # - A non-zero first-minibatch `ppo_kl` in verl's default mode is recompute-versus-update numerics; it is the engine–trainer

@@ -65,7 +65,8 @@ from klviz.widgets.lesson05 import BanditPanel, SimplexFlowPanel
 # $\log\pi(x)$, not the fact that $x$ was drawn from $\pi$. An estimator whose *value* averages to the KL can
 # therefore have a *gradient* that averages to something else: the derivative of the sampling distribution is missing.
 #
-# **Math.** Every placement gives a per-sample gradient $c(x)\,s(x)$; only the coefficient $c$ differs.
+# **Math.** Every placement gives a per-sample gradient $c(x)\,s(x)$; only the coefficient $c$ differs
+# ([checked on 1,000 random token pairs](claims.md#k2-loss-equals-k1-reward-per-sample)).
 #
 # | choice | surrogate for token $x$ | $c(x)$ | expected gradient $\mathbb E_\pi[c\,s]$ |
 # |---|---|---|---|
@@ -208,7 +209,7 @@ display(fig)
 
 # %% [markdown]
 # **Takeaway.** A KL estimator is a *value*; what it does in training depends on where its gradient comes from.
-# Of the eight common choices, four follow $\nabla\mathrm{KL}(\pi\|\pi_\text{ref})$ exactly (k1 in the reward, k2 in the
+# Of the eight common choices, four follow $\nabla\mathrm{KL}(\pi\|\pi_\text{ref})$ exactly ([checked on 1,000 random token pairs](claims.md#on-policy-gradient-table)) (k1 in the reward, k2 in the
 # loss, the ratio-corrected k3, k3+), k3 in the loss follows the forward KL, and the other three are biased; k1 in the
 # loss only adds noise.
 #
@@ -641,8 +642,8 @@ ax.legend(fontsize=7.5)
 display(fig)
 
 # %% [markdown]
-# (k2 in the loss and k1 in the reward, both unweighted, lie on one curve: their off-policy gradients are the same
-# sum.) At $k=0$ the `none` and `detached` weightings are exactly the on-policy choices of section 1 (checked); the
+# (k2 in the loss and k1 in the reward, both unweighted, lie on one curve: their per-sample gradients are the same
+# ([checked on 1,000 random token pairs](claims.md#k2-loss-equals-k1-reward-per-sample)), whoever sampled.) At $k=0$ the `none` and `detached` weightings are exactly the on-policy choices of section 1 (checked); the
 # `ratio` form changes the gradient even on-policy, which is its purpose for k3. Off-policy, the unweighted terms drift away from
 # the target as $\pi_\theta$ moves: k2 in the loss and k1 in the reward lose their exactness, k3 in the loss gets much
 # worse. Importance weights repair what was right on-policy: `detached` weights on k2/k3+ in the loss, and the `ratio` form
@@ -693,7 +694,7 @@ assert frac - 4 * se > 0.5
 
 # %% [markdown]
 # **Settled, for what was measured.** Off-policy, k1 as a loss is gradient *ascent* on $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$ (an
-# identity, checked to $10^{-12}$): it always pushes the policy away from the one that sampled the batch, i.e. further
+# identity ([checked on 1,000 random token triples](claims.md#importance-weights-repair-one-token-offpolicy))): it always pushes the policy away from the one that sampled the batch, i.e. further
 # along the update it has just made, and never toward $\pi_\text{ref}$ as such. In the lesson's setting and in most random
 # triples this *increases* $\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$ ([checked on 2,000 random triples](claims.md#k1-loss-offpolicy-usually-raises-the-kl)): a "KL penalty"
 # that makes the KL grow. Its size scales with
@@ -831,14 +832,15 @@ assert audits["kl_prefix_product"].relative_error["reverse_kl"] < 1e-9
 #   way. Clamp after multiplying, or do not clamp.
 # - The fixed point is what matters in the end: reverse-KL choices converge to $\pi^*\propto\pi_\text{ref}e^{R/\beta}$; k3 in the
 #   loss converges to the forward-KL solution; k1 in the loss, k2 and k3 in the reward do not regularise towards
-#   $\pi_\text{ref}$ at all in the bandit.
+#   $\pi_\text{ref}$ at all in this bandit.
 # - For sequences, per-token losses give the partial gradient; reward-to-go of k1 in the reward gives the full one.
 # - Off-policy, one token's KL term needs $\rho=\pi_\theta/\pi_\text{old}$ (detached for k2; through the ratio for k3). A
 #   whole response needs the prefix product $\prod_{u\le t}\rho_u$, differentiated: per-token $\rho$ (TRL's
 #   `use_bias_correction_kl`) follows the partial gradient at $\pi_\text{old}$'s prefixes. `klviz.audit_loss` says which
 #   gradient your own term follows. The KL in
 #   the reward as PPO computes it (frozen at rollout, advantage times $\rho$) is exact only on the first minibatch; its
-#   bias, $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$, grows with the inner steps. Unweighted k1 as a loss pushes the policy
+#   bias, $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$ ([checked on 1,000 random token triples](claims.md#importance-weights-repair-one-token-offpolicy)), grows with the
+#   inner steps here. Unweighted k1 as a loss pushes the policy
 #   away from $\pi_\text{old}$.
 #
 # ## Exercises

@@ -253,7 +253,7 @@ print(f"\nverl's clamp moves the k3 token-mean from {k3_mean:.4f} by "
 # $2^{-3}$, so it can be off by $0.0625$, and the log-probability computed from such logits carries errors of
 # that order, token by token. k1 is linear in $\log r$: its error is the log-prob error itself, noise that
 # averages out over a batch. k2 and k3 are convex: besides a noise term, an error $e$ adds about $\tfrac12 e^2$,
-# always upward, a bias that no batch size removes. It is negligible next to a large KL and dominates when
+# always upward ([checked on 1,000 random logit batches](claims.md#rounding-noise-biases-k2-and-k3-upwards)), a bias that no batch size removes. It is negligible next to a large KL and dominates when
 # the true KL is near zero.
 #
 # **Setup.** A synthetic but language-model-like batch: 64 positions over a 32,000-token vocabulary, logits =
@@ -426,7 +426,8 @@ for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
 # **Question.** TRL users see `objective/kl` below zero (trl#925, trl#1161). A KL is never negative: is the
 # code broken?
 #
-# **Math.** k1 is negative on every token the reference likes more than the policy. Its batch mean is unbiased,
+# **Math.** k1 is negative on every token the reference likes more than the policy. Its batch mean is unbiased
+# ([checked on 2,000 random token pairs](claims.md#k1-k3-unbiased-on-tokens)),
 # so it can only be negative through noise, and noise wins when the KL is small next to k1's spread. For the
 # Gaussian pair, k1 is itself Gaussian with mean $\mu^2/2$ and variance $\mu^2$, so the mean of $N$ tokens is negative with
 # probability $\Phi(-\mu\sqrt N/2)$.
@@ -510,7 +511,7 @@ for alpha in (0.0, 0.1, 0.25, 0.5):
 
 # %% [markdown]
 # **Takeaway.** Samples from any other distribution need the weight (sampler in the expectation) / (sampler
-# that drew them); lesson [01](01_sampling_as_weighting.ipynb) shows this on tokens.
+# that drew them) ([checked on 1,000 random token pairs](claims.md#mixture-sampling-needs-weights)); lesson [01](01_sampling_as_weighting.ipynb) shows this on tokens.
 
 # %% [markdown]
 # ## 9 · A widely quoted variance table, measured <a id="variance-table"></a>
@@ -644,7 +645,8 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # **Which direction does verl's / TRL's KL go?** (trl#2914, verl#3061) The policy that *sampled* the tokens fixes
 # it, not the argument order: `kl_penalty(logprob, ref_logprob)` on the policy's own tokens estimates
 # $\mathrm{KL}(\pi\|\pi_\text{ref})$, and PPO's `approx_kl` on the rollout tokens estimates $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$. On reused
-# tokens the naive number is no KL at all. See [00 Start here](00_start_here.ipynb) and [section 4](#off-policy).
+# tokens the naive number is no KL at all ([checked on 1,000 random token triples](claims.md#k1-on-old-tokens-is-a-difference-of-kls)). See [00 Start here](00_start_here.ipynb)
+# and [section 4](#off-policy).
 #
 # **Why isn't this the KL formula $\sum_x p\log(p/q)$?** (trl#2854, trl#3104) It is, estimated: averaging over tokens drawn
 # from $q$ replaces the factor $q(x)$ by how often $x$ is drawn, so one sampled token per position is an unbiased estimate
@@ -653,8 +655,8 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # **Per token or per sequence?** (trl#3556) By the chain rule the per-token k1 summed over a response estimates the
 # sequence KL; a token-mean is the same thing divided by length, with a different weighting of short and long responses.
 # For the *gradient* the difference is larger than a weighting: a per-token KL loss (or a per-token k1 reward without
-# reward-to-go) gives only the **partial** gradient of the sequence KL, which leaves out how a token steers the later
-# ones; k1 in the reward summed to go gives the full one ([05 Gradients](05_gradients.ipynb) §5). See [section 5](#sum-vs-mean)
+# reward-to-go) gives only the **partial** gradient of the sequence KL ([checked on 1,000 tabular sequence policies](claims.md#token-level-losses-give-the-partial-gradient)),
+# which leaves out how a token steers the later ones; k1 in the reward summed to go gives the full one ([05 Gradients](05_gradients.ipynb) §5). See [section 5](#sum-vs-mean)
 # and [04 Worked tokens](04_worked_tokens.ipynb).
 #
 # **KL in the reward or in the loss, and is it counted twice?** (verl#3276, verl#509, OpenRLHF#768) In the reward, the
@@ -664,7 +666,8 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 #
 # **Why does verl clamp k3 to $[-10,10]$, and why the lower bound?** (verl#2928) The upper bound caps rare huge tokens
 # (and also binds at $\log r<-11$, on tokens the policy pushed far above the reference, zeroing their gradient); the lower
-# one can never act because $k_3\ge0$. Clamps bias the mean when policies drift. See [section 2](#clamps).
+# one can never act because $k_3\ge0$ ([checked on 2,000 random token pairs](claims.md#k2-k3-never-negative)). Clamps bias the mean downwards when policies drift
+# ([checked on 1,000 random token pairs](claims.md#clamps-only-lower-k3)). See [section 2](#clamps).
 #
 # **`low_var_kl` gives NaN / inf.** (verl#891, verl#751) `exp(log r)` overflows float32 beyond $\log r\approx88$, and
 # $-\infty-(-\infty)$ at padded positions is NaN: clamp the input (verl uses 20): that is what prevents the
@@ -677,7 +680,7 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 #
 # **Is k3 in the loss biased, and what do the `+` variants and ratio corrections fix?** (verl PR #2953 and #6058,
 # trl#4637, trl#4967, TRL PR #6503, OpenRLHF PR #1309, SkyRL#805) k3's value is unbiased but its gradient as a loss
-# follows the forward KL $\mathrm{KL}(\pi_\text{ref}\|\pi)$; multiplying by $\rho=\pi_\theta/\mathrm{sg}(\pi_\text{sampler})$ or using the
+# follows the forward KL $\mathrm{KL}(\pi_\text{ref}\|\pi)$ ([checked on 1,000 random token pairs](claims.md#on-policy-gradient-table)); multiplying by $\rho=\pi_\theta/\mathrm{sg}(\pi_\text{sampler})$ or using the
 # straight-through "k3+" gives the gradient of $\mathrm{KL}(\pi\|\pi_\text{ref})$ token by token; for a whole response
 # off-policy a per-token $\rho$ still leaves the prefixes $\pi_\text{old}$'s, and only the prefix product corrects them. See
 # [05 Gradients](05_gradients.ipynb) §1 and §6, and audit your own term with `klviz.audit_loss`.
@@ -695,13 +698,15 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # %% [markdown]
 # ## Takeaways
 #
-# - Ratio = target over sampler. The inverted ratio measures $\chi^2-\mathrm{KL}$: fine at $\mu=0.1$, 144% high at $\mu=1$.
-# - Clamps are free while the policies are close and biased (downwards for k3) once they drift; OpenRLHF's also clips k1.
-# - Low precision: k1 averages rounding out; k2 and k3 turn it into a positive bias, which dominates when the true KL
-#   is near zero. Upcast logits, score both models alike.
+# - Ratio = target over sampler. The inverted ratio measures $\chi^2-\mathrm{KL}$ ([checked on 1,000 random token pairs](claims.md#inverted-ratio-measures-chi2-minus-kl)): fine
+#   at $\mu=0.1$, 144% high at $\mu=1$.
+# - Clamps are free while the policies are close and biased (downwards for k3 ([checked on 1,000 random token pairs](claims.md#clamps-only-lower-k3))) once they drift;
+#   OpenRLHF's also clips k1.
+# - Low precision: k1 averages rounding out; k2 and k3 turn it into a positive bias
+#   ([checked on 1,000 random logit batches](claims.md#rounding-noise-biases-k2-and-k3-upwards)), which dominates when the true KL is near zero. Upcast logits, score both models alike.
 # - Reused (off-policy) tokens need $\rho=\pi_\theta/\pi_\text{old}$ per token; without it, k1 is $\mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})-\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$.
-#   Whole responses need the prefix product $\prod_{u\le t}\rho_u$.
-# - Per-token and per-sequence KLs differ in units and in how they weigh long responses.
+#   Whole responses need the prefix product $\prod_{u\le t}\rho_u$ ([checked on 1,000 tabular sequence policies](claims.md#prefix-product-weights-are-exact)).
+# - Per-token and per-sequence KLs differ in units and in how they weigh long responses ([checked on 1,000 random batches](claims.md#aggregation-weights)).
 # - A negative k1 mean is noise unless it is beyond its standard error; a KL under `no_grad` has no gradient; samples
 #   from another distribution need importance weights; a variance table means nothing without its KL.
 # - `klviz diagnose` checks your own batch for what a dump can show: the values, the clamps, the precision, the sampler's

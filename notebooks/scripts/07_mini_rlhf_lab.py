@@ -96,7 +96,8 @@ klviz.show_source(klviz.rlhf.TrainingRun._advance)
 # $-\min(\rho_tA_t,\ \mathrm{clip}(\rho_t, 1-\epsilon, 1+\epsilon)A_t)$ (the `cfg.clip` branch above). The KL term is added
 # *after* it, unclipped, as in verl (`policy_loss += kl_loss * kl_loss_coef`, `verl/workers/utils/losses.py`) and MiniMind
 # (`clipped surrogate + args.kl_coef * kl_ref_penalty`, `trainer/train_ppo.py`). So a token whose ratio has left the clip
-# range gets no gradient from the reward any more, and still the full gradient of the KL term. Per token, by autograd:
+# range on the side the clip guards loses its gradient from the reward (which side that is, below), and keeps the full
+# gradient of the KL term. Per token, by autograd:
 
 # %%
 CLIP = 0.2
@@ -434,7 +435,7 @@ assert lab.final(BIG["k3·ρ in loss"], "true_kl").max() < lab.final(OFF["none"]
 # - Compare placements over seeds, paired, with standard errors, and call a difference only at 3 standard errors;
 #   several differences here would need more than sixteen seeds, and the lesson says so with the number.
 # - Log the **true** KL when you can (exact next-token KL along the sampled responses), not only the estimator's number;
-#   a clamped `low_var_kl` reads low.
+#   a clamped `low_var_kl` reads low ([checked on 1,000 random token pairs](claims.md#clamps-only-lower-k3)).
 # - k1 as a loss is not a KL penalty: on-policy it averages to nothing, off-policy it pushes the policy away from
 #   $\pi_\text{old}$, and at β = 1 it wrecks the model; PPO's clip does not help, because the KL term sits outside it.
 # - k1 in the reward (with reward-to-go), k2 in the loss, k3+ and k3·ρ regularise towards $\pi_\text{ref}$; the last three

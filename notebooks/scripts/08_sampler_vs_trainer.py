@@ -62,7 +62,7 @@ torch.set_num_threads(1)       # the tiny model's matrices are small: one thread
 #
 # **Intuition.** The tokens were drawn by the engine, so only averages of the form $\mathbb{E}_{\pi_\text{rollout}}[\cdot]$
 # are what they appear to be. A difference of two *trainer* log-probs on engine tokens is a KL estimate only if the
-# engine and the trainer agree. The common mistake is to assume $\pi_\text{old}=\pi_\text{rollout}$: PPO's ratio
+# engine and the trainer agree ([checked on 1,000 random token triples](claims.md#k1-on-old-tokens-is-a-difference-of-kls)). The common mistake is to assume $\pi_\text{old}=\pi_\text{rollout}$: PPO's ratio
 # $\pi_\theta/\pi_\text{old}$ then corrects from the wrong behaviour policy.
 #
 # **Math.** With $\log r=\log\pi_\text{old}-\log\pi_\text{rollout}$ on engine tokens, $\mathbb{E}[k_1]=\mathbb{E}[k_3]=
@@ -178,7 +178,7 @@ print(f"bf16: k3 = {measured['bf16 compute']['m']['k3']:.1e} per token, max |log
 # Read the table by rows. **Truncation** puts the kept mass into every ratio: the mean ratio *is* the mean $S$ (to
 # float32 rounding), and replaying the mask brings it to 1 exactly. With bf16 rounding on top the ratio is *about* $S$.
 # **bf16** and **temperature** leave the mean ratio at 1 within its standard error although k3 is clearly above zero:
-# the mean-ratio test only sees mass the engine cannot sample. The temperature row is MiniMind's own setup: its
+# the mean-ratio test only sees mass the engine cannot sample ([checked on 1,000 random token pairs](claims.md#mean-ratio-test-sees-only-lost-support)). The temperature row is MiniMind's own setup: its
 # `train_ppo.py` and `train_grpo.py` sample at 0.8 and recompute `per_token_logps` at 1 (`fw.minimind_rollout`), so this
 # row's k3 is the mismatch inside every MiniMind batch, several times bf16's here; lesson [04](04_worked_tokens.ipynb) §4
 # measured what it does to MiniMind's `kl_ref` (about a quarter low on the tiny LM). The tiny LM is confident, so its $S$ stays near 0.97–0.98 at
@@ -243,7 +243,7 @@ print(f"token_mult_prob_error: bf16 engine {bf['token_mult_prob_error']:.4f}, bf
 # $e^{|\Delta|}\approx1+|\Delta|$, that is a mean absolute log-prob gap of about 0.05 nats per token; the bf16 engine here
 # is far below it (printed above). A truncation-only engine gives every token $\log r_t=\log S_t$, the kept mass at its
 # position: no noise given the position, but $S_t$ changes from one position to the next. Every $r_t<1$, so $\chi^2$ goes
-# *negative*, which no pair of distributions with the same support can produce. verl's and TRL's truncation caps
+# *negative*, which no pair of distributions with the same support can produce ([checked on 1,000 random token pairs](claims.md#mean-ratio-test-sees-only-lost-support)). verl's and TRL's truncation caps
 # (`rollout_is_threshold` 2.0, `vllm_importance_sampling_clip_max` 3.0) are **upper** caps on $r$ (token modes) or $W$
 # (sequence modes): they act where $\log r>\log 2=0.69$ or $\log r>\log 3=1.10$, a token the trainer likes two or three
 # times more than the engine did, and never on $\log r<0$ unless a lower bound is set as well (TRL's
@@ -369,8 +369,9 @@ assert trap["bf16 compute"][2] > 100 * t50 and 200 < t50 < 1000        # "a few 
 # With truncation the log-weight drifts by $\log S_t$ at token $t$, a different amount at every position, about the mean
 # $\mu$ of $\log S_t$ per token on average; the clamp binds on typical responses once $T\,|\mu|\approx 20$: a few hundred
 # tokens here. bf16 rounding drifts far more slowly, but its variance term still
-# compounds: $\mathrm{Var}\,W$ grows exponentially in $T$ for any mismatch. The geometric mean $\exp(\overline{\log r})$ has
-# mean $\mu$ and std $\sigma/\sqrt T$ whatever the length, so one band fits every response: that is why rejection on it is
+# compounds: $\mathrm{Var}\,W$ grows with $T$ for any mismatch ([checked on 1,000 Markov pairs](claims.md#sequence-is-unbiased-token-weights-are-not)), exponentially
+# (a product of per-token factors: the left figure). For independent tokens the log of the geometric mean
+# $\exp(\overline{\log r})$ has mean $\mu$ and standard deviation $\sigma/\sqrt T$ whatever the length, so one band fits every response: that is why rejection on it is
 # length-invariant while a band on $W$ rejects long responses wholesale.
 #
 # **By sampling, on the tiny LM.** Take $g_t=-\log\pi_\text{old}(y_t)$: then $G$ is the trainer's expected response
@@ -765,7 +766,8 @@ assert bool((er.kept_mass[er.mask] < 1).any())      # π_old has mass the engine
 # - Sources, measured on the tiny LM: bf16 compute gives a small, symmetric gap (k3 ≈ 2e-5 per token here); a
 #   temperature not divided out gives a larger one; top-p/top-k put the kept mass $S$ into every ratio, exactly, and
 #   replaying the mask removes it. On this CPU the results are batch-invariant (measured 0).
-# - The mean-ratio test $\mathbb{E}[\pi_\text{old}/\pi_\text{rollout}]=1$ fails only for lost support; k3 sees every mismatch.
+# - The mean-ratio test $\mathbb{E}[\pi_\text{old}/\pi_\text{rollout}]=1$ fails only for lost support
+#   ([checked on 1,000 random token pairs](claims.md#mean-ratio-test-sees-only-lost-support)); k3 sees every mismatch.
 # - Corrections: token TIS (small bias, bounded variance); sequence IS (unbiased, variance exponential in $T$, clamped log
 #   weights after $T\,|\mu|\approx20$); geometric-mean rejection (length-invariant); truncation needs the mask, not a weight.
 # - In training (16 seeds, a toy model, every comparison at 3 SE): bf16 mismatch changes nothing resolvable; a
