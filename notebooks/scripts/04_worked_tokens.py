@@ -19,7 +19,8 @@
 # - one batch through verl, OpenRLHF, TRL (GRPO and PPO), NeMo-RL and MiniMind, beside the exact KL, what the
 #   logged numbers look like in a real run, and what to set in each framework's config.
 #
-# **Time** about 40 minutes of reading. **Runs in** about 15 s on a 2-core CPU (measured under nbval: 12 s).
+# **Time** about 40 minutes of reading. **Runs in** about 15 s on an idle 2-core CPU (measured under nbval: 13 s of CPU time; 33 s of wall time on a
+# machine busy with other jobs).
 #
 # The direction rule of the whole suite: tokens $x$ come from the **sampler** $q$, $\log r = \log p(x) - \log q(x)$
 # (target minus sampler), and $k_1=-\log r$, $k_2=\frac12(\log r)^2$, $k_3=(r-1)-\log r$ estimate

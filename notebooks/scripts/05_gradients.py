@@ -27,7 +27,8 @@
 #   own KL term in place with `klviz.audit_loss` (the same check as `klviz audit`).
 #
 # **Time**: about 40 minutes of reading, plus two panels and three exercises.
-# **Runs in**: about 20 s on an idle 2-core CPU (measured under nbval: 20 s).
+# **Runs in**: about 25 s on an idle 2-core CPU (measured under nbval: 21 s of CPU time; 61 s of wall time on a
+# machine busy with other jobs).
 #
 # Notation as in the whole suite: $\pi=\pi_\theta=\mathrm{softmax}(\theta)$ is the policy being trained, tokens
 # $x\sim\pi$ (on-policy), $r(x)=\pi_\text{ref}(x)/\pi(x)$ (target over sampler), $\log r = \log\pi_\text{ref}(x)-\log\pi(x)$,

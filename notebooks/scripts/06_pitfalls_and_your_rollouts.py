@@ -14,7 +14,8 @@
 # - short answers to the questions people keep asking on GitHub, each linked to the place in the suite
 #   that shows the answer.
 #
-# **Time:** 40 minutes of reading and playing · **Runs in:** about 15 s on a 2-core CPU (measured under nbval: 14 s).
+# **Time:** 40 minutes of reading and playing · **Runs in:** about 15 s on an idle 2-core CPU (measured under nbval: 15 s of CPU time; 39 s of wall time on a
+# machine busy with other jobs).
 #
 # Direction rule, as in every lesson: tokens $x$ come from the **sampler** $q$, $\log r=\log p(x)-\log q(x)$
 # (target minus sampler), and k1, k2, k3 estimate $\mathrm{KL}(q\,\|\,p)$.

@@ -25,7 +25,8 @@
 # - what these runs say, at this scale, about three recent papers on KL gradients.
 #
 # **Time**: about 30 minutes of reading, plus the panel and two exercises.
-# **Runs in**: about 15 s on an idle 2-core CPU (measured under nbval: 12 s). The multi-seed runs (13 settings × 16 seeds, about 4 minutes
+# **Runs in**: about 20 s on an idle 2-core CPU (measured under nbval: 19 s of CPU time; 52 s of wall time on a
+# machine busy with other jobs). The multi-seed runs (13 settings × 16 seeds, about 4 minutes
 # on an idle 2-core CPU) are stored in `klviz/data/lab_seeds.npz` by `scripts/lab_seeds.py`; the notebook loads them and
 # re-trains two of them to check that they reproduce exactly. Every verdict is also re-checked on 16 seeds no lesson uses
 # (`benchmarks/lab_verdicts.py`). Each run of the panel takes 1–5 s at its defaults. The same code runs on a GPU when one is present (`device`).
