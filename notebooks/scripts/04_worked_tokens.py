@@ -451,8 +451,8 @@ assert not is_resolved(*t08["approx"])
 # KL at each prefix, and `approx_kl` averages to its own expectation $\mathbb E_{\pi_{old}}[\frac12\Delta^2]$ (section 1: a
 # second-order KL). On MiniMind's tokens `kl_ref` reads lower than the KL it is named after, by the fraction printed above
 # (a difference beyond 3 standard errors: `klviz.statistics.is_resolved`, the suite's one rule for such verdicts); the
-# shift of `approx_kl` is not resolved at this size. The tempered policy draws the tokens π_old already likes, on which
-# π_ref tends to agree more, and the prefixes it reaches are its own. So MiniMind's logged `kl_ref` is a number about
+# shift of `approx_kl` is not resolved at this size. (A likely reason for the sign, not isolated here: the tempered policy
+# draws the tokens π_old already likes most, and reaches prefixes of its own.) So MiniMind's logged `kl_ref` is a number about
 # $\pi_{old}^{(0.8)}$'s tokens, not a KL of π_θ, and its early stopping compares a threshold with an average over the tempered
 # policy. Lesson [08](08_sampler_vs_trainer.ipynb) §2 meets the same thing as "a temperature not divided out": the fix is to
 # score with the temperature that sampled (divide the logits by 0.8 in the recompute and in the update, as TRL and verl
