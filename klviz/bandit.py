@@ -34,6 +34,7 @@ __all__ = [
     "IMPORTANCE_WEIGHTS",
     "REWARD_VALUES",
     "REWARD_CREDIT",
+    "SEQUENCE_WEIGHTS",
     "offpolicy_expected_gradient",
     "reward_updates",
 ]
@@ -164,6 +165,18 @@ SEQUENCE_METHODS: dict[str, str] = {
 }
 
 
+#: How a per-token KL term k_t is weighted when the sequences were sampled by pi_old (off-policy), with
+#: rho_u = pi_theta(y_u | y_<u) / sg(pi_old(y_u | y_<u)) and the gradient flowing through every rho that is
+#: not marked sg. Only the prefix product corrects the distribution of the prefix y_<t as well as the
+#: choice of y_t; for k3 it makes the surrogate's expectation the sequence KL(pi_theta || pi_ref) itself.
+SEQUENCE_WEIGHTS: dict[str, str] = {
+    "none": "sum_t k_t",
+    "per-token ρ": "sum_t rho_t · k_t (TRL use_bias_correction_kl, DeepSeek-V3.2)",
+    "prefix product, prefix detached": "sum_t sg(prod_{u<t} rho_u) · rho_t · k_t",
+    "prefix product": "sum_t (prod_{u<=t} rho_u) · k_t",
+}
+
+
 class SequenceToy:
     """A tabular autoregressive policy: one row of logits per prefix, every sequence enumerable.
 
@@ -266,6 +279,73 @@ class SequenceToy:
             )
         mean = weights @ grads
         return float((weights * (grads - mean).square().sum(-1)).sum())
+
+    def partial_gradient(self, logits: Tensor, ref_logits: Tensor, prefix_logits: Tensor | None = None) -> Tensor:
+        """The token-level ("partial") gradient: sum_t E_{y_<t}[grad KL(pi(.|y_<t) || pi_ref(.|y_<t))], the
+        prefix distribution held fixed. Prefixes are weighted by ``prefix_logits``' policy (default: pi itself).
+
+        With pi's own prefixes this is what every per-token KL loss with the reverse-KL gradient follows on-policy
+        (lesson 05 §5); with pi_old's prefixes it is what per-token rho · k3 follows off-policy.
+        """
+        lg = self._check_logits(logits, "logits").detach().clone().requires_grad_(True)
+        ref = self._check_logits(ref_logits, "ref_logits").detach()
+        src = lg.detach() if prefix_logits is None else self._check_logits(prefix_logits, "prefix_logits")
+        seq_p = self.sequence_probs(src).detach()
+        prefix_p = torch.zeros(self.num_prefixes, dtype=torch.float64)
+        for t in range(self.length):
+            prefix_p.index_add_(0, self.prefix_index[:, t], seq_p.to(torch.float64))
+        with torch.enable_grad():
+            logp, logq = torch.log_softmax(lg, -1), torch.log_softmax(ref, -1)
+            per_prefix = (logp.exp() * (logp - logq)).sum(-1)
+            (g,) = torch.autograd.grad((prefix_p * per_prefix).sum(), lg)
+        return g
+
+    def offpolicy_surrogates(
+        self, logits: Tensor, ref_logits: Tensor, old_logits: Tensor, estimator: str = "k3", weighting: str = "none"
+    ) -> Tensor:
+        """Per-sequence surrogate ``sum_t w_t · k_t`` [S] on sequences drawn by pi_old (see :data:`SEQUENCE_WEIGHTS`).
+
+        ``k_t`` is ``estimator`` (k1, k2 or k3) of log r = log pi_ref - log pi_theta, differentiated through
+        log pi_theta; the weight of ``weighting`` multiplies it. Autograd of ``sum_y pi_old(y) · L(y)`` is the exact
+        expected gradient of a training step on pi_old's sequences (:meth:`offpolicy_gradient`).
+        """
+        check_choice(estimator, "estimator", kernel.ESTIMATORS)
+        check_choice(weighting, "weighting", tuple(SEQUENCE_WEIGHTS))
+        logp = self.token_logprobs(logits)
+        ref_logp = self.token_logprobs(ref_logits).detach()
+        old_logp = self.token_logprobs(old_logits).detach()
+        k = kernel.estimate(estimator, ref_logp - logp)
+        log_rho = logp - old_logp
+        if weighting == "none":
+            w = torch.ones_like(k)
+        elif weighting == "per-token ρ":
+            w = torch.exp(log_rho)
+        elif weighting == "prefix product, prefix detached":
+            before = torch.cumsum(log_rho, -1) - log_rho  # sum_{u<t} log rho_u
+            w = torch.exp(before.detach() + log_rho)
+        else:
+            w = torch.exp(torch.cumsum(log_rho, -1))
+        return (w * k).sum(-1)
+
+    def offpolicy_gradient(
+        self, logits: Tensor, ref_logits: Tensor, old_logits: Tensor, estimator: str = "k3", weighting: str = "none"
+    ) -> Tensor:
+        """Exact E_{y~pi_old}[grad L(y)] of :meth:`offpolicy_surrogates` with respect to pi_theta's logits."""
+        lg = self._check_logits(logits, "logits").detach().clone().requires_grad_(True)
+        ref = self._check_logits(ref_logits, "ref_logits").detach()
+        old = self._check_logits(old_logits, "old_logits").detach()
+        with torch.enable_grad():
+            q = self.sequence_probs(old).detach()
+            (g,) = torch.autograd.grad((q * self.offpolicy_surrogates(lg, ref, old, estimator, weighting)).sum(), lg)
+        return g
+
+    def offpolicy_value(
+        self, logits: Tensor, ref_logits: Tensor, old_logits: Tensor, estimator: str = "k3", weighting: str = "none"
+    ) -> float:
+        """Exact E_{y~pi_old}[L(y)]: the value the surrogate reports on average (a KL estimate or not)."""
+        with torch.no_grad():
+            q = self.sequence_probs(self._check_logits(old_logits, "old_logits"))
+            return float((q * self.offpolicy_surrogates(logits, ref_logits, old_logits, estimator, weighting)).sum())
 
     def optimum(self, ref_logits: Tensor, rewards: Tensor, beta: float) -> Tensor:
         """pi*(y) ∝ pi_ref(y) exp(R(y)/beta) over whole sequences (the optimum of E[R] - beta·KL)."""

@@ -4,8 +4,12 @@ Each :class:`ClampRule` says, as data, what a framework does to a per-token esti
 (``log_r = log p(x) - log q(x)``, tokens from the sampler q):
 
 - ``estimators``: the estimators the rule acts on (the others pass through unchanged);
-- ``input_clamp``: ``log r`` is clamped to ``[-c, c]`` *before* the estimator. It changes the value
-  and the gradient of every token beyond ``c`` (the gradient there is 0);
+- ``input_clamp``: ``log r`` is clamped to ``[-c, c]`` *before* the estimator. It sets the gradient of
+  every token beyond ``c`` to 0, and changes its value only where the output clamp has not already
+  bound: with verl's and NeMo-RL's rules (input 20, output 10) the output clamp binds first for every
+  estimator (k3 passes 10 at log r = 2.61 and -11.0, k2 at |log r| = 4.47, k1 at 10), so there the
+  input clamp changes no value and only keeps the backward pass finite (no ``inf · 0``); open-instruct's
+  (input 40, no output clamp) changes values;
 - ``output_clamp``: the estimator's *value* is clamped to ``[lo, hi]``; where it binds the value is
   the bound and the gradient is 0 (for k3 and k2, which are never negative, only ``hi`` can bind).
 
@@ -104,7 +108,8 @@ VERL_LOW_VAR_KL = ClampRule(
     (-10.0, 10.0),
     source=f"{VERL_COMMIT}: verl/trainer/ppo/core_algos.py (kl_penalty_forward)",
     note="only low_var_kl / k3 is clamped; kl (k1), abs and mse (k2) are left alone; "
-    "k3 >= 0, so the lower bound -10 can never bind",
+    "k3 >= 0, so the lower bound -10 can never bind; the upper bound binds at log r > 2.61 and < -11.0, "
+    "inside the input clamp's ±20, so the input clamp changes no value: it keeps the gradient finite",
 )
 NEMO_RL = ClampRule(
     "NeMo-RL",

@@ -25,6 +25,14 @@ log-ratio) these functions return what the framework returns (a clamp that catch
 the bound; an unclamped overflow gives ``inf`` or NaN) instead of raising. Padding positions (mask
 0) are set to 0 before any sum, so whatever they hold never reaches a result; an all-zero mask
 gives 0.0 where a framework would divide 0 by 0.
+
+**Precision.** "What the framework returns" holds for float32 and float64 inputs. float16 and
+bfloat16 log-probabilities are computed in float32 here, as everywhere in klviz. OpenRLHF does the
+same (``compute_approx_kl`` casts to float32, and ``Actor.forward`` already upcasts the logits);
+verl's ``kl_penalty``, TRL's GRPO loss, NeMo-RL's ``calculate_kl`` and MiniMind's losses compute in
+the dtype they are given, so on bfloat16 inputs their numbers differ from these by bfloat16
+rounding. The one exception is :func:`openrlhf_compute_approx_kl` with ``float32=False``, which
+models OpenRLHF before PR #620 and computes in the inputs' own dtype.
 """
 
 from __future__ import annotations
@@ -61,6 +69,11 @@ __all__ = [
     "nemo_rl_kl_loss",
     "minimind_approx_kl",
     "minimind_kl_ref_penalty",
+    "minimind_grpo_kl",
+    "minimind_rollout",
+    "MINIMIND_ROLLOUT_TEMPERATURE",
+    "verl_offpolicy_metrics",
+    "VERL_PPO_KL_MODES",
     "side_by_side",
     "FRAMEWORK_FUNCTIONS",
     "TRL_RELEASE",
@@ -76,12 +89,19 @@ TRL_COMMIT = "huggingface/trl @ f2cd577 (2026-07-24)"
 # ---------------------------------------------------------------------------------------------
 # shared input handling
 # ---------------------------------------------------------------------------------------------
-def _pair(a: Tensor, b: Tensor, name_a: str, name_b: str, *, finite: bool = True) -> tuple[Tensor, Tensor]:
+def _pair(
+    a: Tensor, b: Tensor, name_a: str, name_b: str, *, finite: bool = True, keep_dtype: bool = False
+) -> tuple[Tensor, Tensor]:
     """Two checked log-prob tensors of one shape and dtype. ``finite=False`` leaves the NaN/inf check
-    to :func:`_mask`, which makes it on counted tokens only (padding may hold anything)."""
+    to :func:`_mask`, which makes it on counted tokens only (padding may hold anything).
+    ``keep_dtype=True`` keeps float16/bfloat16 tensors in their own dtype (promoted as torch promotes
+    the two) instead of upcasting them: for a framework option that computed in that dtype."""
     x = as_float_tensor(a, name_a, check_finite=finite)
     y = as_float_tensor(b, name_b, check_finite=finite)
     check_same_shape(x, y, name_a, name_b)
+    if keep_dtype and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        dt = torch.promote_types(a.dtype, b.dtype)
+        return a.to(device=x.device, dtype=dt), b.to(device=x.device, dtype=dt)
     dt = common_dtype(x, y)
     return x.to(dt), y.to(dt)
 
@@ -233,8 +253,31 @@ def verl_kl_in_reward(
     }
 
 
+#: verl's policy losses (``policy_loss.loss_mode``) by how each computes the ``actor/ppo_kl`` it logs, read at
+#: verl-project/verl @ 1dda039, ``verl/trainer/ppo/core_algos.py``: ``"clamped"`` the masked mean of
+#: ``-clamp(log_prob - old_log_prob, ±20)``; ``"unclamped"`` the same without the clamp; ``"abs"`` the masked mean
+#: of ``|log_prob - old_log_prob|`` (``compute_policy_loss_kl_cov``).
+VERL_PPO_KL_MODES: dict[str, str] = {
+    "vanilla": "clamped",
+    "dppo_tv": "clamped",
+    "dppo_kl": "clamped",
+    "sapo": "clamped",
+    "cispo": "clamped",
+    "gspo": "unclamped",
+    "clip_cov": "unclamped",
+    "geo_mean": "unclamped",
+    "dro": "unclamped",
+    "kl_cov": "abs",
+}
+
+
 def verl_ppo_kl(
-    log_prob: Tensor, old_log_prob: Tensor, response_mask: Tensor, *, clamp_log_ratio: bool = True
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    response_mask: Tensor,
+    *,
+    clamp_log_ratio: bool = True,
+    loss_mode: str = "vanilla",
 ) -> dict[str, Any]:
     """verl's ``ppo_kl``: the masked mean of ``old_log_prob - log_prob``, i.e. **k1 of KL(pi_old || pi_theta)**.
 
@@ -243,16 +286,81 @@ def verl_ppo_kl(
     clamp(log_prob - old_log_prob, -20, 20)`` (:data:`klviz.framework_rules.VERL_PPO_KL`, since
     PR #1779, 2025-06), ``ppo_kl = masked_mean(-negative_approx_kl, response_mask)``, logged as
     ``actor/ppo_kl``. Monitoring only: it enters no loss. Being k1 it can come out negative for a
-    single minibatch. ``clamp_log_ratio=False`` gives the unclamped mean (verl before PR #1779, and
-    the gspo, clip_cov, geo_mean and dro losses today).
+    single minibatch.
+
+    ``loss_mode`` (a key of :data:`VERL_PPO_KL_MODES`) gives what the other policy losses log under the
+    same name: dppo_tv, dppo_kl, sapo and cispo clamp as vanilla does; gspo, clip_cov, geo_mean and dro
+    do not clamp; **kl_cov logs the mean of |log_prob - old_log_prob|** (``ppo_kl_abs``), which is no
+    KL estimate (it is never negative and is of the order of the mean |Δ|, not of ½Δ²).
+    ``clamp_log_ratio=False`` gives vanilla's unclamped mean (verl before PR #1779).
     """
+    mode = VERL_PPO_KL_MODES[check_choice(loss_mode, "loss_mode", tuple(VERL_PPO_KL_MODES))]
     lp, old = _pair(log_prob, old_log_prob, "log_prob", "old_log_prob", finite=False)
     m = _mask(response_mask, lp, "response_mask", **{"log_prob": lp, "old_log_prob": old})
     neg_approx_kl = lp - old
-    if clamp_log_ratio:
-        neg_approx_kl = VERL_PPO_KL.clamp_input(neg_approx_kl, "k1")
-    ppo_kl = _mean(-neg_approx_kl, m)
-    return {"per_token": _masked(-neg_approx_kl, m), "ppo_kl": ppo_kl, "logged": ppo_kl, "logged_name": "actor/ppo_kl"}
+    if mode == "abs":
+        per_token = neg_approx_kl.abs()
+    else:
+        if mode == "clamped" and clamp_log_ratio:
+            neg_approx_kl = VERL_PPO_KL.clamp_input(neg_approx_kl, "k1")
+        per_token = -neg_approx_kl
+    ppo_kl = _mean(per_token, m)
+    return {"per_token": _masked(per_token, m), "ppo_kl": ppo_kl, "logged": ppo_kl, "logged_name": "actor/ppo_kl"}
+
+
+def verl_offpolicy_metrics(old_log_prob: Tensor, rollout_log_prob: Tensor, response_mask: Tensor) -> dict[str, float]:
+    """verl's rollout-correction diagnostics (``rollout_corr/*``), as verl computes them.
+
+    Follows verl-project/verl @ 1dda039, ``verl/trainer/ppo/rollout_corr_helper.py``
+    (``compute_offpolicy_metrics``) with ``masked_mean`` and ``masked_sum`` from
+    ``verl/utils/torch_functional.py`` (a per-row masked mean divides by ``count + 1e-8``, so an empty
+    row counts as a row with mean 0). Tokens were sampled by the rollout engine; ``old_log_prob`` is
+    the trainer's recompute. Returns floats:
+
+    - ``kl`` = token mean of ``rollout - old`` and ``k3_kl`` = token mean of ``exp(d) - d - 1`` with
+      ``d = old - rollout``: k1 and k3 of KL(π_rollout ‖ π_old);
+    - ``training_ppl``, ``rollout_ppl``: the batch mean of each row's ``exp(-mean log-prob)``, and
+      ``training_log_ppl``, ``rollout_log_ppl`` the batch means of ``-mean log-prob``;
+    - ``log_ppl_diff`` (and ``_abs_diff``, ``_max``, ``_min``): per row, ``mean(rollout) - mean(old)``;
+    - ``ppl_ratio`` = the batch **mean of exp(log_ppl_diff)** (the mean of the per-row ratios, not the
+      exp of their mean log);
+    - ``chi2_token`` = token mean of ``exp(clamp(d, ±20))²`` − 1 and ``chi2_seq`` = batch mean of
+      ``exp(2 clamp(Σ_t d, ±20))`` − 1.
+
+    verl asserts at least one valid token; so does this function (``ValueError``).
+    """
+    old, roll = _pair(old_log_prob, rollout_log_prob, "old_log_prob", "rollout_log_prob", finite=False)
+    m = _mask(response_mask, old, "response_mask", **{"old_log_prob": old, "rollout_log_prob": roll})
+    if not bool(m.any()):
+        raise ValueError("response_mask must count at least one token (verl asserts it)")
+
+    def row_mean(x: Tensor) -> Tensor:  # verl_F.masked_mean(x, mask, axis=-1)
+        return _masked(x, m).sum(-1) / (m.sum(-1) + 1e-8)
+
+    def token_mean(x: Tensor) -> Tensor:  # verl_F.masked_mean(x, mask)
+        return _masked(x, m).sum() / (m.sum() + 1e-8)
+
+    bound = 20.0  # rollout_corr_helper.SAFETY_BOUND
+    mean_old, mean_roll = row_mean(old), row_mean(roll)
+    d = old - roll
+    log_ppl_diff = mean_roll - mean_old
+    log_ratio_sum = _masked(d, m).sum(-1)
+    out = {
+        "training_ppl": torch.exp(-mean_old).mean(),
+        "training_log_ppl": (-mean_old).mean(),
+        "kl": token_mean(roll - old),
+        "k3_kl": token_mean(torch.exp(d) - d - 1),  # verl's own k3 (exp, not expm1)
+        "rollout_ppl": torch.exp(-mean_roll).mean(),
+        "rollout_log_ppl": (-mean_roll).mean(),
+        "log_ppl_diff": log_ppl_diff.mean(),
+        "log_ppl_abs_diff": log_ppl_diff.abs().mean(),
+        "log_ppl_diff_max": log_ppl_diff.max(),
+        "log_ppl_diff_min": log_ppl_diff.min(),
+        "ppl_ratio": torch.exp(log_ppl_diff).mean(),
+        "chi2_token": token_mean(torch.exp(d.clamp(-bound, bound)).square()) - 1.0,
+        "chi2_seq": torch.exp(2.0 * log_ratio_sum.clamp(-bound, bound)).mean() - 1.0,
+    }
+    return {k: float(v) for k, v in out.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,14 +373,15 @@ def openrlhf_compute_approx_kl(
 
     Follows OpenRLHF/OpenRLHF @ 3c3be62, ``openrlhf/models/utils.py``: ``log_ratio =
     log_probs.float() - log_probs_base.float()`` (**float32**, whatever the inputs' dtype, since
-    PR #620, 2024-12; ``float32=False`` keeps the inputs' dtype); k1 = ``log_ratio``; k2 =
+    PR #620, 2024-12; ``float32=False`` computes in the inputs' own dtype, bfloat16 included, as
+    OpenRLHF did before); k1 = ``log_ratio``; k2 =
     ``log_ratio² / 2``; k3 = ``exp(-log_ratio) - 1 + log_ratio`` (no input clamp, so ``exp``
     overflows beyond a log-ratio of about -88, and the output clamp turns that ``inf`` into 10); then
     **every** estimator is clamped to [-10, 10] (``clamp=True``, since 2025-07; ``clamp=False`` gives
     the earlier unclamped values). For k1 both bounds can act, since k1 can be negative.
     """
     kind = check_choice(kl_estimator, "kl_estimator", kernel.ESTIMATORS)
-    lp, base = _pair(log_probs, log_probs_base, "log_probs", "log_probs_base")
+    lp, base = _pair(log_probs, log_probs_base, "log_probs", "log_probs_base", keep_dtype=not float32)
     return _openrlhf_approx_kl(lp, base, kind, clamp, float32)
 
 
@@ -309,19 +418,37 @@ def openrlhf_kl(
     ``--algo.kl.init_coef`` (0.01), ``--algo.kl.use_loss`` (off). Values are float32 (see
     :func:`openrlhf_compute_approx_kl` for ``clamp`` and ``float32``). OpenRLHF hands the unmasked
     ``kl`` to ``compute_reward``; here padding positions are 0.
+
+    The two logged ``kl`` differ in aggregation: in the reward it is the batch mean of per-sequence
+    means (``experience_maker.py``: ``masked_mean(kl, action_mask, dim=-1)``); with ``use_kl_loss`` it is
+    the **token mean** (``aggregate_loss`` with ``token_level_loss=True``). With ``init_kl_coef <= 0``
+    OpenRLHF builds no reference model and fills ``kl`` with zeros, in the reward and in the loss, so it
+    logs ``kl`` = 0 whatever the policies: this function does the same.
     """
-    lp, base = _pair(action_log_probs, base_action_log_probs, "action_log_probs", "base_action_log_probs", finite=False)
+    lp, base = _pair(
+        action_log_probs,
+        base_action_log_probs,
+        "action_log_probs",
+        "base_action_log_probs",
+        finite=False,
+        keep_dtype=not float32,
+    )
     m = _mask(action_mask, lp, "action_mask", **{"action_log_probs": lp, "base_action_log_probs": base})
-    kl = _openrlhf_approx_kl(lp, base, check_choice(kl_estimator, "kl_estimator", kernel.ESTIMATORS), clamp, float32)
+    kind = check_choice(kl_estimator, "kl_estimator", kernel.ESTIMATORS)
+    if float(init_kl_coef) <= 0:  # no reference model: kl = torch.zeros_like(action_log_probs)
+        kl = torch.zeros_like(lp)
+    else:
+        kl = _openrlhf_approx_kl(lp, base, kind, clamp, float32)
     m = m.to(kl.dtype)
     kl = _masked(kl, m)
     per_seq = _mean(kl, m, dim=-1)
     out: dict[str, Any] = {"per_token": kl, "per_sequence": per_seq, "logged": per_seq.mean(), "logged_name": "kl"}
+    coef = max(float(init_kl_coef), 0.0)  # compute_reward: kl_coef <= 0 counts as 0
     if use_kl_loss:
         kl_loss = _mean(kl, m)
-        out.update(kl_loss=kl_loss, loss_term=init_kl_coef * kl_loss, logged=kl_loss)
+        out.update(kl_loss=kl_loss, loss_term=coef * kl_loss, logged=kl_loss)
     else:
-        out.update(reward_delta=-init_kl_coef * kl)
+        out.update(reward_delta=-coef * kl)
     return out
 
 
@@ -342,12 +469,13 @@ def trl_grpo_kl(
     max_completion_length: int | None = 512,
     *,
     importance_sampling_level: str = "token",
+    version: str = "1.16.0",
 ) -> dict[str, Any]:
     """TRL's GRPO KL: k3 of (current vs reference) **in the loss**, times the importance ratio by default.
 
     Follows huggingface/trl release 1.16.0 (PyPI), ``trl/trainer/grpo_trainer.py``
-    (``_compute_loss``) and ``trl/trainer/grpo_config.py`` (defaults; main @ f2cd577 has the same
-    KL code): ``per_token_kl = exp(ref - logp) - (ref - logp) - 1`` (no clamp); with
+    (``_compute_loss``) and ``trl/trainer/grpo_config.py`` (defaults); ``tests/test_frameworks.py`` runs
+    TRL's own ``_compute_loss`` beside it. ``per_token_kl = exp(ref - logp) - (ref - logp) - 1`` (no clamp); with
     ``use_bias_correction_kl`` (default **True**) it is multiplied by ``coef_1 = exp(logp - old)``,
     not detached, so its gradient is that of KL(pi_theta || pi_ref) even off-policy. Without
     ``old_per_token_logps`` TRL takes ``old = logp.detach()`` (on-policy, one update per
@@ -357,14 +485,24 @@ def trl_grpo_kl(
     token mean over the micro-batch, ``sum(kl * mask) / clamp(sum(mask), min=1)``.
 
     ``beta`` defaults to **0.0** as in TRL: TRL then loads no reference model, computes no KL and
-    logs no ``kl``; this function still returns the values it would log (``loss_term`` is 0). Pass a
-    non-zero ``beta`` for a KL in the loss. ``loss_type`` (default ``dapo``) says how the KL term is
+    logs no ``kl``; this function still returns the values it would log, and ``loss_term`` is exactly 0
+    (not ``0 · kl``, which is NaN where k3 overflows to ``inf``). Pass a non-zero ``beta`` for a KL in
+    the loss. k3 on the policy's own tokens is k3 with r = π_ref/π: one sampled token's term, averaged,
+    estimates KL(π_θ‖π_ref) at its prefix; with the ratio it corrects the choice of that token for the
+    policy that sampled it, not the distribution of its prefix (lesson 05 §6: a per-token ratio is not a
+    sequence correction). ``loss_type`` (default ``dapo``) says how the KL term is
     aggregated into the loss: ``grpo``/``sapo`` (per-sequence mean, then batch mean), ``bnpo``
     (token mean), ``dapo``/``cispo``/``vespo`` (token sum over the tokens of the whole generation
     batch: the token mean on one process and one step), ``dr_grpo`` (sum / (batch *
     max_completion_length); ``max_completion_length=None`` uses the padded width), ``luspo``
     (per-sequence sums, batch mean). ``use_bias_correction_kl=False`` is TRL's behaviour before the
-    default changed (TRL main @ f2cd577 still has False).
+    default changed.
+
+    ``version="main"`` follows huggingface/trl @ f2cd577 (2026-07-24), whose KL code (``per_token_kl``, the
+    ratio, the logged ``kl``) is the release's but whose ``luspo`` aggregation is
+    ``(per_token_loss * mask.sum(1, keepdim=True)).mean()``: the mean over all ``batch × length`` entries of
+    the KL times its row's length, **padding entries included, unmasked** (whatever k3 the padded
+    log-probs give counts). Its config default is ``use_bias_correction_kl=False``; pass it explicitly.
     """
     lp, ref = _pair(per_token_logps, ref_per_token_logps, "per_token_logps", "ref_per_token_logps", finite=False)
     m = _mask(completion_mask, lp, "completion_mask", **{"per_token_logps": lp, "ref_per_token_logps": ref})
@@ -372,6 +510,7 @@ def trl_grpo_kl(
         max_completion_length = check_positive_int(max_completion_length, "max_completion_length")
     loss_type = check_choice(loss_type, "loss_type", _TRL_LOSS_TYPES)
     level = check_choice(importance_sampling_level, "importance_sampling_level", ("token", "sequence"))
+    version = check_choice(version, "version", ("1.16.0", "main"))
     d = ref - lp
     per_token_kl = torch.exp(d) - d - 1.0  # TRL's own k3 (exp, not expm1; no clamp)
     weights = None
@@ -386,23 +525,28 @@ def trl_grpo_kl(
             log_ratio = (_masked(log_ratio, m).sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)
         weights = torch.exp(log_ratio)
         per_token_kl = per_token_kl * weights
+    unmasked = per_token_kl
     per_token_kl = _masked(per_token_kl, m)
     logged = _clamped_mean(per_token_kl, m)
     if loss_type in ("grpo", "sapo"):
         kl_in_loss = (per_token_kl.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
     elif loss_type in ("bnpo", "dapo", "cispo", "vespo"):
         kl_in_loss = logged
+    elif loss_type == "luspo" and version == "main":
+        kl_in_loss = (unmasked * m.sum(-1, keepdim=True)).mean()  # padding entries count, unmasked
     elif loss_type == "luspo":
         kl_in_loss = per_token_kl.sum(-1).mean()
     else:
         width = lp.shape[-1] if max_completion_length is None else max_completion_length
         kl_in_loss = per_token_kl.sum() / (lp.shape[0] * width)
+    # TRL adds beta * per_token_kl only when beta != 0: at beta = 0 there is no term, not 0 * kl
+    loss_term = beta * kl_in_loss if float(beta) != 0.0 else torch.zeros_like(kl_in_loss)
     out: dict[str, Any] = {
         "per_token": per_token_kl,
         "logged": logged,
         "logged_name": "kl",
         "kl_in_loss": kl_in_loss,
-        "loss_term": beta * kl_in_loss,
+        "loss_term": loss_term,
     }
     if weights is not None:
         out["weights"] = weights
@@ -528,8 +672,13 @@ def nemo_rl_kl_loss(
     (``ClippedPGLossConfig`` defaults: ``reference_policy_kl_penalty`` 0.01, ``k3``, clamps 20 and
     10, ``use_on_policy_kl_approximation`` **False**, ``token_level_loss`` True) with
     ``calculate_kl`` from ``nemo_rl/algorithms/utils.py``. The weights are ``exp(curr -
-    generation)`` with ``use_on_policy_kl_approximation`` and ``exp(curr - curr.detach())``
-    otherwise (value 1, but the score-function gradient of the sampling probability), NaN/inf
+    curr.detach())`` by default (``use_on_policy_kl_approximation=False``): value 1, so the logged KL
+    is the plain clamped k3, but the gradient of k3 times the score of the sampling probability, which
+    per token is ``k1 · ∇log π``: on-policy the reverse-KL gradient of k3·ρ, and off-policy (tokens
+    from π_old, a later minibatch) exactly the gradient of verl's straight-through ``k3+``, with no
+    importance weight for the sampler. With ``use_on_policy_kl_approximation=True`` the weights are
+    ``exp(curr - generation)``: π_θ over **π_generation**, the rollout engine's log-probs, not over
+    π_old (the trainer's recompute); the two differ by the engine–trainer mismatch (lesson 08). NaN/inf
     weights replaced by 0 (``nan_to_num``: an overflowing weight gives 0, not an error); ``kl = coef
     * calculate_kl(..., importance_sampling_weights=weights)``, so the weight multiplies the estimate
     before the ±10 clamp and is detached where the ±20 input clamp acts (PR #2958, 2026-06-27);
@@ -594,9 +743,13 @@ def minimind_approx_kl(
     Follows jingyaogong/minimind @ d65ef2c (2026-08-21), ``trainer/train_ppo.py``: ``log_ratio = mb_resp_logp -
     old_resp_logp``; ``approx_kl = (0.5 * log_ratio**2 * mask).sum() / mask.sum().clamp(min=1)``;
     PPO stops this batch (``stop_ppo``, the loss is multiplied by 0) once ``approx_kl >
-    early_stop_kl`` (default 0.25). It is k2 of KL(pi_old || pi_theta): it agrees with the exact KL
-    only to second order in the log-ratio. Returns ``approx_kl``, ``stop`` (bool tensor) and the
-    per-token values.
+    early_stop_kl`` (default 0.25). On tokens sampled by π_old it is k2 of KL(pi_old || pi_theta): it
+    agrees with the exact KL only to second order in the log-ratio. But MiniMind samples its rollouts
+    at temperature :data:`MINIMIND_ROLLOUT_TEMPERATURE` (0.8) while ``old_resp_logp`` is a T = 1
+    recompute (:func:`minimind_rollout`): the tokens come from π_old^(T=0.8), not from π_old, so the
+    value averages ½Δ² over the tempered policy's tokens and estimates no KL between π_old and π_θ,
+    not even on the first minibatch (lessons 04 §4 and 08 §2 measure the gap). Returns ``approx_kl``,
+    ``stop`` (bool tensor) and the per-token values.
     """
     new, old = _pair(mb_resp_logp, old_resp_logp, "mb_resp_logp", "old_resp_logp", finite=False)
     m = _mask(resp_policy_mask, new, "resp_policy_mask", **{"mb_resp_logp": new, "old_resp_logp": old})
@@ -620,7 +773,10 @@ def minimind_kl_ref_penalty(
     Follows jingyaogong/minimind @ d65ef2c (2026-08-21), ``trainer/train_ppo.py``:
     ``(exp(ref - logp) - (ref - logp) - 1)``
     masked, summed, divided by ``mask.sum().clamp(min=1)``, no clamp; ``policy_loss = clipped
-    surrogate + kl_coef * kl_ref_penalty`` (``kl_coef`` 0.02); logged as ``kl_ref``.
+    surrogate + kl_coef * kl_ref_penalty`` (``kl_coef`` 0.02); logged as ``kl_ref``. With tokens from the
+    policy it estimates KL(pi_theta || pi_ref); MiniMind's tokens come from the policy at temperature
+    0.8 (see :func:`minimind_approx_kl`), so its ``kl_ref`` estimates no KL of π_θ either: k3 is unbiased
+    only because E[π_ref/π_θ] = 1 under π_θ's own tokens, and under the tempered policy's tokens it is not.
     """
     lp, ref = _pair(mb_resp_logp, ref_resp_logp, "mb_resp_logp", "ref_resp_logp", finite=False)
     m = _mask(resp_policy_mask, lp, "resp_policy_mask", **{"mb_resp_logp": lp, "ref_resp_logp": ref})
@@ -636,6 +792,60 @@ def minimind_kl_ref_penalty(
     }
 
 
+def minimind_grpo_kl(
+    per_token_logps: Tensor, ref_per_token_logps: Tensor, completion_mask: Tensor, beta: float = 0.1
+) -> dict[str, Any]:
+    """MiniMind's GRPO KL: k3 in the loss, and a logged ``kl_ref`` that is **minus k1**.
+
+    Follows jingyaogong/minimind @ d65ef2c (2026-08-21), ``trainer/train_grpo.py``: ``kl_div = ref -
+    logp``; ``per_token_kl = exp(kl_div) - kl_div - 1`` (no clamp) enters ``per_token_loss`` as
+    ``+ beta * per_token_kl`` (``--beta`` 0.1), aggregated as the mean over sequences of per-sequence
+    token means; the logged ``kl_ref`` is ``sum((ref - logp) * mask) / max(sum(mask), 1)``: the token mean
+    of ``log π_ref − log π``, which is **−k1**, an estimate of −KL(π‖π_ref) (negative on average), not the k3
+    that enters the loss. (``train_ppo.py`` logs its k3 as ``kl_ref``: the same name, another estimator.)
+    Returns ``per_token`` (k3), ``kl_in_loss``, ``loss_term`` (``beta * kl_in_loss``) and ``logged``.
+    """
+    lp, ref = _pair(per_token_logps, ref_per_token_logps, "per_token_logps", "ref_per_token_logps", finite=False)
+    m = _mask(completion_mask, lp, "completion_mask", **{"per_token_logps": lp, "ref_per_token_logps": ref})
+    d = ref - lp
+    per_token = _masked(torch.exp(d) - d - 1.0, m)  # MiniMind's own k3 (exp, not expm1; no clamp)
+    kl_in_loss = (per_token.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    logged = _masked(d, m).sum() / m.sum().clamp(min=1.0)
+    return {
+        "per_token": per_token,
+        "kl_in_loss": kl_in_loss,
+        "loss_term": beta * kl_in_loss,
+        "logged": logged,
+        "logged_name": "kl_ref",
+    }
+
+
+#: The temperature MiniMind's ``train_ppo.py`` and ``train_grpo.py`` pass to ``rollout_engine.rollout``
+#: (jingyaogong/minimind @ d65ef2c); its log-probs are recomputed at T = 1 (:func:`minimind_rollout`).
+MINIMIND_ROLLOUT_TEMPERATURE = 0.8
+
+
+def minimind_rollout(model: Any, prompts: Any, generator: torch.Generator, max_new_tokens: int = 40) -> Any:
+    """A batch as MiniMind's rollout engine makes it, for a :class:`klviz.lm.TinyLM`.
+
+    Follows jingyaogong/minimind @ d65ef2c, ``trainer/rollout_engine.py`` (``TorchRolloutEngine.rollout``,
+    the default ``--rollout_engine torch``): ``model.generate(..., do_sample=True, temperature=0.8)``, then
+    ``per_token_logps = compute_per_token_logps(model, output_ids, ...)``, a teacher-forced recompute of the
+    **raw** logits (``log_softmax`` at T = 1). So the tokens come from π^(T=0.8) and the log-probs that
+    ``train_ppo.py`` calls ``old_resp_logp`` (and ``train_grpo.py`` ``old_per_token_logps``) are π's at T = 1.
+
+    Returns ``(rollouts, old_logprob)``: a :class:`klviz.lm.Rollouts` whose ``logprobs`` are the sampler's
+    (π^(T=0.8), what no MiniMind tensor holds) and ``[B, T]`` T = 1 log-probs of the same tokens, MiniMind's
+    ``old_resp_logp``.
+    """
+    from . import mismatch as mm  # the engine machinery (imports the tiny LM); only this function needs it
+
+    er = mm.sample_engine(
+        model, prompts, generator, mm.EngineSpec(temperature=MINIMIND_ROLLOUT_TEMPERATURE), max_new_tokens
+    )
+    return er.rollouts, mm.trainer_logprobs(model, er)
+
+
 FRAMEWORK_FUNCTIONS = {
     "verl_kl_loss": verl_kl_loss,
     "verl_kl_in_reward": verl_kl_in_reward,
@@ -646,6 +856,7 @@ FRAMEWORK_FUNCTIONS = {
     "nemo_rl_kl_loss": nemo_rl_kl_loss,
     "minimind_approx_kl": minimind_approx_kl,
     "minimind_kl_ref_penalty": minimind_kl_ref_penalty,
+    "minimind_grpo_kl": minimind_grpo_kl,
 }
 
 
@@ -726,11 +937,31 @@ def side_by_side(
         "NeMo-RL",
         "kl_penalty",
         ref_dir,
-        "π_θ/π_old × k3, then the ±10 clamp (use_on_policy_kl_approximation), token mean",
+        "k3 clamped ±10, token mean (default: weight exp(curr − curr.detach()), value 1)",
+        nemo_rl_kl_loss(lp, ref, m)["logged"],
+    )
+    row(
+        "NeMo-RL",
+        "kl_penalty (non-default: use_on_policy_kl_approximation=True)",
+        ref_dir,
+        "π_θ/π_generation × k3, then the ±10 clamp, token mean (π_old stands in for the engine here)",
         nemo_rl_kl_loss(lp, ref, m, generation_logprobs=old, use_on_policy_kl_approximation=True)["logged"],
     )
-    row("MiniMind", "approx_kl", ppo_dir, "½Δ² (k2), token mean", minimind_approx_kl(lp, old, m)["logged"])
-    row("MiniMind", "kl_ref", ref_dir, "k3, token mean", minimind_kl_ref_penalty(lp, ref, m)["logged"])
+    row(
+        "MiniMind",
+        "approx_kl",
+        ppo_dir,
+        "½Δ² (k2), token mean (train_ppo.py)",
+        minimind_approx_kl(lp, old, m)["logged"],
+    )
+    row("MiniMind", "kl_ref", ref_dir, "k3, token mean (train_ppo.py)", minimind_kl_ref_penalty(lp, ref, m)["logged"])
+    row(
+        "MiniMind",
+        "kl_ref (train_grpo.py)",
+        "−" + ref_dir,
+        "mean of ref − logp: minus k1, token mean",
+        minimind_grpo_kl(lp, ref, m)["logged"],
+    )
     for exact, direction, name in (
         (exact_policy_ref, ref_dir, "exact_policy_ref"),
         (exact_old_policy, ppo_dir, "exact_old_policy"),

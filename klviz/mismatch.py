@@ -399,8 +399,10 @@ def mismatch_metrics(train_logprob: Tensor, engine_logprob: Tensor, mask: Tensor
       puts where the engine can sample: 1 unless the engine truncated the support;
     - ``chi2_token`` = mean(r²) − 1 and ``chi2_seq`` = mean(W²) − 1 with W = Π r per response:
       estimates of χ²(π_old ‖ π_rollout) per token and per sequence (verl's names);
-    - ``ppl_ratio``: exp of the batch mean of per-sequence mean(log π_rollout − log π_old), verl's
-      training-over-rollout perplexity ratio (> 1: the trainer is less sure than the engine);
+    - ``ppl_ratio``: the batch mean over responses of exp(mean_t(log π_rollout − log π_old)), each
+      response's training-over-rollout perplexity ratio averaged as verl's ``compute_offpolicy_metrics``
+      averages it (``rollout_corr/ppl_ratio``; > 1: the trainer is less sure than the engine;
+      :func:`klviz.frameworks.verl_offpolicy_metrics` is verl's whole formula);
     - ``token_mult_prob_error``: mean exp(|log r|), NeMo-RL's metric (≥ 1; 1 only without mismatch);
     - ``abs_diff_mean``, ``abs_diff_max``: mean and max |log r| (TRL's ``sampling_logp_difference``).
     """
@@ -420,7 +422,7 @@ def mismatch_metrics(train_logprob: Tensor, engine_logprob: Tensor, mask: Tensor
     out["chi2_token"] = float(r[m].square().mean()) - 1.0
     log_w = lr.sum(-1)[m.any(-1)]
     out["chi2_seq"] = float(torch.exp(2 * log_w.clamp(-SAFETY_BOUND, SAFETY_BOUND)).mean()) - 1.0
-    out["ppl_ratio"] = math.exp(float(_seq_stats(kernel.k1(lr), m)["mean"].mean()))
+    out["ppl_ratio"] = float(torch.exp(_seq_stats(kernel.k1(lr), m)["mean"].double()).mean())
     out["token_mult_prob_error"] = float(torch.exp(lr.abs())[m].mean())
     out["abs_diff_mean"], out["abs_diff_max"] = float(lr.abs()[m].mean()), float(lr.abs()[m].max())
     out["tokens"], out["sequences"] = int(m.sum()), int(m.any(-1).sum())

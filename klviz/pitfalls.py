@@ -176,9 +176,14 @@ def logprobs_in_precision(logits: Tensor, tokens: Tensor, precision: str) -> Ten
     """Log-probabilities of ``tokens`` from ``logits`` [..., V] as a forward pass in ``precision`` gives them.
 
     - ``"float32"``: log-softmax in float32 (the reference);
-    - ``"bfloat16 logits"``: logits rounded to bfloat16 (a bf16 model), log-softmax in float32
-      (what verl and TRL do: they upcast the logits);
-    - ``"bfloat16"``/``"float16"``: logits and log-softmax in that dtype, result stored in it.
+    - ``"bfloat16 logits"``: logits rounded to bfloat16 (a bf16 model), log-softmax in float32. This is
+      what OpenRLHF does (``Actor.forward`` casts the logits to float32, ``openrlhf/models/actor.py``), what
+      TRL 1.16.0 does on CUDA/XPU (``selective_log_softmax`` hands the logits to a Triton kernel that
+      computes and returns float32, ``trl/kernels/logprob_entropy.py``) and what verl does when flash-attn
+      is installed (its Triton cross-entropy, ``logprobs_from_logits`` in ``verl/utils/torch_functional.py``);
+    - ``"bfloat16"``/``"float16"``: logits and log-softmax in that dtype, result stored in it. This is
+      TRL's CPU fallback (``selective_log_softmax`` runs ``log_softmax`` row by row in the logits' dtype when
+      they are not float32/float64) and verl's ``logprobs_from_logits_v2`` without flash-attn.
     Returned as float64 for comparison.
     """
     precision = check_choice(precision, "precision", _PRECISIONS)

@@ -109,7 +109,11 @@ LAB_CORRECTIONS: tuple[str, ...] = ("none", "token_tis", "token_mask", "sequence
 #: reward and true KL(π_θ ‖ π_ref) of a second batch sampled by the trainer's policy itself (float32,
 #: T = 1, full vocabulary; its own generator, seeded from the run's seed): the two terms of the objective
 #: the update is meant to improve. With the "trainer" engine they are ``reward`` and ``true_kl`` (the
-#: batch is the same policy's).
+#: batch is the same policy's). ``engine_true_kl`` is the true KL(π_rollout ‖ π_ref) of the policy the engine
+#: *serves* (its sampling distribution: bf16 weights, temperature, top-p truncation), summed along the engine's
+#: own responses: with ``reward`` it scores the served policy, as ``trainer_reward`` and ``trainer_true_kl``
+#: score the trainer's (``true_kl`` is π_old's KL along the engine's responses, which the engine did not sample
+#: from π_old, so it scores neither).
 METRICS: tuple[str, ...] = (
     "reward",
     "true_kl",
@@ -123,6 +127,7 @@ METRICS: tuple[str, ...] = (
     "rejected_tokens",
     "trainer_reward",
     "trainer_true_kl",
+    "engine_true_kl",
 )
 
 
@@ -311,11 +316,19 @@ class TrainingRun:
                         ro = lm.sample_rollouts(pol, prompts, gen, max_new_tokens=cfg.max_new_tokens)
                         keep = None
                         trainer_reward = trainer_true_kl = None
+                        served_all = None
                     else:  # an engine of the policy's current weights samples (lesson 08)
                         mm.engine_model(pol, spec.precision, sync=True)
                         er = mm.sample_engine(pol, prompts, gen, spec, max_new_tokens=cfg.max_new_tokens)
                         ro = er.rollouts
                         keep = er.keep.to(dev) if cfg.correction == "keep_mask" else None
+                        # the policy the engine serves: its weights, its temperature, its sampling mask
+                        served_all = mm.replay_sampling_mask(
+                            torch.log_softmax(
+                                lm.next_token_logprobs(mm.engine_model(pol, spec.precision), ro) / spec.temperature, -1
+                            ),
+                            er.keep.to(dev),
+                        )
                         own = lm.sample_rollouts(pol, prompts, eval_gen, max_new_tokens=cfg.max_new_tokens)
                         trainer_reward = float(reward_fn(own.responses, own.finished).float().mean())
                         own_kl = exact_kl(lm.next_token_logprobs(pol, own), lm.next_token_logprobs(ref, own))
@@ -329,6 +342,11 @@ class TrainingRun:
                     old_logp = _replay(old_logp_all, keep).gather(-1, ids).squeeze(-1)
                     k1_tok = (old_logp - ref_logp) * mask
                     true_kl = _masked_row_sum(exact_kl(old_logp_all, ref_logp_all), mask).mean()
+                    engine_true_kl = (
+                        true_kl
+                        if served_all is None
+                        else _masked_row_sum(exact_kl(served_all, ref_logp_all), mask).mean()
+                    )
                     entropy = (-(old_logp_all.exp() * old_logp_all).sum(-1) * mask).sum() / mask.sum().clamp_min(1)
                     if kind is None:
                         reported = _masked_row_sum(k1_tok, mask).mean()
@@ -394,6 +412,7 @@ class TrainingRun:
                 m["rejected_tokens"].append(rejected)
                 m["trainer_reward"].append(float(rewards.mean()) if trainer_reward is None else trainer_reward)
                 m["trainer_true_kl"].append(float(true_kl) if trainer_true_kl is None else trainer_true_kl)
+                m["engine_true_kl"].append(float(engine_true_kl))
                 hist.samples.append(ro.responses[:: cfg.group_size][:3])
                 if not all(math.isfinite(m[k][-1]) for k in METRICS):
                     raise ValueError(f"training diverged at step {step} (non-finite metric); lower lr or beta")
@@ -509,8 +528,11 @@ import numpy as np  # noqa: E402
 
 __all__ += [
     "LAB_SEEDS",
+    "CHECK_SEEDS",
     "LAB_SEED_CONFIGS",
     "LAB_SEEDS_PATH",
+    "LAB_CHECK_PATH",
+    "MISMATCH_CHECK_PATH",
     "MISMATCH_SEED_CONFIGS",
     "MISMATCH_SEED_METRICS",
     "MISMATCH_SEEDS_PATH",
@@ -521,8 +543,11 @@ __all__ += [
     "load_lab_seeds",
 ]
 
-#: The seeds every comparison of lesson 07 rests on (a verdict from one seed is no verdict).
-LAB_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
+#: The seeds every comparison of lesson 07 rests on (a verdict from one seed is no verdict): 16, as in lesson 08.
+LAB_SEEDS: tuple[int, ...] = tuple(range(16))
+#: Seeds no lesson trains with: the same runs with these seeds are stored too (``LAB_CHECK_PATH``,
+#: ``MISMATCH_CHECK_PATH``), and lessons 07 and 08 show every verdict on both sets.
+CHECK_SEEDS: tuple[int, ...] = tuple(range(100, 116))
 #: Stored metrics of each run (the per-step lists of :attr:`TrainingHistory.metrics`).
 LAB_SEED_METRICS: tuple[str, ...] = ("reward", "true_kl", "reported_kl", "entropy", "approx_kl", "epochs_run")
 
@@ -548,8 +573,10 @@ def _lab_seed_configs() -> dict[str, LabConfig]:
 #: ``"on · ..."`` one epoch per batch, ``"off · ..."`` four epochs (off-policy after the first),
 #: ``"β=1 · ..."`` four epochs with beta = 1.
 LAB_SEED_CONFIGS: dict[str, LabConfig] = _lab_seed_configs()
-#: Where :func:`save_lab_seeds` writes them (package data, a few hundred kB).
+#: Where :func:`save_lab_seeds` writes them (package data, a few hundred kB); the same runs with :data:`CHECK_SEEDS`
+#: go to ``LAB_CHECK_PATH``.
 LAB_SEEDS_PATH = Path(__file__).resolve().parent / "data" / "lab_seeds.npz"
+LAB_CHECK_PATH = Path(__file__).resolve().parent / "data" / "lab_check_seeds.npz"
 
 
 def _mismatch_seed_configs() -> dict[str, LabConfig]:
@@ -572,11 +599,13 @@ MISMATCH_SEED_METRICS: tuple[str, ...] = (
     "trainer_reward",
     "true_kl",
     "trainer_true_kl",
+    "engine_true_kl",
     "mismatch_kl",
     "rejected_tokens",
     "entropy",
 )
 MISMATCH_SEEDS_PATH = Path(__file__).resolve().parent / "data" / "mismatch_seeds.npz"
+MISMATCH_CHECK_PATH = Path(__file__).resolve().parent / "data" / "mismatch_check_seeds.npz"
 #: The seeds of lesson 08's runs: twice lesson 07's, because the differences between corrections are small and
 #: the runs through different engines are paired by seed only loosely (their batches differ from the first step).
 MISMATCH_SEEDS: tuple[int, ...] = tuple(range(16))
@@ -602,11 +631,21 @@ class LabSeeds:
         """Per seed, the mean of the last ``window`` steps of ``metric`` (what :meth:`TrainingHistory.last` gives)."""
         return self.metrics[name][metric][:, -window:].mean(-1)
 
-    def score(self, name: str, window: int = 5) -> np.ndarray:
-        """Per seed, lesson 07's yardstick on the trainer's own samples: reward − beta · true KL(π_θ ‖ π_ref)
-        (``trainer_reward`` and ``trainer_true_kl``, which lesson 08's store keeps)."""
+    def score(self, name: str, window: int = 5, *, policy: str = "trainer") -> np.ndarray:
+        """Per seed, lesson 07's yardstick J = E[R] − beta · KL(π ‖ π_ref), the objective the KL-regularised
+        update climbs, for one policy: ``"trainer"``, the trainer's own π_θ (``trainer_reward`` and
+        ``trainer_true_kl``, which lesson 08's store keeps; lesson 07's runs sample with the trainer, so there
+        ``reward`` and ``true_kl``), or ``"engine"``, the policy the engine serves (``reward`` and
+        ``engine_true_kl``: top-p truncated, at the engine's temperature)."""
+        check_choice(policy, "policy", ("trainer", "engine"))
         beta = self.configs[name].beta
-        return self.final(name, "trainer_reward", window) - beta * self.final(name, "trainer_true_kl", window)
+        if policy == "engine":
+            reward, kl = "reward", "engine_true_kl"
+        elif "trainer_reward" in self.metric_names:
+            reward, kl = "trainer_reward", "trainer_true_kl"
+        else:
+            reward, kl = "reward", "true_kl"
+        return self.final(name, reward, window) - beta * self.final(name, kl, window)
 
     def same_runs(self, a: str, b: str) -> bool:
         """Whether runs ``a`` and ``b`` are the very same, seed for seed and step for step (a correction whose
@@ -711,3 +750,307 @@ def load_lab_seeds(path: str | Path = LAB_SEEDS_PATH) -> LabSeeds:
         seeds = tuple(int(s) for s in f["seeds"])
         version = str(f["torch_version"])
     return LabSeeds(configs, seeds, metrics, samples, seconds, version, kept)
+
+
+# --------------------------------------------------------------------------------------------------
+# the verdicts of lessons 07 and 08: one rule (3 standard errors), stated as data, re-checked on other seeds
+# --------------------------------------------------------------------------------------------------
+__all__ += ["Verdict", "LAB_VERDICTS", "MISMATCH_VERDICTS", "judge"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A comparison a lesson states: run ``a`` against run ``b`` on the final ``metric``, paired by seed.
+
+    ``says`` is what the lesson says: ``"a < b"`` or ``"a > b"`` (resolved, at least
+    :data:`klviz.statistics.RESOLVED_AT_SE` standard errors from 0, in that direction) or ``"not resolved"``.
+    ``metric`` is a stored metric, ``"score"`` (lesson 07's J on the trainer's own policy) or ``"served score"``
+    (J of the policy the engine serves, :meth:`LabSeeds.score`). ``wording`` is the lesson's sentence.
+    ``on_check_seeds`` is what the same comparison gives on the check seeds (:data:`CHECK_SEEDS`), when it differs
+    from ``says``: the lesson then calls the comparison fragile and says both.
+    """
+
+    wording: str
+    a: str
+    b: str
+    metric: str
+    says: str
+    on_check_seeds: str | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(self.says, "says", ("a < b", "a > b", "not resolved"))
+        if self.on_check_seeds is not None:
+            check_choice(self.on_check_seeds, "on_check_seeds", ("a < b", "a > b", "not resolved"))
+
+    @property
+    def fragile(self) -> bool:
+        """Whether the lesson's seeds and the check seeds say different things about this comparison."""
+        return self.on_check_seeds is not None and self.on_check_seeds != self.says
+
+
+def _final_values(store: LabSeeds, name: str, metric: str) -> np.ndarray:
+    if metric == "score":
+        return store.score(name)
+    if metric == "served score":
+        return store.score(name, policy="engine")
+    return store.final(name, metric)
+
+
+def judge(store: LabSeeds, verdicts: Sequence[Verdict], *, check_seeds: bool = False) -> list[dict[str, Any]]:
+    """Each verdict on ``store``: the paired difference a − b (mean and SE over the seeds), its z, in how many seeds
+    a came out above, whether it is resolved (:func:`klviz.statistics.is_resolved`), how many seeds an unresolved one
+    would take (:func:`klviz.statistics.seeds_to_resolve`), and ``holds``: whether the data say what the lesson says
+    (with ``check_seeds``, what it says about the check seeds: ``on_check_seeds`` where given)."""
+    from .statistics import is_resolved, mean_se, seeds_to_resolve
+
+    rows = []
+    for v in verdicts:
+        says = v.on_check_seeds if (check_seeds and v.on_check_seeds is not None) else v.says
+        va, vb = _final_values(store, v.a, v.metric), _final_values(store, v.b, v.metric)
+        d, se = mean_se(torch.as_tensor(va - vb))
+        scale = float(np.abs(vb).mean())
+        resolved = is_resolved(d, se, scale)
+        if says == "not resolved":
+            holds = not resolved
+        else:
+            holds = resolved and (d < 0 if says == "a < b" else d > 0)
+        rows.append(
+            {
+                "verdict": v,
+                "diff": d,
+                "se": se,
+                "z": d / se if se > 0 else math.nan,
+                "a_above": int((va > vb).sum()),
+                "seeds": len(va),
+                "resolved": resolved,
+                "seeds_to_resolve": None if resolved else seeds_to_resolve(d, se, len(va)),
+                "holds": holds,
+            }
+        )
+    return rows
+
+
+def _on(p: str) -> str:
+    return f"on · {p}"
+
+
+#: Lesson 07's comparisons, each as the lesson states it (16 seeds; ``benchmarks/lab_verdicts.py`` re-checks them on
+#: seeds no lesson uses).
+LAB_VERDICTS: tuple[Verdict, ...] = (
+    *(
+        Verdict(f"{p} holds the true KL below no penalty", _on(p), _on("none"), "true_kl", "a < b")
+        for p in ("k1 in reward", "k2 in loss", "k3 in loss")
+    ),
+    Verdict(
+        "k1 in the loss ends above k1 in the reward in KL", _on("k1 in loss"), _on("k1 in reward"), "true_kl", "a > b"
+    ),
+    Verdict("k1 in the loss against no penalty, in KL", _on("k1 in loss"), _on("none"), "true_kl", "not resolved"),
+    Verdict(
+        "no penalty ends with less entropy than k1 in the reward", _on("none"), _on("k1 in reward"), "entropy", "a < b"
+    ),
+    Verdict(
+        "k1 in the loss ends with less entropy than k1 in the reward",
+        _on("k1 in loss"),
+        _on("k1 in reward"),
+        "entropy",
+        "a < b",
+    ),
+    Verdict(
+        "k2 in the loss (partial gradient) against k1 in the reward (full), in KL",
+        _on("k2 in loss"),
+        _on("k1 in reward"),
+        "true_kl",
+        "not resolved",
+    ),
+    Verdict(
+        "k3 in the loss ends lower in KL than k1 in the reward",
+        _on("k3 in loss"),
+        _on("k1 in reward"),
+        "true_kl",
+        "a < b",
+        on_check_seeds="not resolved",
+    ),
+    Verdict(
+        "k3 in the loss ends lower in reward than k1 in the reward",
+        _on("k3 in loss"),
+        _on("k1 in reward"),
+        "reward",
+        "a < b",
+    ),
+    Verdict(
+        "k3 in the loss against k1 in the reward, in the score J",
+        _on("k3 in loss"),
+        _on("k1 in reward"),
+        "score",
+        "not resolved",
+        on_check_seeds="a < b",
+    ),
+    Verdict(
+        "off-policy, k1 in the loss against no penalty, in KL",
+        "off · k1 in loss",
+        "off · none",
+        "true_kl",
+        "not resolved",
+    ),
+    Verdict(
+        "early stopping on approx_kl keeps the KL lower",
+        "off · k3 in loss, early stop 0.01",
+        "off · k3 in loss",
+        "true_kl",
+        "a < b",
+    ),
+    Verdict(
+        "off-policy, k3·ρ against plain k3 in the loss, in KL",
+        "off · k3·ρ in loss",
+        "off · k3 in loss",
+        "true_kl",
+        "not resolved",
+    ),
+    Verdict(
+        "four epochs per batch drift further than one (k3 in the loss)",
+        "off · k3 in loss",
+        _on("k3 in loss"),
+        "true_kl",
+        "a > b",
+    ),
+    Verdict(
+        "at β = 1, k1 in the loss ends above no penalty in KL", "β=1 · k1 in loss", "off · none", "true_kl", "a > b"
+    ),
+    Verdict(
+        "at β = 1, k1 in the loss ends below no penalty in reward", "β=1 · k1 in loss", "off · none", "reward", "a < b"
+    ),
+    Verdict(
+        "the clip does not stop it: β = 1, clip 0.2, in KL",
+        "β=1 · k1 in loss, clip 0.2",
+        "off · none",
+        "true_kl",
+        "a > b",
+        on_check_seeds="not resolved",
+    ),
+)
+
+
+def _mismatch_verdicts() -> tuple[Verdict, ...]:
+    ref, bf, t, p = "trainer · none", "bf16", "T=0.7", "top-p 0.8"
+    out = []
+    for c in LAB_CORRECTIONS:  # 1. bf16: nothing resolvable
+        for other in (ref, f"{bf} · none"):
+            if other == f"{bf} · {c}":
+                continue
+            for metric, what in (("trainer_reward", "the trainer's own reward"), ("score", "the score")):
+                out.append(
+                    Verdict(f"bf16 · {c} against {other}, in {what}", f"{bf} · {c}", other, metric, "not resolved")
+                )
+    out += [  # 2. a temperature not divided out
+        Verdict(
+            "T = 0.7, no correction, against the trainer sampling itself, in its own reward",
+            f"{t} · none",
+            ref,
+            "trainer_reward",
+            "not resolved",
+        ),
+        Verdict(
+            "T = 0.7, no correction, ends further from the reference than the trainer sampling itself",
+            f"{t} · none",
+            ref,
+            "trainer_true_kl",
+            "a > b",
+        ),
+    ]
+    effects = {  # (own reward, own KL, score, served score) of each correction against none at T = 0.7
+        "token_tis": ("a > b", "a > b", "not resolved", "not resolved"),
+        "geo_reject": ("a > b", "a > b", "a < b", "a < b"),  # both scores: fragile (not resolved on the check seeds)
+        "token_mask": ("a < b", "a < b", "not resolved", "not resolved"),
+    }
+    for c, says in effects.items():
+        for metric, said in zip(("trainer_reward", "trainer_true_kl", "score", "served score"), says):
+            fragile = c == "geo_reject" and metric in ("score", "served score")
+            out.append(
+                Verdict(
+                    f"T = 0.7, {c} against none, in {metric.replace('_', ' ')}",
+                    f"{t} · {c}",
+                    f"{t} · none",
+                    metric,
+                    said,
+                    on_check_seeds="not resolved" if fragile else None,
+                )
+            )
+    out += [  # 3. top-p
+        Verdict("top-p, no correction, scores below the trainer sampling itself", f"{p} · none", ref, "score", "a < b"),
+        Verdict(
+            "top-p, no correction: the served policy scores below the trainer sampling itself",
+            f"{p} · none",
+            ref,
+            "served score",
+            "a < b",
+        ),
+        Verdict(
+            "top-p, token TIS: less KL along the engine's batch than no correction",
+            f"{p} · token_tis",
+            f"{p} · none",
+            "true_kl",
+            "a < b",
+            on_check_seeds="not resolved",
+        ),
+        Verdict(
+            "top-p, token TIS against none, in the score", f"{p} · token_tis", f"{p} · none", "score", "not resolved"
+        ),
+        Verdict(
+            "top-p, token TIS against none, in the served score",
+            f"{p} · token_tis",
+            f"{p} · none",
+            "served score",
+            "not resolved",
+        ),
+        Verdict(
+            "top-p, token TIS still scores below the trainer sampling itself", f"{p} · token_tis", ref, "score", "a < b"
+        ),
+        Verdict(
+            "top-p, sequence TIS: less of the trainer's own reward",
+            f"{p} · sequence_tis",
+            f"{p} · none",
+            "trainer_reward",
+            "a < b",
+        ),
+        Verdict("top-p, sequence TIS: far less KL", f"{p} · sequence_tis", f"{p} · none", "trainer_true_kl", "a < b"),
+        Verdict(
+            "top-p, sequence TIS against none, in the score",
+            f"{p} · sequence_tis",
+            f"{p} · none",
+            "score",
+            "not resolved",
+        ),
+        Verdict(
+            "top-p, sequence TIS against none, in the served score",
+            f"{p} · sequence_tis",
+            f"{p} · none",
+            "served score",
+            "not resolved",
+        ),
+        Verdict(
+            "top-p, the replayed mask: the untruncated policy drifts further",
+            f"{p} · keep_mask",
+            f"{p} · none",
+            "trainer_true_kl",
+            "a > b",
+        ),
+        Verdict(
+            "top-p, the replayed mask scores lower (trainer's policy)",
+            f"{p} · keep_mask",
+            f"{p} · none",
+            "score",
+            "a < b",
+        ),
+        Verdict(
+            "top-p, the replayed mask scores lower (the served policy)",
+            f"{p} · keep_mask",
+            f"{p} · none",
+            "served score",
+            "a < b",
+        ),
+    ]
+    return tuple(out)
+
+
+#: Lesson 08's comparisons (16 seeds), as the lesson states them (§6).
+MISMATCH_VERDICTS: tuple[Verdict, ...] = _mismatch_verdicts()

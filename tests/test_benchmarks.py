@@ -169,3 +169,10 @@ def test_diagnose_script_tiny():
     assert "plain torch" in out and "klviz diagnose" in out
     assert "klviz / plain torch: time" in out and "peak memory" in out
     assert "both ran" in out
+
+
+def test_lab_verdicts_script_on_the_stored_check_seeds():
+    out = run_script("lab_verdicts.py", "lab")
+    assert "lesson seeds 0-15, check seeds 100-115" in out
+    assert "18 of 18 verdicts hold on the lesson's seeds; of the 15 the lessons call firm, 15 hold" in out
+    assert out.count("fragile (the lessons say so)") == 3

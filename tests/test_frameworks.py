@@ -9,6 +9,7 @@ gradients are compared, for the default behaviour and for every legacy option.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -323,67 +324,124 @@ def test_openrlhf_float32_and_legacy_dtype():
 
 
 # =============================================================================================
-# TRL GRPO (release 1.16.0: grpo_trainer._compute_loss, grpo_config defaults)
+# TRL GRPO: TRL's own code, run. The release pip installs (trl 1.16.0, in the test extra) ships
+# GRPOTrainer._compute_loss; it is called here on a minimal stand-in for the trainer (the attributes
+# it reads, an identity accelerator, a model stub that returns our log-probs), with zero advantages so
+# that the loss is TRL's KL term alone. Its returned loss and its logged ``kl`` metric are compared with
+# fw.trl_grpo_kl, values and autograd gradients.
 # =============================================================================================
-def _trl_grpo(
-    per_token_logps,
-    ref_per_token_logps,
-    mask,
-    old_per_token_logps=None,
-    use_bias_correction_kl=True,
-    loss_type="dapo",
-    max_completion_length=512,
-    importance_sampling_level="token",
-):
-    old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-    log_ratio = per_token_logps - old_per_token_logps
-    if importance_sampling_level == "token":
-        log_importance_weights = log_ratio
-    else:
-        log_importance_weights = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        log_importance_weights = log_importance_weights.unsqueeze(-1)
-    coef_1 = torch.exp(log_importance_weights)
-    per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
-    if use_bias_correction_kl:
-        per_token_kl = per_token_kl * coef_1
-    logged = (per_token_kl * mask).sum() / mask.sum().float().clamp(min=1.0)
-    if loss_type in ("grpo", "sapo"):
-        in_loss = ((per_token_kl * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type == "bnpo":
-        in_loss = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
-    elif loss_type == "dr_grpo":
-        in_loss = (per_token_kl * mask).sum() / (per_token_kl.size(0) * max_completion_length)
-    elif loss_type == "luspo":
-        in_loss = (per_token_kl * mask).sum(-1).mean()
-    else:  # dapo, cispo, vespo; one process, one step
-        in_loss = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
-    return logged, in_loss
+TRL_VERSION = "1.16.0"  # pinned in constraints.txt; the test extra installs it
+
+
+@functools.cache
+def _grpo_trainer():
+    """TRL's GRPOTrainer class (imported on first use: ``import trl`` takes seconds)."""
+    import trl
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    assert trl.__version__ == TRL_VERSION, f"these tests run TRL release {TRL_VERSION}, found {trl.__version__}"
+    return GRPOTrainer
+
+
+class _OneProcess:
+    """The accelerator of a single process: reductions and gathers are the identity."""
+
+    num_processes = 1
+    sync_gradients = True
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+
+def _trl_run(logps, ref, mask, old=None, *, beta=0.04, loss_type="dapo", corrected=True, level="token", width=None):
+    """(loss, logged kl) of TRL 1.16.0's GRPOTrainer._compute_loss on these log-probs."""
+    import collections
+    import types
+
+    b, t = logps.shape
+    trainer = types.SimpleNamespace(
+        aux_loss_enabled=False,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level=level,
+        beta=beta,
+        loss_type=loss_type,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        model=types.SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        accelerator=_OneProcess(),
+        max_completion_length=t if width is None else width,
+        _entropy_bonus_enabled=False,
+        _metrics={"train": collections.defaultdict(list)},
+        args=types.SimpleNamespace(
+            use_bias_correction_kl=corrected,
+            delta=None,
+            steps_per_generation=1,
+            sapo_temperature_pos=1.0,
+            sapo_temperature_neg=1.05,
+            vespo_k_pos=2.0,
+            vespo_lambda_pos=3.0,
+            vespo_k_neg=3.0,
+            vespo_lambda_neg=2.0,
+        ),
+    )
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logps, torch.zeros_like(logps), None)
+    inputs = {
+        "prompt_ids": torch.zeros(b, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(b, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(b, t, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": torch.zeros(b, dtype=logps.dtype),  # no policy-gradient term: the loss is the KL term
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": mask.sum(),
+    }
+    if old is not None:
+        inputs["old_per_token_logps"] = old
+    loss = _grpo_trainer()._compute_loss(trainer, None, inputs)
+    kl = trainer._metrics["train"].get("kl", [None])[-1]
+    return loss, kl
+
+
+#: every loss type of TRL 1.16.0 but vespo, whose policy term needs vLLM's importance ratios (its KL term is dapo's)
+TRL_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo"])
+@pytest.mark.parametrize("loss_type", TRL_LOSS_TYPES)
 @pytest.mark.parametrize("corrected", [False, True])
-def test_trl_grpo_kl(seed, loss_type, corrected):
+def test_trl_grpo_kl_is_trls_own_loss(seed, loss_type, corrected):
     new, old, ref, mask = _batch(seed)
     kw = dict(use_bias_correction_kl=corrected, loss_type=loss_type, max_completion_length=20)
-    for key, index in (("logged", 0), ("kl_in_loss", 1)):
-        _agree(
-            lambda x, o, key=key: fw.trl_grpo_kl(x, ref, mask, old_per_token_logps=o, beta=0.04, **kw)[key],
-            lambda x, o, index=index: _trl_grpo(x, ref, mask, o, **kw)[index],
-            [new, old],
-            n_grad=2,
-        )
+    _agree(
+        lambda x, o: fw.trl_grpo_kl(x, ref, mask, old_per_token_logps=o, beta=0.04, **kw)["loss_term"],
+        lambda x, o: _trl_run(x, ref, mask, o, beta=0.04, loss_type=loss_type, corrected=corrected, width=20)[0],
+        [new, old],
+        n_grad=2,
+    )
     got = fw.trl_grpo_kl(new, ref, mask, old_per_token_logps=old, beta=0.04, **kw)
+    _, logged = _trl_run(new, ref, mask, old, beta=0.04, loss_type=loss_type, corrected=corrected, width=20)
+    assert float(got["logged"]) == pytest.approx(logged, rel=1e-12)
     assert float(got["loss_term"]) == pytest.approx(0.04 * float(got["kl_in_loss"]), rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS[:2])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_trl_grpo_importance_sampling_level(seed, level):
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_trl_grpo_importance_sampling_level(seed, level, loss_type):
     new, old, ref, mask = _batch(seed)
     _agree(
-        lambda x, o: fw.trl_grpo_kl(x, ref, mask, o, importance_sampling_level=level)["logged"],
-        lambda x, o: _trl_grpo(x, ref, mask, o, importance_sampling_level=level)[0],
+        lambda x, o: fw.trl_grpo_kl(x, ref, mask, o, beta=0.04, loss_type=loss_type, importance_sampling_level=level)[
+            "loss_term"
+        ],
+        lambda x, o: _trl_run(x, ref, mask, o, beta=0.04, loss_type=loss_type, level=level)[0],
         [new, old],
         n_grad=2,
     )
@@ -393,15 +451,53 @@ def test_trl_grpo_defaults_are_on_policy_when_no_old_logps():
     new, _old, ref, mask = _batch(5)
     # value: the ratio exp(logp - logp.detach()) is 1, so the logged kl is the plain k3 token mean ...
     plain = fw.trl_grpo_kl(new, ref, mask, use_bias_correction_kl=False)["logged"]
-    default = _agree(lambda x: fw.trl_grpo_kl(x, ref, mask)["logged"], lambda x: _trl_grpo(x, ref, mask)[0], [new])
-    assert float(default) == float(plain)
-    # ... but its gradient carries the score-function term k3 * d log pi
+    default = fw.trl_grpo_kl(new, ref, mask)["logged"]
+    assert float(default) == float(plain) == pytest.approx(_trl_run(new, ref, mask)[1], rel=1e-12)
+    # ... but its gradient carries the score-function term k3 * d log pi, as TRL's own loss does
+    _agree(lambda x: fw.trl_grpo_kl(x, ref, mask, beta=0.04)["loss_term"], lambda x: _trl_run(x, ref, mask)[0], [new])
     x = new.clone().requires_grad_(True)
     (g,) = torch.autograd.grad(fw.trl_grpo_kl(x, ref, mask)["logged"], x)
     k3 = torch.exp(ref - new) - (ref - new) - 1
     manual = (k3 + 1 - torch.exp(ref - new)) * mask / mask.sum()
     assert torch.allclose(g, manual)
     assert fw.trl_grpo_kl(new, ref, mask)["loss_term"] == 0.0  # beta = 0.0: no KL in TRL's loss
+
+
+def test_trl_grpo_beta_zero_has_no_kl_term_even_where_k3_overflows():
+    new, _old, ref, mask = _batch(6, dtype=torch.float32)
+    ref = ref.clone()
+    ref[0, 0] = new[0, 0] + 95.0  # exp(95) overflows float32: k3 = inf
+    got = fw.trl_grpo_kl(new, ref, mask, beta=0.0)
+    assert math.isinf(float(got["logged"]))  # the value TRL would log with a KL: inf
+    assert float(got["loss_term"]) == 0.0  # TRL computes no KL at beta = 0: no NaN from 0 * inf
+    loss, logged = _trl_run(new, ref, mask, beta=0.0)
+    assert float(loss) == 0.0 and logged is None  # TRL's loss holds no KL, and it logs none
+
+
+def _trl_main_luspo_kl(per_token_logps, ref, mask, old):
+    """huggingface/trl @ f2cd577, grpo_trainer._compute_loss, the KL part of ``luspo`` as read: per_token_kl
+    enters per_token_loss unmasked, then ``(per_token_loss * mask.sum(1, keepdim=True)).mean()``."""
+    per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+    per_token_kl = per_token_kl * torch.exp(per_token_logps - old)
+    return (per_token_kl * mask.sum(1, keepdim=True)).mean()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_trl_main_luspo_counts_padding(seed):
+    new, old, ref, mask = _batch(seed)
+    _agree(
+        lambda x, o: fw.trl_grpo_kl(x, ref, mask, o, beta=1.0, loss_type="luspo", version="main")["kl_in_loss"],
+        lambda x, o: _trl_main_luspo_kl(x, ref, mask, o),
+        [new, old],
+        n_grad=2,
+    )
+    release = fw.trl_grpo_kl(new, ref, mask, old, beta=1.0, loss_type="luspo")["kl_in_loss"]
+    main = fw.trl_grpo_kl(new, ref, mask, old, beta=1.0, loss_type="luspo", version="main")["kl_in_loss"]
+    assert float(release) != pytest.approx(float(main), rel=1e-3)  # padding (and the per-entry mean) count
+    full = torch.ones_like(mask)  # no padding: main is the release divided by the width
+    a = fw.trl_grpo_kl(new, ref, full, old, beta=1.0, loss_type="luspo")["kl_in_loss"]
+    b = fw.trl_grpo_kl(new, ref, full, old, beta=1.0, loss_type="luspo", version="main")["kl_in_loss"]
+    assert float(b) == pytest.approx(float(a), rel=1e-12)
 
 
 # =============================================================================================
@@ -617,7 +713,7 @@ UPSTREAM_DEFAULTS = {
         "legacy_norm": False,
     },
     fw.verl_kl_in_reward: {"kl_penalty_kind": "kl", "kl_coef": 0.001},
-    fw.verl_ppo_kl: {"clamp_log_ratio": True},
+    fw.verl_ppo_kl: {"clamp_log_ratio": True, "loss_mode": "vanilla"},
     # OpenRLHF cli/train_ppo_ray.py @ 3c3be62
     fw.openrlhf_kl: {"kl_estimator": "k1", "init_kl_coef": 0.01, "use_kl_loss": False, "clamp": True, "float32": True},
     fw.openrlhf_compute_approx_kl: {"kl_estimator": "k1", "clamp": True, "float32": True},
@@ -629,6 +725,7 @@ UPSTREAM_DEFAULTS = {
         "loss_type": "dapo",
         "max_completion_length": 512,
         "importance_sampling_level": "token",
+        "version": "1.16.0",
     },
     fw.trl_ppo_kl: {"kl_estimator": "k1", "kl_coef": 0.05},
     # NeMo-RL ClippedPGLossConfig @ 7ea279a
@@ -651,6 +748,8 @@ UPSTREAM_DEFAULTS = {
     # MiniMind train_ppo.py @ d65ef2c
     fw.minimind_approx_kl: {"early_stop_kl": 0.25},
     fw.minimind_kl_ref_penalty: {"kl_coef": 0.02},
+    # MiniMind train_grpo.py @ d65ef2c
+    fw.minimind_grpo_kl: {"beta": 0.1},
 }
 
 
@@ -659,6 +758,18 @@ def test_defaults_are_the_frameworks_defaults(fn):
     params = inspect.signature(fn).parameters
     for name, value in UPSTREAM_DEFAULTS[fn].items():
         assert params[name].default == value, (fn.__name__, name)
+
+
+def test_trl_grpo_defaults_are_trls_own_config_defaults():
+    import dataclasses
+
+    _grpo_trainer()  # imports trl and checks its version
+    from trl import GRPOConfig
+
+    fields = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    params = inspect.signature(fw.trl_grpo_kl).parameters
+    for name in ("use_bias_correction_kl", "beta", "loss_type", "max_completion_length", "importance_sampling_level"):
+        assert params[name].default == fields[name], name
 
 
 def test_agg_loss_default_is_todays_verl():
@@ -729,21 +840,27 @@ def test_extreme_openrlhf():
 
 def test_extreme_trl():
     new, old, ref, mask = _extreme()
+    # TRL's run has zero advantages (its loss is the KL term alone): a ratio of e^100 would make its
+    # policy term inf * 0 = NaN, which a real advantage would not; keep the ratios of e^±88
+    old = old.clone()
+    old[1, :2] = new[1, :2]
     for corrected in (False, True):
         got = _agree(
-            lambda x, o, c=corrected: fw.trl_grpo_kl(x, ref, mask, o, use_bias_correction_kl=c, beta=0.04)["logged"],
-            lambda x, o, c=corrected: _trl_grpo(x, ref, mask, o, use_bias_correction_kl=c)[0],
+            lambda x, o, c=corrected: fw.trl_grpo_kl(x, ref, mask, o, use_bias_correction_kl=c, beta=0.04)["loss_term"],
+            lambda x, o, c=corrected: _trl_run(x, ref, mask, o, corrected=c)[0],
             [new, old],
             2,
             rtol=1e-5,
             atol=1e-6,
         )
         assert not torch.isfinite(got)  # TRL has no clamp: exp(100) overflows, as in TRL
+        logged = float(fw.trl_grpo_kl(new, ref, mask, old, use_bias_correction_kl=corrected)["logged"])
+        assert logged == _trl_run(new, ref, mask, old, corrected=corrected)[1]  # inf, as TRL logs it
     fine = ref.clone()
     fine[0, 0] = new[0, 0] - 100.0  # log r = -100 is finite: k3 = 99
     v = _agree(
-        lambda x: fw.trl_grpo_kl(x, fine, mask, use_bias_correction_kl=False)["logged"],
-        lambda x: _trl_grpo(x, fine, mask, use_bias_correction_kl=False)[0],
+        lambda x: fw.trl_grpo_kl(x, fine, mask, use_bias_correction_kl=False, beta=0.04)["loss_term"],
+        lambda x: _trl_run(x, fine, mask, corrected=False)[0],
         [new],
         rtol=1e-5,
         atol=1e-6,
@@ -804,6 +921,151 @@ def test_empty_masks_give_zero_not_nan():
         assert float(out) == 0.0
 
 
+# =============================================================================================
+# verl rollout correction (verl-project/verl @ 1dda039): rollout_corr_helper.compute_offpolicy_metrics,
+# torch_functional.masked_mean / masked_sum, as read
+# =============================================================================================
+def _verl_offpolicy(old_log_prob, rollout_log_prob, response_mask):
+    def masked_sum(values, mask, axis=None):
+        valid = torch.where(mask.bool(), values, 0.0)
+        return (valid * mask).sum() if axis is None else (valid * mask).sum(axis)
+
+    def masked_mean(values, mask, axis=None):
+        return masked_sum(values, mask, axis) / ((mask.sum() if axis is None else mask.sum(axis)) + 1e-8)
+
+    m = {}
+    mean_log_prob_training = masked_mean(old_log_prob, response_mask, axis=-1)
+    m["training_ppl"] = torch.exp(-mean_log_prob_training).mean().item()
+    m["training_log_ppl"] = (-mean_log_prob_training).mean().item()
+    m["kl"] = masked_mean(rollout_log_prob - old_log_prob, response_mask).item()
+    log_ratio = old_log_prob - rollout_log_prob
+    m["k3_kl"] = masked_mean(torch.exp(log_ratio) - log_ratio - 1, response_mask).item()
+    mean_log_prob_rollout = masked_mean(rollout_log_prob, response_mask, axis=-1)
+    m["rollout_ppl"] = torch.exp(-mean_log_prob_rollout).mean().item()
+    m["rollout_log_ppl"] = (-mean_log_prob_rollout).mean().item()
+    log_ppl_diff = mean_log_prob_rollout - mean_log_prob_training
+    m["log_ppl_diff"] = log_ppl_diff.mean().item()
+    m["log_ppl_abs_diff"] = log_ppl_diff.abs().mean().item()
+    m["log_ppl_diff_max"] = log_ppl_diff.max().item()
+    m["log_ppl_diff_min"] = log_ppl_diff.min().item()
+    m["ppl_ratio"] = torch.exp(log_ppl_diff).mean().item()
+    rho_token = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))
+    m["chi2_token"] = (masked_mean(rho_token.square(), response_mask) - 1.0).item()
+    log_ratio_sum = masked_sum(log_ratio, response_mask, axis=-1)
+    m["chi2_seq"] = (torch.exp(2.0 * torch.clamp(log_ratio_sum, min=-20.0, max=20.0)).mean() - 1.0).item()
+    return m
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("spread", [0.05, 1.0, 6.0])
+def test_verl_offpolicy_metrics(seed, spread):
+    new, old, _ref, mask = _batch(seed, spread=spread)
+    mask = mask.clone()
+    mask[3] = 0.0  # an empty row: verl counts it in every per-row mean, with mean 0
+    got, want = fw.verl_offpolicy_metrics(old, new, mask), _verl_offpolicy(old, new, mask)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-12, abs=1e-12), k
+    # the ppl ratio is the mean of the per-row ratios, not exp of their mean log (Jensen: never below it)
+    assert got["ppl_ratio"] >= math.exp(got["log_ppl_diff"]) - 1e-12
+
+
+def test_mismatch_metrics_ppl_ratio_is_verls():
+    from klviz import mismatch as mm
+
+    new, old, _ref, mask = _batch(2, spread=0.5)
+    verl = fw.verl_offpolicy_metrics(old, new, mask)  # verl: old = the trainer, new = the engine here
+    ours = mm.mismatch_metrics(old, new, mask.bool())
+    # equal up to verl's "+ 1e-8" in each denominator: a relative 1e-8 / (tokens per row) at most
+    assert ours["ppl_ratio"] == pytest.approx(verl["ppl_ratio"], rel=1e-9)
+    assert ours["k1"] == pytest.approx(verl["kl"], rel=1e-9)
+    assert ours["chi2_seq"] == pytest.approx(verl["chi2_seq"], rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("mode", sorted(fw.VERL_PPO_KL_MODES))
+def test_verl_ppo_kl_by_loss_mode(seed, mode):
+    new, old, _ref, mask = _batch(seed, spread=12.0)  # some |log ratio| beyond 20
+
+    def as_read(log_prob, old_log_prob):
+        negative_approx_kl = log_prob - old_log_prob
+        if mode == "kl_cov":  # compute_policy_loss_kl_cov: ppo_kl_abs
+            return _verl_masked_mean(negative_approx_kl.abs(), mask)
+        if mode in ("vanilla", "dppo_tv", "dppo_kl", "sapo", "cispo"):
+            negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, max=20.0)
+        return _verl_masked_mean(-negative_approx_kl, mask)
+
+    _agree(lambda x, o: fw.verl_ppo_kl(x, o, mask, loss_mode=mode)["ppo_kl"], as_read, [new, old], n_grad=2)
+    if mode == "kl_cov":  # never negative: no k1 of any KL
+        assert float(fw.verl_ppo_kl(old, new, mask, loss_mode=mode)["ppo_kl"]) >= 0
+
+
+def test_openrlhf_legacy_float32_false_keeps_bfloat16_arithmetic():
+    new, _old, ref, mask = _batch(3, spread=3.0, dtype=torch.bfloat16)
+    for est in ("k1", "k2", "k3"):
+        legacy = fw.openrlhf_compute_approx_kl(new, ref, est, float32=False)
+        assert legacy.dtype == torch.bfloat16
+        assert torch.equal(legacy, _openrlhf_compute_approx_kl(new, ref, est, as_float=False))  # bf16, as read
+        today = fw.openrlhf_compute_approx_kl(new, ref, est)
+        assert today.dtype == torch.float32
+        assert torch.equal(today, _openrlhf_compute_approx_kl(new, ref, est))
+    gap = (fw.openrlhf_compute_approx_kl(new, ref, "k1", float32=False).float() - today).abs().max()
+    assert float(gap) > 1e-3  # bf16 rounding of the log-ratio: the two are different numbers
+
+
+@pytest.mark.parametrize("use_kl_loss", [False, True])
+def test_openrlhf_init_coef_zero_logs_zero(use_kl_loss):
+    new, _old, ref, mask = _batch(4, spread=2.0)
+    out = fw.openrlhf_kl(new, ref, mask, "k3", init_kl_coef=0.0, use_kl_loss=use_kl_loss)
+    assert float(out["logged"]) == 0.0 and float(out["per_token"].abs().sum()) == 0.0
+    assert float(fw.openrlhf_kl(new, ref, mask, "k3", use_kl_loss=use_kl_loss)["logged"]) > 0
+
+
+def test_openrlhf_logged_kl_aggregation_reward_vs_loss():
+    new, _old, ref, mask = _batch(0)
+    reward = fw.openrlhf_kl(new, ref, mask, "k1")
+    loss = fw.openrlhf_kl(new, ref, mask, "k1", use_kl_loss=True)
+    kl = _openrlhf_compute_approx_kl(new, ref, "k1")
+    seq_means = _openrlhf_masked_mean(kl, mask.float(), dim=-1).mean()
+    token_mean = _openrlhf_masked_mean(kl, mask.float())
+    assert float(reward["logged"]) == pytest.approx(float(seq_means), rel=1e-6)
+    assert float(loss["logged"]) == pytest.approx(float(token_mean), rel=1e-6)
+    assert abs(float(seq_means) - float(token_mean)) > 1e-3  # the two aggregations differ on this batch
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_minimind_grpo_kl(seed):
+    new, _old, ref, mask = _batch(seed)
+
+    def as_read(per_token_logps):  # trainer/train_grpo.py @ d65ef2c, the KL part of policy_loss
+        kl_div = ref - per_token_logps
+        per_token_kl = torch.exp(kl_div) - kl_div - 1
+        return ((0.1 * per_token_kl * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+
+    _agree(lambda x: fw.minimind_grpo_kl(x, ref, mask)["loss_term"], as_read, [new])
+    logged = float(fw.minimind_grpo_kl(new, ref, mask)["logged"])
+    assert logged == pytest.approx(float(((ref - new) * mask).sum()) / max(float(mask.sum()), 1), rel=1e-12)
+    assert logged == pytest.approx(-_loop_token_mean(new - ref, mask), rel=1e-12)  # minus k1
+
+
+def test_minimind_rollout_samples_at_08_and_scores_at_1():
+    import klviz
+    from klviz import lm
+    from klviz import mismatch as mm
+
+    model = lm.load_tiny_lm("old")
+    ro, old_logp = fw.minimind_rollout(model, list(lm.PROMPTS[:4]), klviz.make_generator(0), max_new_tokens=12)
+    assert fw.MINIMIND_ROLLOUT_TEMPERATURE == 0.8
+    m = ro.response_mask.bool()
+    at_1 = lm.logprobs_of(model, ro)
+    assert torch.allclose(old_logp[m], at_1[m], atol=1e-6)  # old_resp_logp: the T = 1 recompute
+    full = lm.next_token_logprobs(model, ro)
+    tempered = torch.log_softmax(full / 0.8, -1).gather(-1, ro.input_ids.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(ro.logprobs[m], tempered[m], atol=1e-5)  # the sampler: T = 0.8
+    assert float((ro.logprobs - old_logp)[m].abs().max()) > 0.01
+    assert isinstance(mm.EngineSpec(temperature=fw.MINIMIND_ROLLOUT_TEMPERATURE), mm.EngineSpec)
+
+
 def test_side_by_side_rows_name_direction_and_agree_with_the_functions():
     new, old, ref, mask = _batch(1)
     rows = fw.side_by_side(new, old, ref, mask, exact_old_policy=torch.rand(B, R, dtype=torch.float64))
@@ -812,10 +1074,18 @@ def test_side_by_side_rows_name_direction_and_agree_with_the_functions():
     assert by[("MiniMind", "approx_kl")]["estimates"] == "KL(π_old‖π_θ)"
     assert by[("verl", "actor/ppo_kl")]["value"] == pytest.approx(_loop_token_mean(old - new, mask))
     assert by[("TRL GRPO", "kl")]["value"] == by[("MiniMind", "kl_ref")]["value"]
-    nemo = float(_nemo_kl(new, ref, mask, old, on_policy_approx=True)) / 0.01
-    assert by[("NeMo-RL", "kl_penalty")]["value"] == pytest.approx(nemo, rel=1e-9)
+    # NeMo-RL's row is its default (use_on_policy_kl_approximation=False); the flag's row says it is not
+    nemo_default = float(_nemo_kl(new, ref, mask, old, on_policy_approx=False)) / 0.01
+    assert by[("NeMo-RL", "kl_penalty")]["value"] == pytest.approx(nemo_default, rel=1e-9)
+    assert "default" in by[("NeMo-RL", "kl_penalty")]["how"]
+    flag = by[("NeMo-RL", "kl_penalty (non-default: use_on_policy_kl_approximation=True)")]
+    assert flag["value"] == pytest.approx(float(_nemo_kl(new, ref, mask, old, on_policy_approx=True)) / 0.01, rel=1e-9)
+    # MiniMind's GRPO logs minus k1 under the name its PPO gives to k3
+    assert by[("MiniMind", "kl_ref (train_grpo.py)")]["value"] == pytest.approx(_loop_token_mean(ref - new, mask))
     for r in rows:
         assert math.isfinite(r["value"])
+        if "non-default" not in r["logged as"]:
+            assert "use_on_policy_kl_approximation=True" not in r["how"], r  # non-defaults are labelled
 
 
 def test_every_function_names_its_source_file_and_commit():

@@ -248,6 +248,25 @@ def test_sequence_toy_gradients():
         SequenceToy(1, 3)
 
 
+def test_sequence_toy_offpolicy_weights_validate_and_agree():
+    toy = SequenceToy(3, 2)
+    g = torch.Generator().manual_seed(5)
+    ref = toy.random_logits(1.0, generator=g)
+    th = ref + toy.random_logits(0.5, generator=g)
+    old = th + toy.random_logits(0.5, generator=g)
+    with pytest.raises(ValueError, match="weighting"):
+        toy.offpolicy_gradient(th, ref, old, "k3", "per token")
+    with pytest.raises(ValueError, match="estimator"):
+        toy.offpolicy_gradient(th, ref, old, "k4", "none")
+    with pytest.raises(ValueError, match="old_logits"):
+        toy.offpolicy_gradient(th, ref, old[:2], "k3", "none")
+    # on-policy, the prefix product is the full gradient and the per-token ratio the partial one
+    assert torch.allclose(toy.offpolicy_gradient(th, ref, th, "k3", "prefix product"), toy.true_gradient(th, ref))
+    assert torch.allclose(toy.offpolicy_gradient(th, ref, th, "k3", "per-token ρ"), toy.partial_gradient(th, ref))
+    # with old = theta the partial gradient over old's prefixes is the ordinary partial gradient
+    assert torch.allclose(toy.partial_gradient(th, ref, prefix_logits=th), toy.partial_gradient(th, ref))
+
+
 def test_sequence_training_full_gradient_reaches_optimum():
     toy = SequenceToy(2, 2)
     ref = toy.random_logits(generator=torch.Generator().manual_seed(1))

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from klviz import diagnose as dg
+from klviz import kernel
 from klviz.check import lesson06 as chk
 from klviz.pitfalls import CLAMP_RULES
 from klviz.widgets.lesson06 import AGGREGATIONS, BATCH_SIZES, STORAGE_DTYPES, RolloutPanel
@@ -148,6 +149,37 @@ def test_check_fixed_compute_kl():
     assert not boom and "ZeroDivisionError" in boom.message
 
 
+def test_check_sequence_importance_weighted_kl():
+    assert not chk.sequence_importance_weighted_kl(lambda lp, ref, old, m: ...).attempted
+
+    def prefix(lp, ref, old, m):
+        w = torch.exp(torch.cumsum((lp - old) * m, -1))
+        return (w * (lp - ref) * m).sum(-1).mean()
+
+    def prefix_k3(lp, ref, old, m):
+        w = torch.exp(torch.cumsum((lp - old) * m, -1))
+        return (w * kernel.k3(ref - lp) * m).sum(-1).mean()
+
+    assert chk.sequence_importance_weighted_kl(prefix) and chk.sequence_importance_weighted_kl(prefix_k3)
+    per_token = chk.sequence_importance_weighted_kl(
+        lambda lp, ref, old, m: (torch.exp(lp - old) * (lp - ref) * m).sum(-1).mean()
+    )
+    assert not per_token and "prefix" in per_token.message
+    unweighted = chk.sequence_importance_weighted_kl(lambda lp, ref, old, m: ((lp - ref) * m).sum(-1).mean())
+    assert not unweighted and "No importance weight" in unweighted.message
+    token_mean = chk.sequence_importance_weighted_kl(
+        lambda lp, ref, old, m: (
+            (torch.exp(torch.cumsum((lp - old) * m, -1)) * (lp - ref) * m).sum(-1).div(m.sum(-1)).mean()
+        )
+    )
+    assert not token_mean and "token mean" in token_mean.message
+    padding = chk.sequence_importance_weighted_kl(
+        lambda lp, ref, old, m: (torch.exp(torch.cumsum(lp - old, -1)) * (lp - ref)).sum(-1).mean()
+    )
+    assert not padding and "padded" in padding.message
+    assert not chk.sequence_importance_weighted_kl(lambda lp, ref, old, m: "one")
+
+
 def test_check_importance_weighted_kl():
     assert not chk.importance_weighted_kl(lambda lp, ref, old, m: ...).attempted
 
@@ -215,7 +247,7 @@ def test_faq_links_point_at_existing_targets():
     assert faq, "the lesson has an FAQ section"
     text = "".join(faq[0]["source"])
     links = re.findall(r"\]\(([^)\s]+)\)", text)
-    internal = [lnk for lnk in links if not lnk.startswith("http")]
+    internal = [lnk for lnk in links if not lnk.startswith("http") and not lnk.startswith("claims.md#")]  # not claims
     assert len(internal) >= 10
     for link in internal:
         target, _, anchor = link.partition("#")

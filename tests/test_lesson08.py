@@ -141,7 +141,8 @@ def test_mismatch_metrics_against_direct_formulas():
     assert abs(m["chi2_seq"] - (sum(math.exp(2 * float(s.sum())) for s in seq) / 5 - 1)) < 1e-12
     assert abs(m["seq_sum_k1"] - sum(float(-s.sum()) for s in seq) / 5) < 1e-12
     assert abs(m["seq_max_k3"] - sum(float((s.exp() - 1 - s).max()) for s in seq) / 5) < 1e-12
-    assert abs(m["ppl_ratio"] - math.exp(sum(float(-s.mean()) for s in seq) / 5)) < 1e-12
+    # verl's ppl_ratio: the mean over responses of each one's ratio (compute_offpolicy_metrics), not exp of the mean
+    assert abs(m["ppl_ratio"] - sum(math.exp(float(-s.mean())) for s in seq) / 5) < 1e-12
     assert abs(m["token_mult_prob_error"] - float(d.abs().exp().mean())) < 1e-12
     assert m["tokens"] == int(mask.sum()) and m["sequences"] == 5
 
@@ -371,7 +372,7 @@ def test_stored_mismatch_runs_match_their_configs_and_lesson_07():
     lab = rlhf.load_lab_seeds()
     assert rlhf.MISMATCH_SEED_CONFIGS["trainer · none"] == rlhf.LAB_SEED_CONFIGS["on · k3 in loss"]
     shared = [data.seeds.index(s) for s in lab.seeds]
-    assert len(shared) == len(lab.seeds) == 8
+    assert len(shared) == len(lab.seeds) == len(data.seeds) == 16
     for m in ("reward", "true_kl", "entropy"):
         assert np.array_equal(data.metrics["trainer · none"][m][shared], lab.metrics["on · k3 in loss"][m]), m
     # what the stored runs say follows from the configs: no mismatch after replaying the mask, the same
@@ -385,6 +386,10 @@ def test_stored_mismatch_runs_match_their_configs_and_lesson_07():
     name = "T=0.7 · token_tis"
     want = data.final(name, "trainer_reward") - 0.2 * data.final(name, "trainer_true_kl")
     assert np.array_equal(data.score(name), want)
+    served = data.final(name, "reward") - 0.2 * data.final(name, "engine_true_kl")
+    assert np.array_equal(data.score(name, policy="engine"), served)
+    # the trainer sampling itself serves its own policy: both scores are one
+    assert np.array_equal(data.score("trainer · none"), data.score("trainer · none", policy="engine"))
 
 
 def test_stored_mismatch_run_reproduces():

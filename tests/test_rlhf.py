@@ -308,3 +308,69 @@ def test_resolved_needs_three_standard_errors_and_more_than_rounding():
     assert verdict(3e-8, 1e-9, 0.17) == "same up to rounding"
     assert verdict(0.0, 0.0) == "identical"
     assert verdict(0.5, 0.1, 1.0) == "resolved" and verdict(0.1, 0.1, 1.0) == "within noise"
+
+
+def test_judge_applies_one_rule_to_each_verdict():
+    from klviz.rlhf import LabSeeds, Verdict, judge
+
+    steps = 5
+    seeds = tuple(range(16))
+    base = np.linspace(1.0, 2.0, 16)[:, None] * np.ones((16, steps))
+    wiggle = np.where(np.arange(16) % 2 == 0, 1.0, -1.0)[:, None] * np.ones((16, steps))
+    cfg = LabConfig(placement="none", **{**SMALL, "steps": steps})
+    metrics = {
+        "a": {"true_kl": base + 0.5 + 0.1 * wiggle},  # 0.5 above b, SE 0.1/4: resolved
+        "b": {"true_kl": base},
+        "c": {"true_kl": base + 0.01 + 0.1 * wiggle},  # 0.01 above b with SE 0.026: not resolved
+    }
+    store = LabSeeds(
+        {n: cfg for n in metrics},
+        seeds,
+        metrics,
+        {n: [""] * 16 for n in metrics},
+        {n: np.zeros(16) for n in metrics},
+        "",
+        ("true_kl",),
+    )
+    rows = judge(
+        store,
+        [
+            Verdict("a above b", "a", "b", "true_kl", "a > b"),
+            Verdict("a below b", "a", "b", "true_kl", "a < b"),
+            Verdict("c and b", "c", "b", "true_kl", "not resolved"),
+            Verdict("c above b", "c", "b", "true_kl", "a > b"),
+        ],
+    )
+    assert [r["holds"] for r in rows] == [True, False, True, False]
+    assert rows[0]["a_above"] == 16 and rows[0]["seeds"] == 16 and abs(rows[0]["diff"] - 0.5) < 1e-12
+    assert rows[0]["seeds_to_resolve"] is None  # resolved already
+    se = 0.1 * math.sqrt(16 / 15) / 4  # the sample std of ±0.1 over 16 seeds, over √16
+    assert rows[2]["seeds_to_resolve"] == math.ceil(16 * (3 * se / 0.01) ** 2)
+    with pytest.raises(ValueError, match="says"):
+        Verdict("x", "a", "b", "true_kl", "a >> b")
+
+
+def test_lessons_verdicts_hold_on_the_stored_seeds_and_the_check_seeds():
+    from klviz import rlhf
+
+    for path, check_path, verdicts, configs in (
+        (rlhf.LAB_SEEDS_PATH, rlhf.LAB_CHECK_PATH, rlhf.LAB_VERDICTS, rlhf.LAB_SEED_CONFIGS),
+        (rlhf.MISMATCH_SEEDS_PATH, rlhf.MISMATCH_CHECK_PATH, rlhf.MISMATCH_VERDICTS, rlhf.MISMATCH_SEED_CONFIGS),
+    ):
+        store, check = rlhf.load_lab_seeds(path), rlhf.load_lab_seeds(check_path)
+        assert len(store.seeds) == 16 and not set(store.seeds) & set(rlhf.CHECK_SEEDS)
+        assert check.seeds == rlhf.CHECK_SEEDS and check.configs == configs and check.metric_names == store.metric_names
+        assert check_path.stat().st_size < 512 * 1024
+        for r in rlhf.judge(store, verdicts):
+            assert r["holds"], (r["verdict"].wording, r["diff"], r["se"])
+            assert r["verdict"].a in store.configs and r["verdict"].b in store.configs
+        for r in rlhf.judge(check, verdicts, check_seeds=True):  # what the lessons say about seeds 100-115
+            assert r["holds"], ("check seeds", r["verdict"].wording, r["diff"], r["se"])
+
+
+def test_served_policy_kl_is_the_trainers_when_the_trainer_samples():
+    h = train_policy(LabConfig(placement="k3 in loss", **{**SMALL, "steps": 2}))
+    assert h.metrics["engine_true_kl"] == h.metrics["true_kl"]
+    e = train_policy(LabConfig(placement="k3 in loss", engine="top-p 0.8", **{**SMALL, "steps": 2}))
+    assert all(math.isfinite(v) and v > 0 for v in e.metrics["engine_true_kl"])
+    assert e.metrics["engine_true_kl"] != e.metrics["true_kl"]  # the truncated policy's KL is another number

@@ -102,8 +102,8 @@ def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     close = lambda v: abs(value - v) <= 1e-6 * max(1.0, abs(v))  # noqa: E731
     if close(expected):
         return passed(
-            "rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi || pi_ref) "
-            "although pi_old sampled the tokens."
+            "rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi || pi_ref) at every "
+            "position, given its prefix, although pi_old sampled the tokens (part (b): whole responses)."
         )
     m = mask
     if close(float(((lp - ref) * m).sum() / m.sum())):
@@ -126,6 +126,91 @@ def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     return failed(
         "Not the importance-weighted estimate: per token rho · (logprob - ref_logprob) with "
         "rho = exp(logprob - old_logprob), then the mean over the counted tokens."
+    )
+
+
+@never_raises
+def sequence_importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
+    """Exercise 2, sequence part: ``fn(logprob, ref_logprob, old_logprob, mask)`` with whole responses sampled by
+    pi_old must return the mean over responses of an unbiased estimate of the **sequence** KL(pi || pi_ref).
+
+    Checked exactly: on an enumerable policy (vocabulary 3, length 3, all 27 responses), the pi_old-weighted mean of
+    ``fn`` over single responses must equal the sequence KL; then on a padded batch the value must be the mean of
+    its responses' values."""
+    from ..bandit import SequenceToy
+
+    toy = SequenceToy(3, 3)
+    g = torch.Generator().manual_seed(6062)
+    ref_l = toy.random_logits(1.0, generator=g)
+    theta_l = ref_l + toy.random_logits(0.8, generator=g)
+    old_l = theta_l + toy.random_logits(1.5, generator=g)
+    with torch.no_grad():
+        lp, ref, old = (toy.token_logprobs(x) for x in (theta_l, ref_l, old_l))
+        q = toy.sequence_probs(old_l)
+        target = float(toy.sequence_kl(theta_l, ref_l))
+    ones = torch.ones(1, toy.length, dtype=torch.float64)
+    values = []
+    for y in range(lp.shape[0]):
+        out = _call(fn, lp[y : y + 1], ref[y : y + 1], old[y : y + 1], ones)
+        if isinstance(out, CheckResult):
+            return out
+        try:
+            values.append(float(_as64(out).reshape(())))
+        except (RuntimeError, ValueError, TypeError):
+            return failed("Return one number: the mean over the responses of each response's estimate.")
+    v = torch.tensor(values, dtype=torch.float64)
+    mean = float((q * v).sum())
+    close = lambda a, b: abs(a - b) <= 1e-8 * max(1.0, abs(b))  # noqa: E731
+    rho = torch.exp(lp - old)
+    k1 = lp - ref
+    per_token = float((q * (rho * k1).sum(-1)).sum())
+    if not close(mean, target):
+        if close(mean, per_token) or close(mean, float((q * (rho * kernel.k3(ref - lp)).sum(-1)).sum())):
+            return failed(
+                "Per-token rho corrects the choice of each token, not its prefix, which pi_old drew too: its mean is "
+                f"{mean:.4f}, the sequence KL {target:.4f}. Weight token t by the product of rho over the tokens up to "
+                "and including t (exp of the cumulative sum of logprob - old_logprob)."
+            )
+        if close(mean, float((q * k1.sum(-1)).sum())):
+            return failed(
+                "No importance weight: pi_old drew the responses, so the plain sum of log pi - log pi_ref averages "
+                f"to {mean:.4f}, not the sequence KL {target:.4f}."
+            )
+        if close(mean, target / toy.length):
+            return failed("A token mean: the sequence KL is the sum over a response's tokens (the chain rule).")
+        return failed(
+            f"Its pi_old-weighted mean over all 27 responses is {mean:.4f}, the sequence KL(pi || pi_ref) is "
+            f"{target:.4f}: per response, sum_t (prod_(u<=t) rho_u) · (logprob_t - ref_logprob_t)."
+        )
+    # a padded batch: the mean over its responses, padding ignored
+    b_lp, b_ref, b_old = lp[:4].clone(), ref[:4].clone(), old[:4].clone()
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.float64)
+    b_lp = torch.where(mask > 0, b_lp, torch.zeros_like(b_lp))  # junk in the padding: a weight of e^10
+    b_old = torch.where(mask > 0, b_old, torch.full_like(b_old, -10.0))
+    out = _call(fn, b_lp, b_ref, b_old, mask)
+    if isinstance(out, CheckResult):
+        return out
+    try:
+        got = float(_as64(out).reshape(()))
+    except (RuntimeError, ValueError, TypeError):
+        return failed("Return one number: the mean over the responses.")
+    singles = []  # the learner's own value of each response alone, without padding
+    for b in range(4):
+        n = int(mask[b].sum())
+        one = _call(fn, b_lp[b : b + 1, :n], b_ref[b : b + 1, :n], b_old[b : b + 1, :n], torch.ones(1, n).double())
+        if isinstance(one, CheckResult):
+            return one
+        singles.append(float(_as64(one).reshape(())))
+    want = sum(singles) / len(singles)
+    if not close(got, want):
+        return failed(
+            f"Unbiased over whole responses, but on a padded batch it gives {got:.4f} instead of {want:.4f}: "
+            "sum each response over its own tokens only (mask the padding before the cumulative sum), then "
+            "average over responses."
+        )
+    return passed(
+        "Each token weighted by the product of rho up to it: the prefix is corrected too, and the mean over "
+        "pi_old's responses is the sequence KL(pi || pi_ref) exactly (checked over all 27 responses)."
     )
 
 

@@ -1044,7 +1044,8 @@ class _Accumulator:
         out["chi2_token"] = float(S["mm_r2"].sum()) / total - 1.0
         log_w = S["mm_lr"][kept]
         out["chi2_seq"] = float(np.exp(2 * np.clip(log_w, -SAFETY_BOUND, SAFETY_BOUND)).mean()) - 1.0
-        out["ppl_ratio"] = math.exp(float((S["mm_k1"][kept] / n[kept]).mean()))
+        # verl's rollout_corr/ppl_ratio: the mean over responses of each one's ratio (klviz.mismatch.mismatch_metrics)
+        out["ppl_ratio"] = float(np.exp(S["mm_k1"][kept] / n[kept]).mean())
         out["token_mult_prob_error"] = float(S["mm_abs_exp"].sum()) / total
         out["abs_diff_mean"], out["abs_diff_max"] = float(S["mm_abs"].sum()) / total, self.mm_absmax
         out["tis_cap"], out["tis_fraction"] = self.tis_cap, self.tis_cut / total

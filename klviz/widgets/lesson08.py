@@ -13,7 +13,7 @@ shows, for the chosen setting,
   correction does to the batch (tokens and responses it changes, effective sample size).
 
 :class:`MismatchTrainingPanel` shows lesson 07's lab trained through each engine with each
-correction: the stored runs of every seed as mean ± SE per step, and a further seed trained live.
+correction: the stored runs of every seed as mean ± 2 SE per step, and a further seed trained live.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .. import lm, rlhf
 from .. import mismatch as mm
 from ..devices import make_generator
 from ..plotting import COLORS, panel_figure, sticky_limits
-from ..statistics import RESOLVED_AT_SE, mean_se
+from ..statistics import PM_SE, RESOLVED_AT_SE, mean_se
 from ..statistics import verdict as seed_verdict
 from .base import BackgroundRun, Panel, html_table
 
@@ -251,6 +251,7 @@ _SERIES: tuple[tuple[str, str], ...] = (
     ("true_kl", "true KL(π_θ‖π_ref), along the engine's batch"),
     ("trainer_true_kl", "true KL(π_θ‖π_ref), trainer's own"),
     ("score", "score R − β·KL, trainer's own"),
+    ("served score", "score R − β·KL, the policy the engine serves"),
     ("mismatch_kl", "mismatch k3 per token"),
     ("rejected_tokens", "tokens given weight 0"),
 )
@@ -275,10 +276,10 @@ class MismatchTrainingPanel(Panel):
     """Lesson 07's lab trained through a rollout engine that is not the trainer, with a correction.
 
     Shows, for the chosen engine and correction, every stored seed's run (:data:`klviz.rlhf.MISMATCH_SEED_CONFIGS`,
-    :data:`klviz.rlhf.MISMATCH_SEEDS_PATH`) as mean ± SE per step, beside the runs in which the trainer
+    :data:`klviz.rlhf.MISMATCH_SEEDS_PATH`) as mean ± 2 SE per step, beside the runs in which the trainer
     samples itself (grey): the reward the run logs (the engine's batch) and the reward of the trainer's own
     samples, the true KL(π_θ ‖ π_ref), and the mismatch (k3 of log π_old − log π_rollout per token, an
-    estimate of KL(π_rollout ‖ π_old)). The readout states each final value as mean ± SE over the seeds and
+    estimate of KL(π_rollout ‖ π_old)). The readout states each final value as mean ± 2 SE over the seeds and
     the paired difference against the same engine without a correction. A seed beyond the stored ones can
     be trained here, live: its curves grow over the bands while it trains in the background.
     """
@@ -438,9 +439,14 @@ class MismatchTrainingPanel(Panel):
 
     def _final(self, name: str, metric: str) -> np.ndarray:
         """Per seed, the mean of the last 5 steps of ``metric`` in run ``name``; "score" is lesson 07's
-        yardstick (:meth:`klviz.rlhf.LabSeeds.score`; k3 in the loss follows the forward KL's gradient,
-        so it is not exactly what the update climbs)."""
-        return self.store.score(name) if metric == "score" else self.store.final(name, metric)
+        yardstick J on the trainer's own policy, "served score" J of the policy the engine serves
+        (:meth:`klviz.rlhf.LabSeeds.score`; k3 in the loss follows the forward KL's gradient, so it is not
+        exactly what the update climbs)."""
+        if metric == "score":
+            return self.store.score(name)
+        if metric == "served score":
+            return self.store.score(name, policy="engine")
+        return self.store.final(name, metric)
 
     # -- drawing --------------------------------------------------------------------------------
     def _draw_live(self, live: dict[str, np.ndarray] | None) -> None:
@@ -477,14 +483,14 @@ class MismatchTrainingPanel(Panel):
             (self.line_m, self.band_m, "mismatch", _MISMATCH_FLOOR),
         ):
             mean, se = c[key]
-            lo, hi = mean - se, mean + se
+            lo, hi = mean - PM_SE * se, mean + PM_SE * se
             if floor is not None:
                 mean, lo, hi = (np.maximum(v, floor) for v in (mean, lo, hi))
             line.set_data(t, mean)
             _set_band(band, t, lo, hi)
         self._draw_live(data["live"])
         # the KL axis stays at [0, 8] unless a curve leaves it (a live seed can): limits from the data alone
-        top = max([8.0, *(float(np.max(c[k][0] + c[k][1])) for k in ("kl", "own_kl", "ref_kl"))])
+        top = max([8.0, *(float(np.max(c[k][0] + PM_SE * c[k][1])) for k in ("kl", "own_kl", "ref_kl"))])
         if data["live"] is not None and len(data["live"]["true_kl"]):
             top = max(top, float(np.max(data["live"]["true_kl"])))
         self.axes[1].set_ylim(0.0, 8.0 if top <= 8.0 else float(math.ceil(top * 1.1)))
@@ -514,26 +520,29 @@ class MismatchTrainingPanel(Panel):
             else:
                 said = seed_verdict(d, sd, abs(a) + abs(a - d))
                 verdict = (
-                    f"{fmt.format(d)} ± {fmt.format(sd)} "
+                    f"{fmt.format(d)} ± {fmt.format(PM_SE * sd)} "
                     + (f"<b>{said}</b>" if said == "resolved" else said)
                     + f" ({f['above']}/{n} above)"
                 )
             row = [
                 label,
-                f"<span class='klviz-final-{metric.replace('_', '-')}'>{fmt.format(a)}</span> ± {fmt.format(sa)}",
+                f"<span class='klviz-final-{metric.replace('_', '-').replace(' ', '-')}'>{fmt.format(a)}</span>"
+                f" ± {fmt.format(PM_SE * sa)}",
                 verdict,
-                f"{fmt.format(r)} ± {fmt.format(sr)}" if (r, sr) != (0, 0) else "0",
+                f"{fmt.format(r)} ± {fmt.format(PM_SE * sr)}" if (r, sr) != (0, 0) else "0",
             ]
             if live is not None:
                 if metric == "score":
                     series = live["trainer_reward"] - data["beta"] * live["trainer_true_kl"]
+                elif metric == "served score":
+                    series = live["reward"] - data["beta"] * live["engine_true_kl"]
                 else:
                     series = live[metric]
                 row.append(fmt.format(float(np.mean(series[-5:]))) if len(series) else "…")
             rows.append(row)
         return html_table(header, rows) + (
-            f"<div style='font-size:90%'>Mean ± SE over {n} seeds. A correction is compared with the same engine "
-            "without one, no correction with the trainer sampling itself, on the same seeds: the difference is "
+            f"<div style='font-size:90%'>Mean over {n} seeds ± {PM_SE} SE. A correction is compared with the same "
+            "engine without one, no correction with the trainer sampling itself, on the same seeds: the difference is "
             f"paired by seed (resolved: at least {RESOLVED_AT_SE:g} SE from 0; runs through different engines share "
             "their seed, not their batches, so that pairing is loose). k3 in the loss, β = 0.2, 40 steps; "
             "the engine syncs the trainer's weights before every rollout, the trainer recomputes in float32 at "

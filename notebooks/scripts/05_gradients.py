@@ -21,10 +21,14 @@
 # - what a clamp does to the ratio-corrected k3 (verl's clamped `low_var_kl` times $\rho$; NeMo-RL);
 # - off-policy (tokens from $\pi_\text{old}$): the bias of each placement, with and without importance weights, which way
 #   k1 as a loss really moves the policy, and the bias of what PPO-style trainers actually do with a KL in the reward
-#   (the value frozen at rollout, the advantage weighted by $\rho$).
+#   (the value frozen at rollout, the advantage weighted by $\rho$);
+# - for whole responses off-policy: why a per-token $\rho$ is a one-token correction, what TRL's
+#   `use_bias_correction_kl` corrects and what it leaves, the prefix-product weight that is exact, and how to audit your
+#   own KL term in place with `klviz.audit_loss` (the same check as `klviz audit`).
 #
 # **Time**: about 40 minutes of reading, plus two panels and three exercises.
-# **Runs in**: about 20 s on an idle 2-core CPU (measured under nbval: 20 s).
+# **Runs in**: about 25 s on an idle 2-core CPU (measured under nbval: 21 s of CPU time; 61 s of wall time on a
+# machine busy with other jobs).
 #
 # Notation as in the whole suite: $\pi=\pi_\theta=\mathrm{softmax}(\theta)$ is the policy being trained, tokens
 # $x\sim\pi$ (on-policy), $r(x)=\pi_\text{ref}(x)/\pi(x)$ (target over sampler), $\log r = \log\pi_\text{ref}(x)-\log\pi(x)$,
@@ -42,10 +46,11 @@ import torch
 from IPython.display import display
 
 from klviz import frameworks as fw
-from klviz.bandit import (BETA_GRID, REF_PROBS, REWARDS, SequenceToy, bandit_table, forward_kl_optimum,
+from klviz.bandit import (BETA_GRID, REF_PROBS, REWARDS, SEQUENCE_WEIGHTS, SequenceToy, bandit_table, forward_kl_optimum,
                           offpolicy_expected_gradient, reverse_kl_optimum, reward_updates, tv_distance)
 from klviz.divergences import categorical_kl
 from klviz.plotting import COLORS, new_figure
+from klviz.statistics import plus_minus
 from klviz.policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from klviz.simplex import CHOICE_COLORS, CHOICE_STYLES, CHOICES, descent_paths, gradient_error_terms
 from klviz.usage import EstimatorUse
@@ -61,7 +66,8 @@ from klviz.widgets.lesson05 import BanditPanel, SimplexFlowPanel
 # $\log\pi(x)$, not the fact that $x$ was drawn from $\pi$. An estimator whose *value* averages to the KL can
 # therefore have a *gradient* that averages to something else: the derivative of the sampling distribution is missing.
 #
-# **Math.** Every placement gives a per-sample gradient $c(x)\,s(x)$; only the coefficient $c$ differs.
+# **Math.** Every placement gives a per-sample gradient $c(x)\,s(x)$; only the coefficient $c$ differs
+# ([checked on 1,000 random token pairs](claims.md#k2-loss-equals-k1-reward-per-sample)).
 #
 # | choice | surrogate for token $x$ | $c(x)$ | expected gradient $\mathbb E_\pi[c\,s]$ |
 # |---|---|---|---|
@@ -135,7 +141,8 @@ print(f"{'(reverse KL)':<16}{float(rev.norm()):10.4f}   columns 3-4: ||E[grad] -
 # %% [markdown]
 # The brute-force autograd sums agree with `klviz.expected_kl_gradient` to float64 precision, and the columns read
 # off the table: k1 in the loss has no mean gradient at all, four choices sit exactly on the reverse-KL gradient,
-# k3 in the loss sits exactly on the **forward**-KL gradient, and k3 in the reward is the difference of the two.
+# k3 in the loss sits exactly on the **forward**-KL gradient, and k3 in the reward is the difference of the two, for every
+# pair of token distributions ([checked on 1,000 random token pairs](claims.md#on-policy-gradient-table)).
 # The asserts below hold to $10^{-12}$:
 
 # %%
@@ -149,7 +156,7 @@ assert (E["k2 in reward"] - rev).norm() > 0.05 * rev.norm()                  # b
 print("all identities hold to 1e-12")
 
 # %% [markdown]
-# **k2 in the loss is k1 in the reward, sample by sample.** Not only on average: $\nabla\tfrac12(\log r)^2 =
+# **k2 in the loss is k1 in the reward, sample by sample** ([checked on 1,000 random token pairs](claims.md#k2-loss-equals-k1-reward-per-sample)). Not only on average: $\nabla\tfrac12(\log r)^2 =
 # \log r\cdot\nabla(-\log\pi(x)) = k_1\,s(x)$, which is exactly the gradient of $\mathrm{sg}(k_1)\log\pi(x)$. The same
 # holds for `k3+` and the ratio-corrected k3. Check it on 64 sampled tokens, one autograd call per token:
 
@@ -170,6 +177,8 @@ for x in tokens:
     for name in ("k2 in loss", "k3·ρ in loss", "k3+ in loss"):
         worst = max(worst, float((per_sample_gradient(x, CHOICES[name]) - g_k1_reward).abs().max()))
 print(f"largest difference from k1-in-the-reward over 64 tokens x 3 choices: {worst:.1e}")
+
+# %%
 assert worst < 1e-12
 
 # %% [markdown]
@@ -201,7 +210,7 @@ display(fig)
 
 # %% [markdown]
 # **Takeaway.** A KL estimator is a *value*; what it does in training depends on where its gradient comes from.
-# Of the eight common choices, four follow $\nabla\mathrm{KL}(\pi\|\pi_\text{ref})$ exactly (k1 in the reward, k2 in the
+# Of the eight common choices, four follow $\nabla\mathrm{KL}(\pi\|\pi_\text{ref})$ exactly ([checked on 1,000 random token pairs](claims.md#on-policy-gradient-table)) (k1 in the reward, k2 in the
 # loss, the ratio-corrected k3, k3+), k3 in the loss follows the forward KL, and the other three are biased; k1 in the
 # loss only adds noise.
 #
@@ -254,12 +263,15 @@ assert abs(float(g_nemo[5])) < 0.2 * abs(float(rev_c[5]))              # clampin
 # the per-token gradient of rho x clamped k3 on the clamped token is 10 s(x), by hand:
 s5 = torch.nn.functional.one_hot(torch.tensor(5), 12).double() - lp_c.exp()
 by_hand = rev_c - lp_c.exp()[5] * (klviz.k1(lr_c - lp_c)[5] - 10.0) * s5
+
+# %%
 assert torch.allclose(g_verl, by_hand, atol=1e-12)
 
 # %% [markdown]
 # The token RL crushed hardest is the one a reverse-KL penalty should pull back up (negative $\partial/\partial\theta$:
 # descent raises its logit). With $\rho$ times verl's clamped $k_3$ its coefficient is 10 instead of $k_1$, and the push
-# **flips sign**: it drives the token further down, harder than the right gradient would lift it. The vector as a whole
+# **flips sign**: it drives the token further down, harder than the right gradient would lift it. That holds on every token
+# the clamp catches on this side ([checked on 2,000 log-ratios](claims.md#rho-times-clamped-k3-flips-the-push)). The vector as a whole
 # moves little here because the crushed token is rare (its weight is its probability); on a language model the same
 # thing happens on every clamped token, and lesson 07 §5 measures it on all 45k parameters. Clamping the product
 # (NeMo-RL today) does not flip the sign but removes most of the restoring push. Unclamped $k_3\cdot\rho$ (TRL) is exact.
@@ -319,6 +331,8 @@ log_r_all = torch.log_softmax(log_ref, -1) - torch.log_softmax(logits, -1)
 value_var = {k: float(pi @ (fn(log_r_all) - pi @ fn(log_r_all)) ** 2) for k, fn in (("k1", klviz.k1), ("k3", klviz.k3))}
 print(f"value variance per token:    k1 {value_var['k1']:.3f}   k3 {value_var['k3']:.3f}")
 print(f"gradient variance per token: reverse-KL group {gvar['k1 in reward']:.3f}   k3 in the loss {gvar['k3 in loss']:.3f}")
+
+# %%
 assert value_var["k3"] < value_var["k1"]                       # low variance as a value ...
 assert gvar["k3 in loss"] > 1.3 * gvar["k1 in reward"]         # ... noisier than the reverse-KL group as a loss
 
@@ -353,6 +367,8 @@ print(f"{'choice':<14}{'KL(pi||ref) start':>19}{'after 60 steps':>16}   policy a
 for name, path in paths.items():
     kl0, kl1 = float(categorical_kl(path[0], ref3)), float(categorical_kl(path[-1], ref3))
     print(f"{name:<14}{kl0:19.4f}{kl1:16.4f}   {np.round(path[-1].numpy(), 3)}")
+
+# %%
 assert torch.allclose(paths["k2 in loss"], paths["reverse KL"], atol=1e-12)
 assert torch.allclose(paths["k3 in loss"], paths["forward KL"], atol=1e-12)
 assert (paths["k1 in loss"] - start3).abs().max() < 1e-12
@@ -363,7 +379,8 @@ assert paths["k2 in reward"][-1][0] < paths["k2 in reward"][0][0] / 4           
 # Why does k3 in the reward *increase* the KL? Its expected gradient is $\nabla\mathrm{KL}(\pi\|\pi_\text{ref}) -
 # \nabla\mathrm{KL}(\pi_\text{ref}\|\pi)$, so descending it minimises the difference of the two KLs. Near a corner the
 # forward KL grows without bound while the reverse KL stays finite: the "penalty" is lowest at the corners. Near
-# $\pi_\text{ref}$ the two KLs agree to second order, which is why the bias is invisible for small steps. k2 in the
+# $\pi_\text{ref}$ the two KLs agree to second order ([checked on 1,000 random token pairs](claims.md#forward-and-reverse-kl-agree-to-second-order)), which is why the bias is
+# invisible for small steps. k2 in the
 # reward penalises $\tfrac12(\log r)^2$, which is large both for tokens that rose *and* for tokens that fell, so it
 # keeps pushing down tokens that have already fallen below $\pi_\text{ref}$.
 #
@@ -427,7 +444,8 @@ print(f"\nk3 in the loss is farthest from pi* at beta = {BETA_GRID[i_max]:g}: TV
 # **Math.** By the score-function rule with $s_t=\nabla\log\pi(y_t|y_{<t})$,
 # $$\nabla\,\mathrm{KL}_\text{seq} = \mathbb E\Big[\sum_t s_t \sum_{u\ge t} k_1(y_u)\Big],$$
 # because token $t$ changes which tokens come *after* it. k2 as a per-token loss (or k1 in the reward of the token
-# itself, without the later tokens) gives $\mathbb E[\sum_t s_t\,k_1(y_t)]$: only the $u=t$ term, the **partial gradient**. It equals the gradient
+# itself, without the later tokens) gives $\mathbb E[\sum_t s_t\,k_1(y_t)]$: only the $u=t$ term, the **partial gradient**
+# ([checked on 1,000 tabular sequence policies](claims.md#token-level-losses-give-the-partial-gradient)). It equals the gradient
 # of $\sum_t\mathbb E[\mathrm{KL}(\pi(\cdot|y_{<t})\|\pi_\text{ref}(\cdot|y_{<t}))]$ with the prefix distribution held fixed: the
 # part of the cost that comes from steering into prefixes where later tokens will pay KL is lost.
 #
@@ -522,6 +540,8 @@ ax2.set_ylabel("true sequence KL(π‖π_ref)")
 ax2.set_title("KL during training")
 ax2.legend(fontsize=7)
 display(fig)
+
+# %%
 assert tv_distance(runs["k1 in reward, reward-to-go"]["probs"], seq_star) < 1e-3
 assert tv_distance(runs["k2 in loss"]["probs"], seq_star) > 0.02
 assert objective(runs["k1 in reward, reward-to-go"]["probs"]) > objective(runs["k2 in loss"]["probs"])
@@ -623,13 +643,13 @@ ax.legend(fontsize=7.5)
 display(fig)
 
 # %% [markdown]
-# (k2 in the loss and k1 in the reward, both unweighted, lie on one curve: their off-policy gradients are the same
-# sum.) At $k=0$ the `none` and `detached` weightings are exactly the on-policy choices of section 1 (checked); the
+# (k2 in the loss and k1 in the reward, both unweighted, lie on one curve: their per-sample gradients are the same
+# ([checked on 1,000 random token pairs](claims.md#k2-loss-equals-k1-reward-per-sample)), whoever sampled.) At $k=0$ the `none` and `detached` weightings are exactly the on-policy choices of section 1 (checked); the
 # `ratio` form changes the gradient even on-policy, which is its purpose for k3. Off-policy, the unweighted terms drift away from
 # the target as $\pi_\theta$ moves: k2 in the loss and k1 in the reward lose their exactness, k3 in the loss gets much
 # worse. Importance weights repair what was right on-policy: `detached` weights on k2/k3+ in the loss, and the `ratio` form
 # of k3 (and, less known, of k1), are exact for every $k$; so is k1 in the reward *recomputed at the current
-# $\pi_\theta$* with a detached weight. That last one is not what trainers run. PPO, verl, OpenRLHF and the lab of lesson 07
+# $\pi_\theta$* with a detached weight, for one token and any three policies ([checked on 1,000 random token triples](claims.md#importance-weights-repair-one-token-offpolicy)). That last one is not what trainers run. PPO, verl, OpenRLHF and the lab of lesson 07
 # freeze the KL reward at rollout and weight the advantage by $\rho$: exact on the first minibatch, then biased by
 # $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$ (the identity is checked to $10^{-12}$ above), a relative bias of 0.29 after one
 # update, 0.55 after four and 0.63 after eight in this setting (the black dotted curve). PPO's clip and small inner
@@ -667,18 +687,113 @@ for _ in range(N_TRIALS):
     up_rev += float(-(g @ klviz.reverse_kl_gradient(t_logits, r_logits))) > 0
 frac, se = up_rev / N_TRIALS, math.sqrt(up_rev / N_TRIALS * (1 - up_rev / N_TRIALS) / N_TRIALS)
 print(f"random triples: a descent step on k1-as-loss increased KL(pi_old||pi_theta) in {up_old}/{N_TRIALS}, "
-      f"and increased KL(pi_theta||pi_ref) in {up_rev}/{N_TRIALS} = {100 * frac:.1f}% ± {200 * se:.1f}% (2 SE)")
+      f"and increased KL(pi_theta||pi_ref) in {up_rev}/{N_TRIALS}: {plus_minus(100 * frac, 100 * se, '.1f')} percent")
+
+# %%
 assert up_old == N_TRIALS
 assert frac - 4 * se > 0.5
 
-
 # %% [markdown]
 # **Settled, for what was measured.** Off-policy, k1 as a loss is gradient *ascent* on $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$ (an
-# identity, checked to $10^{-12}$): it always pushes the policy away from the one that sampled the batch, i.e. further
+# identity ([checked on 1,000 random token triples](claims.md#importance-weights-repair-one-token-offpolicy))): it always pushes the policy away from the one that sampled the batch, i.e. further
 # along the update it has just made, and never toward $\pi_\text{ref}$ as such. In the lesson's setting and in most random
-# triples this *increases* $\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$: a "KL penalty" that makes the KL grow. Its size scales with
+# triples this *increases* $\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$ ([checked on 2,000 random triples](claims.md#k1-loss-offpolicy-usually-raises-the-kl)): a "KL penalty"
+# that makes the KL grow. Its size scales with
 # $\|\pi_\theta-\pi_\text{old}\|$, so it is small when there are few inner steps, and it is zero on-policy.
 #
+# ### Whole responses off-policy: a per-token $\rho$ is a one-token correction
+#
+# Everything above is one token. A response is sampled token by token, and on a later minibatch every token of it came
+# from $\pi_\text{old}$, **its prefix included**. The per-token ratio $\rho_t=\pi_\theta(y_t|y_{<t})/\pi_\text{old}(y_t|y_{<t})$
+# turns the average over the token $y_t$ into one under $\pi_\theta$, *given its prefix*; the prefixes stay
+# $\pi_\text{old}$'s. For the sequence KL the importance weight of token $t$'s term is the weight of everything drawn up to
+# it, the **prefix product**:
+#
+# $$\mathbb E_{y\sim\pi_\text{old}}\Big[\sum_t\Big(\prod_{u\le t}\rho_u\Big)\,k_3(y_t)\Big]=\sum_t\mathbb E_{y_{\le t}\sim\pi_\theta}\big[k_3(y_t)\big]
+# =\mathrm{KL}_\text{seq}(\pi_\theta\,\|\,\pi_\text{ref}),$$
+#
+# an identity in $\theta$ ($\pi_\text{old}$ held fixed), so differentiating the surrogate, through every $\rho_u$, gives the
+# gradient of the sequence KL itself. Four weightings of $k_3$ (`SequenceToy.offpolicy_gradient`, every expectation an exact
+# sum over the 27 responses of a tabular policy with 3 tokens and length 3, all of them drawn by $\pi_\text{old}$):
+
+# %%
+seq3 = SequenceToy(vocab_size=3, length=3)
+g3 = klviz.make_generator(21)
+ref_s = seq3.random_logits(1.0, generator=g3)                 # pi_ref: one row of logits per prefix
+theta_s = ref_s + seq3.random_logits(0.7, generator=g3)       # pi_theta, being updated
+old_s = theta_s + seq3.random_logits(0.7, generator=g3)       # pi_old: sampled the responses
+target_s = seq3.true_gradient(theta_s, ref_s)                 # autograd of the exact sequence KL(pi_theta || pi_ref)
+partial_old = seq3.partial_gradient(theta_s, ref_s, prefix_logits=old_s)   # per-position KL gradients, pi_old's prefixes
+partial_theta = seq3.partial_gradient(theta_s, ref_s)                      # ... pi_theta's prefixes (section 5)
+print(f"sequence KL(pi_theta || pi_ref) = {float(seq3.sequence_kl(theta_s, ref_s)):.4f}; "
+      f"KL(pi_old || pi_theta) = {float(seq3.sequence_kl(old_s, theta_s)):.4f}")
+print(f"{'weight of k3_t':<34}{'mean value':>11}{'rel. error vs ∇KL_seq':>23}{'= partial, old prefixes':>25}")
+seq_off = {}
+for w in SEQUENCE_WEIGHTS:
+    g = seq3.offpolicy_gradient(theta_s, ref_s, old_s, "k3", w)
+    seq_off[w] = g
+    print(f"{w:<34}{seq3.offpolicy_value(theta_s, ref_s, old_s, 'k3', w):11.4f}"
+          f"{float((g - target_s).norm() / target_s.norm()):23.3f}{str(bool(torch.allclose(g, partial_old))):>25}")
+
+# %%
+assert torch.allclose(seq_off["prefix product"], target_s, atol=1e-12)            # exact
+assert abs(seq3.offpolicy_value(theta_s, ref_s, old_s, "k3", "prefix product") - float(seq3.sequence_kl(theta_s, ref_s))) < 1e-12
+assert torch.allclose(seq_off["per-token ρ"], partial_old, atol=1e-12)              # per-token rho: old prefixes
+assert torch.allclose(seq_off["prefix product, prefix detached"], partial_theta, atol=1e-12)
+assert float((seq_off["per-token ρ"] - target_s).norm() / target_s.norm()) > 0.1
+
+
+# %% [markdown]
+# Read it row by row:
+#
+# - **none** (verl's `kl_loss`, MiniMind's `kl_ref_penalty`, OpenRLHF's `use_loss`, on a second minibatch): $k_3$'s
+#   forward-KL gradient, at the wrong prefixes, with no weight at all.
+# - **per-token $\rho$** (TRL's `use_bias_correction_kl`, DeepSeek-V3.2's correction; NeMo-RL's non-default
+#   `use_on_policy_kl_approximation`, with $\pi_\text{generation}$ in the denominator) corrects what one token can: at each
+#   position, $k_3$'s forward-KL gradient becomes the reverse one, and the token is reweighted from $\pi_\text{old}$'s choice to
+#   $\pi_\theta$'s. Its expected gradient is exactly $\sum_t\mathbb E_{y_{<t}\sim\pi_\text{old}}[\nabla\mathrm{KL}(\pi_\theta(\cdot|y_{<t})\|\pi_\text{ref}(\cdot|y_{<t}))]$
+#   ([checked on 1,000 tabular sequence policies](claims.md#per-token-rho-is-the-partial-gradient-at-old-prefixes)). It
+#   leaves two things: the prefixes are $\pi_\text{old}$'s, and the future terms of section 5 are missing (the partial
+#   gradient), so it is not the gradient of the sequence KL, off-policy or on.
+# - **prefix product, prefix detached** repairs the prefixes only: the partial gradient at $\pi_\theta$'s prefixes.
+# - **prefix product**, differentiated through every $\rho_u$, is the sequence gradient exactly, off-policy and on-policy
+#   alike ([checked on 1,000 tabular sequence policies](claims.md#prefix-product-weights-are-exact)): the derivative of
+#   $\prod_{u<t}\rho_u$ is the score of the prefix, which is where the future terms come from. Its price is variance: a product of
+#   $t$ ratios, whose second moment grows like $(1+\chi^2)^t$ (lesson [08](08_sampler_vs_trainer.ipynb) §4 measures that trap).
+#
+# The mean values follow the same accounting: the prefix product's is the sequence KL, per-token $\rho$'s is
+# $\sum_t\mathbb E_{y_{<t}\sim\pi_\text{old}}[\mathrm{KL}(\pi_\theta(\cdot|y_{<t})\|\pi_\text{ref}(\cdot|y_{<t}))]$, the per-position KLs at the old prefixes.
+#
+# **Audit your own KL term, in place.** `klviz.audit_loss` runs a function written the way training code writes a KL
+# term, `fn(logprob, old_logprob, ref_logprob, response_mask)` on `[batch, length]` tensors, on every response of a tiny
+# enumerable policy, and says which gradient its exact expectation follows. `sampler="old"` draws the responses from a
+# perturbed $\pi_\text{old}$, as on a later minibatch. From a shell, `klviz audit my_loss.py:my_kl --sampler old --length 3`
+# does the same with your file. The two weightings, written as a trainer writes them:
+
+# %%
+def kl_per_token_rho(logprob, old_logprob, ref_logprob, response_mask):
+    log_r = ref_logprob - logprob
+    rho = torch.exp(logprob - old_logprob)                                   # one ratio per token
+    return (rho * (torch.expm1(log_r) - log_r) * response_mask).sum()
+
+
+def kl_prefix_product(logprob, old_logprob, ref_logprob, response_mask):
+    log_r = ref_logprob - logprob
+    weight = torch.exp(torch.cumsum((logprob - old_logprob) * response_mask, -1))   # prod_{u<=t} rho_u
+    return (weight * (torch.expm1(log_r) - log_r) * response_mask).sum()
+
+
+audits = {fn.__name__: klviz.audit_loss(fn, sampler="old", length=3) for fn in (kl_per_token_rho, kl_prefix_product)}
+for name, a in audits.items():
+    print(f"{name:<18} follows: {a.follows:<11} relative error vs ∇KL(π‖π_ref): {a.relative_error['reverse_kl']:.2g}, "
+          f"vs ∇KL(π_ref‖π): {a.relative_error['forward_kl']:.2g}")
+
+# %%
+assert audits["kl_per_token_rho"].follows == "neither" and audits["kl_prefix_product"].follows == "reverse_kl"
+assert audits["kl_prefix_product"].relative_error["reverse_kl"] < 1e-9
+
+
+# %% [markdown]
 # ## 7. What this says about the papers
 #
 # Each paper's claim in its own words (with where it says it), then what the exact sums of this lesson show, at toy scale:
@@ -718,11 +833,15 @@ assert frac - 4 * se > 0.5
 #   way. Clamp after multiplying, or do not clamp.
 # - The fixed point is what matters in the end: reverse-KL choices converge to $\pi^*\propto\pi_\text{ref}e^{R/\beta}$; k3 in the
 #   loss converges to the forward-KL solution; k1 in the loss, k2 and k3 in the reward do not regularise towards
-#   $\pi_\text{ref}$ at all in the bandit.
+#   $\pi_\text{ref}$ at all in this bandit.
 # - For sequences, per-token losses give the partial gradient; reward-to-go of k1 in the reward gives the full one.
-# - Off-policy, a KL in the loss needs $\rho=\pi_\theta/\pi_\text{old}$ (detached for k2; through the ratio for k3). The KL in
+# - Off-policy, one token's KL term needs $\rho=\pi_\theta/\pi_\text{old}$ (detached for k2; through the ratio for k3). A
+#   whole response needs the prefix product $\prod_{u\le t}\rho_u$, differentiated: per-token $\rho$ (TRL's
+#   `use_bias_correction_kl`) follows the partial gradient at $\pi_\text{old}$'s prefixes. `klviz.audit_loss` says which
+#   gradient your own term follows. The KL in
 #   the reward as PPO computes it (frozen at rollout, advantage times $\rho$) is exact only on the first minibatch; its
-#   bias, $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$, grows with the inner steps. Unweighted k1 as a loss pushes the policy
+#   bias, $-\nabla\mathrm{KL}(\pi_\theta\|\pi_\text{old})$ ([checked on 1,000 random token triples](claims.md#importance-weights-repair-one-token-offpolicy)), grows with the
+#   inner steps here. Unweighted k1 as a loss pushes the policy
 #   away from $\pi_\text{old}$.
 #
 # ## Exercises

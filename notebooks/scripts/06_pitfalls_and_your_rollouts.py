@@ -8,12 +8,14 @@
 #   inverted ratio of a widely shared `compute_kl`, clamps, low precision, off-policy tokens, sum vs mean, negative k1
 #   logs, a KL loss under `torch.no_grad`, "mix in samples from p" without weights, and an unsourced
 #   variance table;
-# - how to read a dump of your own run's log-probabilities with `klviz diagnose`, and what each trouble
-#   sign in its report means;
+# - how to read a dump of your own run's log-probabilities with `klviz diagnose`, what each trouble
+#   sign in its report means, and what a dump cannot show (how the KL term was wired: `klviz audit`);
+# - for whole responses on a second epoch: why a per-token importance weight is not enough (exercise 2);
 # - short answers to the questions people keep asking on GitHub, each linked to the place in the suite
 #   that shows the answer.
 #
-# **Time:** 40 minutes of reading and playing · **Runs in:** about 15 s on a 2-core CPU (measured under nbval: 14 s).
+# **Time:** 40 minutes of reading and playing · **Runs in:** about 15 s on an idle 2-core CPU (measured under nbval: 15 s of CPU time; 39 s of wall time on a
+# machine busy with other jobs).
 #
 # Direction rule, as in every lesson: tokens $x$ come from the **sampler** $q$, $\log r=\log p(x)-\log q(x)$
 # (target minus sampler), and k1, k2, k3 estimate $\mathrm{KL}(q\,\|\,p)$.
@@ -48,6 +50,7 @@ from klviz import diagnose as dg
 from klviz import lm
 from klviz import pitfalls as pf
 from klviz.plotting import COLORS, new_figure
+from klviz.statistics import PM_SE, plus_minus
 from klviz.policies import move_policy, toy_sampler_logits, zipf_logits
 
 # %% [markdown]
@@ -87,7 +90,7 @@ fig, ax = new_figure(7.5, 3.4)
 ax.plot(mus, exact_ok, color=COLORS["k3"], label=r"correct $k_3$, $r=p/q$: mean $\mu^2/2$")
 ax.plot(mus, exact_bad, color=COLORS["mu"], label=r"inverted $k_3$, $r=q/p$: mean $e^{\mu^2}-1-\mu^2/2$")
 ax.errorbar(mc_mus, [mc[m]["correct"] for m in mc_mus], yerr=[2 * mc[m]["correct_se"] for m in mc_mus],
-            fmt="o", color=COLORS["k3"], ms=4, label="Monte Carlo ± 2 SE")
+            fmt="o", color=COLORS["k3"], ms=4, label=f"Monte Carlo ± {PM_SE} SE")
 ax.errorbar(mc_mus, [mc[m]["inverted"] for m in mc_mus], yerr=[2 * mc[m]["inverted_se"] for m in mc_mus],
             fmt="o", color=COLORS["mu"], ms=4)
 ax.set_xlabel(r"distance between the policies $\mu$  ($q=\mathcal{N}(0,1)$, $p=\mathcal{N}(\mu,1)$)")
@@ -100,13 +103,15 @@ for m in (0.1, 1.0):
     ex = pf.inverted_k3_exact(m)
     print(f"μ = {m}: true KL {ex['kl']:.5f}, the inverted estimator averages {ex['inverted']:.5f} "
           f"({100 * ex['rel_error']:+.1f}%)")
+
+# %%
 assert abs(pf.inverted_k3_exact(1.0)["rel_error"] - (2 * math.e - 4)) < 1e-12    # (e - 1 - 1/2)/(1/2) - 1
 
 # %% [markdown]
 # At $\mu=1$ the relative error is exactly $2e-4\approx 1.437$: the inverted estimator reports 144% more than the
 # true KL. Nothing warns you: the inverted k3 is still never negative and still looks smooth.
 #
-# The same identity holds for any two token distributions, not just Gaussians. A brute-force check on the
+# The same identity holds for any two token distributions, not just Gaussians ([checked on 1,000 random token pairs](claims.md#inverted-ratio-measures-chi2-minus-kl)). A brute-force check on the
 # twelve tokens of lesson 00, summing over the vocabulary:
 
 # %%
@@ -118,11 +123,14 @@ chi2 = float((q * q / p).sum() - 1)
 kl = float((q * torch.log(q / p)).sum())
 assert abs(kl - float(klviz.categorical_kl(q, p))) < 1e-6        # klviz's exact KL (float32) agrees
 print(f"E_q[inverted k3] = {mean_inverted:.6f};  χ²(q‖p) − KL(q‖p) = {chi2 - kl:.6f};  KL(q‖p) = {kl:.6f}")
+
+# %%
 assert abs(mean_inverted - (chi2 - kl)) < 1e-10
 
 # %% [markdown]
 # **A second slip in the same note.** It says k3 reduces variance because $\mathrm{Cov}[\log r, r-1]\approx-\mathrm{Var}[\log r]$.
-# The sign is wrong: near $r=1$, $r-1\approx\log r$, so the covariance is about $+\mathrm{Var}[\log r]$; for the Gaussian pair it is
+# The sign is wrong: $\log r$ and $r-1$ both increase with $r$, so their covariance is never negative
+# ([checked on 1,000 random token pairs](claims.md#cov-log-r-and-r-is-positive)); near $r=1$, $r-1\approx\log r$, so it is about $+\mathrm{Var}[\log r]$; for the Gaussian pair it is
 # *exactly* $\mu^2=\mathrm{Var}[\log r]$. What is negatively correlated is $r-1$ and $-\log r$, the two terms k3 adds;
 # that is the control variate at work (lesson [02](02_three_estimators.ipynb)).
 
@@ -133,7 +141,9 @@ log_r = MU * x - MU**2 / 2
 prod = (log_r - log_r.mean()) * (torch.expm1(log_r) - torch.expm1(log_r).mean())
 cov, cov_se = float(prod.mean()), float(prod.std()) / math.sqrt(N_SAMPLES)
 exact = pf.gaussian_cov_logr_r(MU)
-print(f"Cov[log r, r − 1] = {cov:.4f} ± {2 * cov_se:.4f} (exact {exact['cov']:.4f} = Var[log r] = {exact['var_log_r']:.4f})")
+print(f"Cov[log r, r − 1] = {plus_minus(cov, cov_se, '.4f')} (exact {exact['cov']:.4f} = Var[log r] = {exact['var_log_r']:.4f})")
+
+# %%
 assert abs(cov - exact["cov"]) < 4 * cov_se and cov > 0
 
 # %% [markdown]
@@ -151,7 +161,7 @@ assert abs(cov - exact["cov"]) < 4 * cov_se and cov > 0
 # **Intuition.** A clamp only changes tokens where it binds. While the policies are close, no token comes near
 # the bounds and the clamp is free. As they separate, $k_3$ grows like $e^{\log r}$ on tokens the target likes far more
 # than the sampler; the output clamp cuts exactly the tokens that carry the mean, so the clamped k3 becomes biased
-# *downwards*. verl's lower bound $-10$ can never act because $k_3\ge 0$, but its upper bound binds on **both** sides:
+# *downwards* ([checked on 1,000 random token pairs](claims.md#clamps-only-lower-k3)). verl's lower bound $-10$ can never act because $k_3\ge 0$ ([checked on 2,000 random token pairs](claims.md#k2-k3-never-negative)), but its upper bound binds on **both** sides:
 # also where $\log r<-11$, a token the *policy* finds $e^{11}\approx6\cdot10^4$ times likelier than the reference. There
 # $k_3\approx-\log r-1$ is linear, not heavy-tailed, and the clamp sets its gradient to zero on the very tokens RL pushed up
 # hardest (lesson [04](04_worked_tokens.ipynb) §5 computes both crossing points).
@@ -190,9 +200,11 @@ for (est, rule) in curves:
     v = pf.apply_clamp(log_r, est, rule)
     mean, se = float(v.mean()), float(v.std()) / math.sqrt(N_SAMPLES)
     quad = pf.gaussian_clamped_expectation(MU_CHECK, est, rule)
-    print(f"μ = {MU_CHECK}: {curves[(est, rule)][0]:22s} quadrature {quad:.4f}, sampled {mean:.4f} ± {2 * se:.4f} "
+    print(f"μ = {MU_CHECK}: {curves[(est, rule)][0]:22s} quadrature {quad:.4f}, sampled {plus_minus(mean, se, '.4f')} "
           f"(true KL {MU_CHECK**2 / 2})")
     assert abs(mean - quad) < 4 * se
+
+# %%
 assert pf.gaussian_clamp_hit_rate(1.0, "k3", "verl low_var_kl") < 0.01 < pf.gaussian_clamp_hit_rate(4.0, "k3", "verl low_var_kl")
 
 # %% [markdown]
@@ -242,7 +254,7 @@ print(f"\nverl's clamp moves the k3 token-mean from {k3_mean:.4f} by "
 # $2^{-3}$, so it can be off by $0.0625$, and the log-probability computed from such logits carries errors of
 # that order, token by token. k1 is linear in $\log r$: its error is the log-prob error itself, noise that
 # averages out over a batch. k2 and k3 are convex: besides a noise term, an error $e$ adds about $\tfrac12 e^2$,
-# always upward, a bias that no batch size removes. It is negligible next to a large KL and dominates when
+# always upward ([checked on 1,000 random logit batches](claims.md#rounding-noise-biases-k2-and-k3-upwards)), a bias that no batch size removes. It is negligible next to a large KL and dominates when
 # the true KL is near zero.
 #
 # **Setup.** A synthetic but language-model-like batch: 64 positions over a 32,000-token vocabulary, logits =
@@ -276,7 +288,7 @@ print(f"{'float32 batch means (for scale)':44s}" + "".join(f"{rows[0][1][k]['bat
 # **Same weights, two precisions: a KL that should be zero.** A common real case: the rollout engine scores
 # tokens in one precision and the trainer in another, or the "reference" is the policy itself at step 0.
 # The true KL is 0, yet k2 and k3 come out positive: exactly $\tfrac12\overline{e^2}$ for k2 and almost the same for
-# k3, while k1's mean is zero up to its noise.
+# k3 ([checked on 1,000 random logit batches](claims.md#rounding-noise-biases-k2-and-k3-upwards)), while k1's mean is zero up to its noise.
 
 # %%
 same = pf.precision_errors(policy_logits, policy_logits, tokens, "bfloat16 logits", ref_precision="float32")
@@ -302,11 +314,21 @@ display(fig)
 
 # %% [markdown]
 # **Takeaway.** Compute the log-softmax in float32 (upcast the logits first), and compute policy and reference
-# log-probs the same way. Do not assume your framework does it: verl's `logprobs_from_logits_v2`
-# (`verl/utils/torch_functional.py`, used when flash-attn's fused kernel is not) and TRL's `selective_log_softmax`
-# (`trl/trainer/utils.py`) run `log_softmax` row by row **in the logits' own dtype**, so bf16 logits stay bf16 there;
-# OpenRLHF's `compute_approx_kl` casts the *log-probabilities* to float32, after they were computed. The k1 batch mean tolerates independent rounding; k2 and k3 turn rounding
-# noise into a positive "KL" even between identical models.
+# log-probs the same way. What each framework does with bf16 logits, read in its code:
+#
+# - **OpenRLHF** upcasts the logits in `Actor.forward` (`openrlhf/models/actor.py`: `output["logits"].to(torch.float32)`,
+#   PR #634) before `log_probs_from_logits`, and `compute_approx_kl` computes the log-ratio in float32 again: the
+#   "bfloat16 logits" row above.
+# - **TRL 1.16.0**'s `selective_log_softmax` (`trl/trainer/utils.py`) hands CUDA and XPU logits to a Triton kernel
+#   (`trl/kernels/logprob_entropy.py`) that loads them as float32 and returns float32: the "bfloat16 logits" row. Only
+#   its fallback, on the CPU (or without Triton), runs `log_softmax` row by row **in the logits' own dtype**: the
+#   "everything in bf16" row.
+# - **verl**'s `logprobs_from_logits` (`verl/utils/torch_functional.py`) uses flash-attn's Triton cross-entropy when
+#   flash-attn is installed, which computes in float32; without it, `logprobs_from_logits_v2` runs `log_softmax` row by
+#   row in the logits' dtype, as TRL's fallback does.
+#
+# `klviz.pitfalls.logprobs_in_precision` names the same cases in its docstring. The k1 batch mean tolerates independent
+# rounding; k2 and k3 turn rounding noise into a positive "KL" even between identical models.
 
 # %% [markdown]
 # ## 4 · Off-policy tokens: the second PPO epoch <a id="off-policy"></a>
@@ -318,7 +340,7 @@ display(fig)
 # **Math.** Averages are under $\pi_\text{old}$, the sampler. For k1:
 # $\mathbb{E}_{\pi_\text{old}}[\log\pi_\theta-\log\pi_\text{ref}] = \mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})-\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$:
 # neither the KL you want nor any KL, and negative once $\pi_\theta$ moves further from $\pi_\text{old}$ than $\pi_\text{old}$ is from the
-# reference. With the importance weight $\rho=\pi_\theta/\pi_\text{old}$, $\mathbb{E}_{\pi_\text{old}}[\rho\,k]=\mathbb{E}_{\pi_\theta}[k]$ is
+# reference ([checked on 1,000 random token triples](claims.md#k1-on-old-tokens-is-a-difference-of-kls)). With the importance weight $\rho=\pi_\theta/\pi_\text{old}$, $\mathbb{E}_{\pi_\text{old}}[\rho\,k]=\mathbb{E}_{\pi_\theta}[k]$ is
 # unbiased again. PPO's own `ppo_kl` (old minus new on old's tokens) estimates $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$.
 # Exact values, summing over the twelve-token vocabulary:
 
@@ -329,6 +351,8 @@ ref = move_policy(old, temperature=1.3, push=-0.5, push_token=0)
 e = pf.off_policy_expectations(old, theta, ref)
 for k, v in e.items():
     print(f"  {k:16s} {v:+.5f}")
+
+# %%
 assert abs(e["k1"] - (e["KL(old||ref)"] - e["KL(old||theta)"])) < 1e-12
 assert abs(e["rho*k1"] - e["KL(theta||ref)"]) < 1e-12 and abs(e["rho*k3"] - e["KL(theta||ref)"]) < 1e-12
 assert abs(e["ppo_kl"] - e["KL(old||theta)"]) < 1e-12
@@ -341,21 +365,31 @@ assert abs(e["ppo_kl"] - e["KL(old||theta)"]) < 1e-12
 # | $\rho\,k_1$, $\rho\,k_3$ with $\rho=\pi_\theta/\pi_\text{old}$ | $\mathrm{KL}(\pi_\theta\Vert \pi_\text{ref})$, unbiased |
 # | k1 of $\log\pi_\theta-\log\pi_\text{old}$ (`ppo_kl`) | $\mathrm{KL}(\pi_\text{old}\Vert \pi_\theta)$, unbiased |
 #
+# The table is about **one token**, drawn at one position. A response is drawn token by token, and on a second epoch its
+# prefixes came from $\pi_\text{old}$ too. Per position, $\mathbb E[\rho_t k_t\mid y_{<t}]$ is the KL of $\pi_\theta$ at that
+# prefix, but the prefixes are $\pi_\text{old}$'s: summed over a response, per-token $\rho\,k$ averages to the per-position KLs at
+# $\pi_\text{old}$'s prefixes, not to the sequence $\mathrm{KL}(\pi_\theta\|\pi_\text{ref})$. The weight that makes a whole response
+# unbiased is the prefix product $\prod_{u\le t}\rho_u$ ([checked on 1,000 tabular sequence policies](claims.md#prefix-product-weights-are-exact));
+# lesson [05](05_gradients.ipynb) §6 shows what each weighting does to the *gradient*, and exercise 2 below asks for both.
+#
 # On the sample dump, the second epoch's numbers, as `klviz diagnose --logprob-key new_logprob --old-key logprob` reports them:
 
 # %%
 off = dg.diagnose(dg.load_rollouts(dg.sample_rollouts_path(), logprob_key="new_logprob", old_key="logprob"))
 assert off.off_policy
 for name, v in off.extra.items():
-    print(f"  {name:26s} {v['token_mean']:+.4f} ± {2 * v['token_mean_se']:.4f}   {off.directions[name]}")
-print(f"  {'naive k1 (new − ref)':26s} {off.estimates['k1']['token_mean']:+.4f} ± {2 * off.estimates['k1']['token_mean_se']:.4f}"
+    print(f"  {name:26s} {plus_minus(v['token_mean'], v['token_mean_se'], '+.4f')}   {off.directions[name]}")
+print(f"  {'naive k1 (new − ref)':26s} {plus_minus(off.estimates['k1']['token_mean'], off.estimates['k1']['token_mean_se'], '+.4f')}"
       f"   {off.directions['k1']}")
 rho = off.extra["mean ρ = π/π_old"]
+
+# %%
 assert abs(rho["token_mean"] - 1) < 4 * rho["token_mean_se"]      # E_old[π/π_old] = 1: the weights are consistent
 
 # %% [markdown]
-# **Takeaway.** On reused tokens, weight by $\rho=\pi_\theta/\pi_\text{old}$ (clipped in practice) or compute the
-# reference KL once, on the first epoch. Lesson [05](05_gradients.ipynb) shows what this does to gradients.
+# **Takeaway.** On reused tokens, weight one token's term by $\rho=\pi_\theta/\pi_\text{old}$ (clipped in practice), a
+# whole response's token $t$ by $\prod_{u\le t}\rho_u$, or compute the reference KL once, on the first epoch. Lesson
+# [05](05_gradients.ipynb) shows what each does to gradients.
 
 # %% [markdown]
 # ## 5 · Sum vs mean over responses of different lengths <a id="sum-vs-mean"></a>
@@ -365,7 +399,8 @@ assert abs(rho["token_mean"] - 1) < 4 * rho["token_mean_se"]      # E_old[π/π_
 #
 # **Answer.** Both, in different units. By the chain rule the *sequence* KL is the sum of per-token terms, so
 # `seq-mean-token-sum` (TRL's PPO log, verl's `seq-mean-token-sum`) is nats per response; `token-mean` and
-# `seq-mean-token-mean` (verl's in-reward metric `actor/reward_kl_penalty`) are nats per token. They also weigh tokens differently:
+# `seq-mean-token-mean` (verl's in-reward metric `actor/reward_kl_penalty`) are nats per token. They also weigh tokens
+# differently ([checked on 1,000 random batches](claims.md#aggregation-weights)):
 
 # %%
 lengths = [4, 12, 48]
@@ -392,7 +427,8 @@ for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
 # **Question.** TRL users see `objective/kl` below zero (trl#925, trl#1161). A KL is never negative: is the
 # code broken?
 #
-# **Math.** k1 is negative on every token the reference likes more than the policy. Its batch mean is unbiased,
+# **Math.** k1 is negative on every token the reference likes more than the policy. Its batch mean is unbiased
+# ([checked on 2,000 random token pairs](claims.md#k1-k3-unbiased-on-tokens)),
 # so it can only be negative through noise, and noise wins when the KL is small next to k1's spread. For the
 # Gaussian pair, k1 is itself Gaussian with mean $\mu^2/2$ and variance $\mu^2$, so the mean of $N$ tokens is negative with
 # probability $\Phi(-\mu\sqrt N/2)$.
@@ -441,6 +477,8 @@ demo = pf.no_grad_kl_demo(logits, ref_logits, toks, adv, beta=0.5)
 for kind, d in demo.items():
     print(f"{kind:18s} loss {d['loss']:+.4f}   KL term requires_grad={d['kl_requires_grad']!s:5s}  "
           f"|grad| = {float(d['grad'].norm()):.5f}")
+
+# %%
 assert torch.equal(demo["kl under no_grad"]["grad"], demo["pg only"]["grad"])       # identical gradient
 assert demo["kl under no_grad"]["loss"] != demo["pg only"]["loss"]                  # but a different logged loss
 assert not torch.allclose(demo["kl with grad"]["grad"], demo["pg only"]["grad"])
@@ -458,7 +496,7 @@ assert not torch.allclose(demo["kl with grad"]["grad"], demo["pg only"]["grad"])
 # **Math.** With a fraction $\alpha$ of the samples from $p$ and k3 averaged as usual, the mean is
 # $(1-\alpha)\,\mathrm{KL}(q\|p)+\alpha\,\big(\chi^2(p\|q)-\mathrm{KL}(p\|q)\big)$: on $p$'s samples the ratio $p/q$ is the *inverted* one of
 # section [1](#inverted-ratio). Weighting every sample by $q(x)/m(x)$, with $m=(1-\alpha)q+\alpha p$ the mixture that
-# actually drew it, restores $\mathrm{KL}(q\|p)$ exactly.
+# actually drew it, restores $\mathrm{KL}(q\|p)$ exactly ([checked on 1,000 random token pairs](claims.md#mixture-sampling-needs-weights)).
 
 # %%
 MU = 1.0
@@ -466,15 +504,15 @@ print(f"q = N(0,1), p = N({MU},1), true KL(q‖p) = {MU**2 / 2}")
 for alpha in (0.0, 0.1, 0.25, 0.5):
     ex = pf.mixture_k3_exact(MU, alpha)
     sim = pf.mixture_k3_mc(MU, alpha, N_SAMPLES, generator=gen)
-    print(f"  α = {alpha:4}: naive mean {sim['naive']:.4f} ± {2 * sim['naive_se']:.4f} (exact {ex['naive']:.4f});"
-          f"  weighted {sim['weighted']:.4f} ± {2 * sim['weighted_se']:.4f}")
+    print(f"  α = {alpha:4}: naive mean {plus_minus(sim['naive'], sim['naive_se'], '.4f')} (exact {ex['naive']:.4f});"
+          f"  weighted {plus_minus(sim['weighted'], sim['weighted_se'], '.4f')}")
     assert abs(sim["naive"] - ex["naive"]) < 4 * sim["naive_se"]
     assert abs(sim["weighted"] - ex["kl"]) < 4 * sim["weighted_se"]
 
 
 # %% [markdown]
 # **Takeaway.** Samples from any other distribution need the weight (sampler in the expectation) / (sampler
-# that drew them); lesson [01](01_sampling_as_weighting.ipynb) shows this on tokens.
+# that drew them) ([checked on 1,000 random token pairs](claims.md#mixture-sampling-needs-weights)); lesson [01](01_sampling_as_weighting.ipynb) shows this on tokens.
 
 # %% [markdown]
 # ## 9 · A widely quoted variance table, measured <a id="variance-table"></a>
@@ -513,10 +551,12 @@ print(f"{'quoted (unsourced)':30s}{0.3:14.3f}{0.4:14.3f}{12.0:9.1f}%")
 # (responses are the independent units: tokens of one response share their prefix)
 for name, fn in (("k1", klviz.k1), ("k3", klviz.k3)):
     diff, se = klviz.statistics.clustered_mean_se(fn(log_r_bt) - exact_bt, mask)
-    print(f"{name}: mean − exact = {diff:+.4f} ± {2 * se:.4f}")
+    print(f"{name}: mean − exact = {plus_minus(diff, se, '+.4f')}")
     assert abs(diff) < 4 * se
 
 row15 = table["Gaussian, KL = 1.125"]                        # both variance ratios pass 1 there
+
+# %%
 assert abs(row15["k2"][0] - 2.3906) < 1e-3 and abs(row15["k3"][0] - 2.7731) < 1e-3 and min(row15["k2"][0], row15["k3"][0]) > 1
 
 # %% [markdown]
@@ -532,7 +572,8 @@ assert abs(row15["k2"][0] - 2.3906) < 1e-3 and abs(row15["k3"][0] - 2.7731) < 1e
 # ## 10 · Misspelled estimator names <a id="fall-through"></a>
 #
 # A config key with a typo, or a name from another framework, can silently select a default estimator
-# (AReaL PR #408 fixed such a fall-through). klviz refuses unknown names, naming the argument:
+# (AReaL PR #408 fixed such a fall-through). klviz refuses unknown names, naming the argument
+# ([checked on 1,000 names](claims.md#unknown-estimator-names-raise)):
 
 # %%
 try:
@@ -552,13 +593,16 @@ except ValueError as err:
 # klviz diagnose my_batch.npz --plot report.png
 # ```
 #
-# Files are opened safely: `.pt` only through `torch.load(weights_only=True)`, `.npz` with
-# `allow_pickle=False`, `.safetensors` when installed; a broken file gets one line of explanation and exit
-# status 2. Without a file it reads the sample dump. This is what the command prints for it:
+# Files are read without running anything in them: a `.pt` file is read from its zip archive's headers and storages,
+# never through `torch.load` or any unpickler that could call code (a file whose pickle asks for more is refused), `.npz`
+# with `allow_pickle=False`, `.safetensors` when installed; a broken file gets one line of explanation and exit status 2.
+# Without a file it reads the sample dump. This is what the command prints for it:
 
 # %%
 from klviz.cli import main as klviz_cli
 status = klviz_cli(["diagnose"])
+
+# %%
 assert status == 0
 
 # %% [markdown]
@@ -602,7 +646,8 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # **Which direction does verl's / TRL's KL go?** (trl#2914, verl#3061) The policy that *sampled* the tokens fixes
 # it, not the argument order: `kl_penalty(logprob, ref_logprob)` on the policy's own tokens estimates
 # $\mathrm{KL}(\pi\|\pi_\text{ref})$, and PPO's `approx_kl` on the rollout tokens estimates $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$. On reused
-# tokens the naive number is no KL at all. See [00 Start here](00_start_here.ipynb) and [section 4](#off-policy).
+# tokens the naive number is no KL at all ([checked on 1,000 random token triples](claims.md#k1-on-old-tokens-is-a-difference-of-kls)). See [00 Start here](00_start_here.ipynb)
+# and [section 4](#off-policy).
 #
 # **Why isn't this the KL formula $\sum_x p\log(p/q)$?** (trl#2854, trl#3104) It is, estimated: averaging over tokens drawn
 # from $q$ replaces the factor $q(x)$ by how often $x$ is drawn, so one sampled token per position is an unbiased estimate
@@ -611,8 +656,8 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # **Per token or per sequence?** (trl#3556) By the chain rule the per-token k1 summed over a response estimates the
 # sequence KL; a token-mean is the same thing divided by length, with a different weighting of short and long responses.
 # For the *gradient* the difference is larger than a weighting: a per-token KL loss (or a per-token k1 reward without
-# reward-to-go) gives only the **partial** gradient of the sequence KL, which leaves out how a token steers the later
-# ones; k1 in the reward summed to go gives the full one ([05 Gradients](05_gradients.ipynb) §5). See [section 5](#sum-vs-mean)
+# reward-to-go) gives only the **partial** gradient of the sequence KL ([checked on 1,000 tabular sequence policies](claims.md#token-level-losses-give-the-partial-gradient)),
+# which leaves out how a token steers the later ones; k1 in the reward summed to go gives the full one ([05 Gradients](05_gradients.ipynb) §5). See [section 5](#sum-vs-mean)
 # and [04 Worked tokens](04_worked_tokens.ipynb).
 #
 # **KL in the reward or in the loss, and is it counted twice?** (verl#3276, verl#509, OpenRLHF#768) In the reward, the
@@ -622,7 +667,8 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 #
 # **Why does verl clamp k3 to $[-10,10]$, and why the lower bound?** (verl#2928) The upper bound caps rare huge tokens
 # (and also binds at $\log r<-11$, on tokens the policy pushed far above the reference, zeroing their gradient); the lower
-# one can never act because $k_3\ge0$. Clamps bias the mean when policies drift. See [section 2](#clamps).
+# one can never act because $k_3\ge0$ ([checked on 2,000 random token pairs](claims.md#k2-k3-never-negative)). Clamps bias the mean downwards when policies drift
+# ([checked on 1,000 random token pairs](claims.md#clamps-only-lower-k3)). See [section 2](#clamps).
 #
 # **`low_var_kl` gives NaN / inf.** (verl#891, verl#751) `exp(log r)` overflows float32 beyond $\log r\approx88$, and
 # $-\infty-(-\infty)$ at padded positions is NaN: clamp the input (verl uses 20): that is what prevents the
@@ -635,11 +681,14 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 #
 # **Is k3 in the loss biased, and what do the `+` variants and ratio corrections fix?** (verl PR #2953 and #6058,
 # trl#4637, trl#4967, TRL PR #6503, OpenRLHF PR #1309, SkyRL#805) k3's value is unbiased but its gradient as a loss
-# follows the forward KL $\mathrm{KL}(\pi_\text{ref}\|\pi)$; multiplying by $\rho=\pi_\theta/\mathrm{sg}(\pi_\text{sampler})$ or using the
-# straight-through "k3+" gives the gradient of $\mathrm{KL}(\pi\|\pi_\text{ref})$. See [05 Gradients](05_gradients.ipynb).
+# follows the forward KL $\mathrm{KL}(\pi_\text{ref}\|\pi)$ ([checked on 1,000 random token pairs](claims.md#on-policy-gradient-table)); multiplying by $\rho=\pi_\theta/\mathrm{sg}(\pi_\text{sampler})$ or using the
+# straight-through "k3+" gives the gradient of $\mathrm{KL}(\pi\|\pi_\text{ref})$ token by token; for a whole response
+# off-policy a per-token $\rho$ still leaves the prefixes $\pi_\text{old}$'s, and only the prefix product corrects them. See
+# [05 Gradients](05_gradients.ipynb) §1 and §6, and audit your own term with `klviz.audit_loss`.
 #
 # **I added a KL loss and nothing changed.** (open-instruct#530, SkyRL) It was computed under `torch.no_grad`: the
-# value changes, the gradient does not. See [section 7](#no-grad).
+# value changes, the gradient does not. See [section 7](#no-grad); `klviz.audit_loss` on your KL function reports such a
+# term as following `"zero"`.
 #
 # **A typo in the estimator name went unnoticed.** (AReaL PR #408) Some code falls through to a default estimator
 # on an unknown name; check that unknown names raise. See [section 10](#fall-through).
@@ -650,15 +699,21 @@ print(f"panel update: compute {panel.last_compute_ms:.1f} ms")
 # %% [markdown]
 # ## Takeaways
 #
-# - Ratio = target over sampler. The inverted ratio measures $\chi^2-\mathrm{KL}$: fine at $\mu=0.1$, 144% high at $\mu=1$.
-# - Clamps are free while the policies are close and biased (downwards for k3) once they drift; OpenRLHF's also clips k1.
-# - Low precision: k1 averages rounding out; k2 and k3 turn it into a positive bias, which dominates when the true KL
-#   is near zero. Upcast logits, score both models alike.
-# - Reused (off-policy) tokens need $\rho=\pi_\theta/\pi_\text{old}$; without it, k1 is $\mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})-\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$.
-# - Per-token and per-sequence KLs differ in units and in how they weigh long responses.
+# - Ratio = target over sampler. The inverted ratio measures $\chi^2-\mathrm{KL}$ ([checked on 1,000 random token pairs](claims.md#inverted-ratio-measures-chi2-minus-kl)): fine
+#   at $\mu=0.1$, 144% high at $\mu=1$.
+# - Clamps are free while the policies are close and biased (downwards for k3 ([checked on 1,000 random token pairs](claims.md#clamps-only-lower-k3))) once they drift;
+#   OpenRLHF's also clips k1.
+# - Low precision: k1 averages rounding out; k2 and k3 turn it into a positive bias
+#   ([checked on 1,000 random logit batches](claims.md#rounding-noise-biases-k2-and-k3-upwards)), which dominates when the true KL is near zero. Upcast logits, score both models alike.
+# - Reused (off-policy) tokens need $\rho=\pi_\theta/\pi_\text{old}$ per token; without it, k1 is $\mathrm{KL}(\pi_\text{old}\|\pi_\text{ref})-\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$.
+#   Whole responses need the prefix product $\prod_{u\le t}\rho_u$ ([checked on 1,000 tabular sequence policies](claims.md#prefix-product-weights-are-exact)).
+# - Per-token and per-sequence KLs differ in units and in how they weigh long responses ([checked on 1,000 random batches](claims.md#aggregation-weights)).
 # - A negative k1 mean is noise unless it is beyond its standard error; a KL under `no_grad` has no gradient; samples
 #   from another distribution need importance weights; a variance table means nothing without its KL.
-# - `klviz diagnose` checks your own batch for all of this.
+# - `klviz diagnose` checks your own batch for what a dump can show: the values, the clamps, the precision, the sampler's
+#   consistency, the aggregation. It cannot see how the KL term was wired into the loss (under `no_grad`, detached, the
+#   wrong placement, per-token where a sequence weight is needed): `klviz.audit_loss` (lesson [05](05_gradients.ipynb) §6),
+#   or `klviz audit FILE.py:FUNCTION` from a shell, runs your KL function and says which gradient it follows.
 
 # %% [markdown]
 # ## Exercises
@@ -684,9 +739,9 @@ klviz.check.lesson06.fixed_compute_kl(my_compute_kl)
 
 
 # %% [markdown]
-# **Exercise 2.** A second-epoch batch: `logprob` from the current policy, `old_logprob` from the policy that
+# **Exercise 2 (a).** A second-epoch batch: `logprob` from the current policy, `old_logprob` from the policy that
 # sampled the tokens, `ref_logprob`, and a 0/1 `mask` (padding may hold junk). Return the token-mean over the mask
-# of an unbiased estimate of $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$.
+# of a per-token estimate of $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})$ that is unbiased at every position, given its prefix.
 
 # %%
 def my_is_kl(logprob, ref_logprob, old_logprob, mask):
@@ -704,6 +759,30 @@ def my_is_kl(logprob, ref_logprob, old_logprob, mask):
 
 assert klviz.check.lesson06.importance_weighted_kl(my_is_kl)
 klviz.check.lesson06.importance_weighted_kl(my_is_kl)
+
+
+# %% [markdown]
+# **Exercise 2 (b): whole responses.** The same second-epoch batch, read as responses: every token of a row, its
+# prefix included, was drawn by $\pi_\text{old}$. Return the mean over the responses of an unbiased estimate of the
+# **sequence** KL, $\mathrm{KL}(\pi\,\|\,\pi_\text{ref})=\mathbb E_{y\sim\pi}\big[\sum_t \log\pi(y_t|y_{<t})-\log\pi_\text{ref}(y_t|y_{<t})\big]$.
+# The check averages your function over all 27 responses of a small policy, each weighted by $\pi_\text{old}$: an
+# answer with per-token weights comes out close, and wrong.
+
+# %%
+def my_sequence_is_kl(logprob, ref_logprob, old_logprob, mask):
+    ...   # your code: one number
+
+klviz.check.lesson06.sequence_importance_weighted_kl(my_sequence_is_kl)
+
+
+# %%
+# Solution: weight token t by the product of rho over the tokens up to t (the prefix was drawn by pi_old too)
+def my_sequence_is_kl(logprob, ref_logprob, old_logprob, mask):
+    weight = torch.exp(torch.cumsum((logprob - old_logprob) * mask, -1))
+    return (weight * (logprob - ref_logprob) * mask).sum(-1).mean()
+
+assert klviz.check.lesson06.sequence_importance_weighted_kl(my_sequence_is_kl)
+klviz.check.lesson06.sequence_importance_weighted_kl(my_sequence_is_kl)
 
 
 # %% [markdown]
