@@ -611,6 +611,12 @@ MISMATCH_CHECK_PATH = Path(__file__).resolve().parent / "data" / "mismatch_check
 MISMATCH_SEEDS: tuple[int, ...] = tuple(range(16))
 
 
+#: A run trained again reproduces a stored one when every metric is within this share of the seeds' spread ...
+REPRODUCE_SHARE = 0.01
+#: ... plus this absolute amount (metrics that are float rounding at every seed, such as a KL of 1e-16).
+REPRODUCE_FLOOR = 1e-6
+
+
 @dataclass
 class LabSeeds:
     """The metrics of every run of :data:`LAB_SEED_CONFIGS` for every seed of :data:`LAB_SEEDS`.
@@ -626,6 +632,26 @@ class LabSeeds:
     seconds: dict[str, np.ndarray]
     torch_version: str = ""
     metric_names: tuple[str, ...] = LAB_SEED_METRICS
+
+    def reproduction_gaps(self, name: str, metrics: dict[str, list[float]], seed: int = 0) -> dict[str, float]:
+        """How far a run trained again (``metrics``, a :class:`TrainingHistory`'s) is from the stored run of
+        ``name`` and ``seed``, per metric: the largest gap over the steps, in units of :data:`REPRODUCE_SHARE`
+        of the spread between seeds (the largest over steps of the SD across the stored seeds) plus an absolute
+        :data:`REPRODUCE_FLOOR`. A value ≤ 1 means the same run.
+
+        Bitwise equality is not asked for: CPUs of two vendors (and GPUs) round float32 sums differently, and
+        training carries the difference along (measured: up to 2e-4 of the seed spread after 40 steps between
+        an Intel and an AMD CPU). A change of the code that moves a run by 1 % of the seed-to-seed spread is
+        caught; the lessons' verdicts, which rest on that spread, cannot notice less.
+        """
+        row = self.seeds.index(seed)
+        out = {}
+        for m in self.metric_names:
+            stored = self.metrics[name][m]
+            gap = float(np.abs(np.asarray(metrics[m], dtype=np.float64) - stored[row]).max())
+            spread = float(stored.std(0, ddof=1).max()) if stored.shape[0] > 1 else 0.0
+            out[m] = gap / (REPRODUCE_SHARE * spread + REPRODUCE_FLOOR)
+        return out
 
     def final(self, name: str, metric: str, window: int = 5) -> np.ndarray:
         """Per seed, the mean of the last ``window`` steps of ``metric`` (what :meth:`TrainingHistory.last` gives)."""

@@ -398,9 +398,8 @@ def test_stored_mismatch_run_reproduces():
     data = rlhf.load_lab_seeds(rlhf.MISMATCH_SEEDS_PATH)
     name = "T=0.7 · token_tis"
     h = rlhf.train_policy(replace(rlhf.MISMATCH_SEED_CONFIGS[name], seed=1))
-    for m in rlhf.MISMATCH_SEED_METRICS:
-        gap = np.abs(np.asarray(h.metrics[m]) - data.metrics[name][m][data.seeds.index(1)]).max()
-        assert gap < 1e-5, (m, gap)
+    gaps = data.reproduction_gaps(name, h.metrics, seed=1)
+    assert max(gaps.values()) <= 1, gaps
 
 
 def test_training_panel_reads_the_store_and_trains_a_live_seed():

@@ -297,6 +297,21 @@ def test_lab_seeds_round_trip_and_reproduce(tmp_path):
     assert np.array_equal(np.asarray(again.metrics["true_kl"]), back.metrics["tiny · none"]["true_kl"][1])
 
 
+def test_a_run_reproduces_within_rounding_and_a_changed_run_does_not():
+    """The stored runs' check asks for the same run within 1 % of the seeds' spread, not bitwise (CPUs differ)."""
+    from klviz.rlhf import run_lab_seeds
+
+    cfgs = {"tiny · k3 in loss": LabConfig(placement="k3 in loss", **{**SMALL, "steps": 4})}
+    data = run_lab_seeds(cfgs, seeds=(0, 1, 2))
+    same = train_policy(replace(cfgs["tiny · k3 in loss"], seed=0))
+    assert max(data.reproduction_gaps("tiny · k3 in loss", same.metrics).values()) == 0
+    rounded = {m: [v * (1 + 1e-6) for v in vs] for m, vs in same.metrics.items()}  # float noise: still the same run
+    assert max(data.reproduction_gaps("tiny · k3 in loss", rounded).values()) <= 1
+    cfg = cfgs["tiny · k3 in loss"]
+    moved = train_policy(replace(cfg, seed=0, lr=cfg.lr * 1.05))  # a change of the code's arithmetic: caught
+    assert max(data.reproduction_gaps("tiny · k3 in loss", moved.metrics).values()) > 1
+
+
 def test_resolved_needs_three_standard_errors_and_more_than_rounding():
     from klviz.statistics import RESOLVED_AT_SE, is_resolved, verdict
 

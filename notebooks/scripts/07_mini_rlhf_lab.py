@@ -155,13 +155,11 @@ ON = {p: f"on · {p}" for p in SHOWN}                     # the names of the sto
 BETA, STEPS = LAB_SEED_CONFIGS[ON["none"]].beta, LAB_SEED_CONFIGS[ON["none"]].steps
 # the stored runs are what this code trains: re-train seed 0 of two of them (1-2 s each) and compare
 again = {n: cached_run(LAB_SEED_CONFIGS[n], device) for n in (ON["k1 in reward"], ON["k3 in loss"])}
-for n, h in again.items():
-    for m in ("reward", "true_kl", "reported_kl", "entropy"):
-        stored = lab.metrics[n][m][lab.seeds.index(0)]
-        gap = float(np.abs(np.asarray(h.metrics[m]) - stored).max())
-        assert gap < 1e-5 if device.type == "cpu" else True, (n, m, gap)   # exact on a CPU (float rounding aside)
+for n, h in again.items():   # the same run up to float rounding: within 1 % of the spread between seeds
+    gaps = lab.reproduction_gaps(n, h.metrics)
+    assert max(gaps.values()) <= 1, (n, gaps)
 print(f"{len(lab.seeds)} seeds × {len(lab.configs)} settings loaded (torch {lab.torch_version}); "
-      f"seed 0 of {', '.join(again)} re-trained here: identical")
+      f"seed 0 of {', '.join(again)} re-trained here: the same runs")
 
 fig, axes = new_figure(9.0, 5.4, nrows=2, ncols=2, sharex=True)
 panels = (("reward", "reward (batch mean)"), ("true_kl", "true KL(π‖π_ref) per response [nats]"),
@@ -332,8 +330,7 @@ OFF = {"none": "off · none", "k1 in loss": "off · k1 in loss", "k3 in loss": "
 EPOCHS = LAB_SEED_CONFIGS[OFF["none"]].epochs
 stopped0 = cached_run(LAB_SEED_CONFIGS[OFF["k3 in loss + early stop 0.01"]], device)
 stored = lab.metrics[OFF["k3 in loss + early stop 0.01"]]
-assert device.type != "cpu" or all(float(np.abs(np.asarray(stopped0.metrics[m]) - stored[m][0]).max()) < 1e-5
-                                   for m in ("true_kl", "approx_kl", "epochs_run"))
+assert max(lab.reproduction_gaps(OFF["k3 in loss + early stop 0.01"], stopped0.metrics).values()) <= 1
 print(f"{EPOCHS} epochs per batch, {LAB_SEED_CONFIGS[OFF['none']].steps} steps, mean over {len(lab.seeds)} seeds ± {PM_SE} SE:")
 print(f"{'placement':<30}{'reward':>22}{'true KL':>22}{'entropy':>22}{'epochs run':>12}")
 for name, n in OFF.items():
