@@ -150,7 +150,8 @@ def test_lab_history_trains_only_new_steps(monkeypatch):
 
 
 # ---------------------------------------------------------------- panel
-def test_lab_panel_defaults_and_extremes():
+def test_lab_panel_defaults_and_extremes(monkeypatch):
+    from klviz import rlhf
     from klviz.widgets.lesson07 import RLHFLabPanel
 
     panel = RLHFLabPanel(steps=5, prompts=2, group_size=6, max_new_tokens=20)
@@ -165,9 +166,14 @@ def test_lab_panel_defaults_and_extremes():
         panel.set(placement=p)
         assert panel.last_error is None, p
         assert all(math.isfinite(float(v[-1])) for v in panel.last["metrics"].values())
-    # a setting already trained comes back from the cache
+    # a setting already trained comes back from the cache: no training step runs for it
     panel.set(placement="k1 in reward")
-    assert panel.last_compute_ms < 500
+    steps = []
+    real_advance = rlhf.TrainingRun._advance
+    monkeypatch.setattr(rlhf.TrainingRun, "_advance", lambda self, n, cb: steps.append(n) or real_advance(self, n, cb))
+    panel.set(placement="k3·ρ in loss")
+    panel.set(placement="k1 in reward")
+    assert steps == [] and panel.last["config"].placement == "k1 in reward"
 
 
 def test_lab_panel_trains_in_the_background_when_a_control_moves():
