@@ -58,7 +58,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
         ax_pos.plot(pos, st["log_r"], color=COLORS["k1"], lw=1.2, label="mean log r")
         ax_pos.plot(pos, st["k3"], color=COLORS["k3"], lw=1.2, label="mean k3")
         ax_pos.set_xscale("log")
-    ax_pos.axhline(0, color="black", lw=0.6)
+    ax_pos.axhline(0, color=COLORS["ink"], lw=0.6)
     ax_pos.set_xlabel("position in the response (from its first counted token)")
     ax_pos.set_ylabel("nats")
     ax_pos.set_title("per-position means")
@@ -82,7 +82,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
             ax_bar.bar(xs, ys, width=width, color=COLORS[k], label=k, yerr=errs, capsize=3)
         ax_bar.set_xticks(np.arange(len(modes)), [lab for _, lab in modes])
         ax_bar.set_title("batch estimates ± 2 SE")
-    ax_bar.axhline(0, color="black", lw=0.6)
+    ax_bar.axhline(0, color=COLORS["ink"], lw=0.6)
     ax_bar.set_ylabel("KL(π ‖ π_ref) estimate [nats/token]")
     ax_bar.legend()
     fig.suptitle(f"klviz diagnose: {Path(d.source).name}  ·  {len(d.trouble)} trouble sign(s)", fontsize=11)
@@ -105,7 +105,7 @@ def plot_series(items: list, path: str | Path | None = None):
         ("k3", COLORS["k3"]),
         ("ρ·k3", COLORS["k2"]),
         ("ppo_kl", COLORS["mu"]),
-        ("mismatch k3", "black"),
+        ("mismatch k3", COLORS["ink"]),
     ):
         vals = [_trend_values(d).get(name) for _i, _s, d in good]
         if not any(v is not None for v in vals):
@@ -121,7 +121,7 @@ def plot_series(items: list, path: str | Path | None = None):
             ms=3,
             capsize=2,
         )
-    ax.axhline(0, color="black", lw=0.6)
+    ax.axhline(0, color=COLORS["ink"], lw=0.6)
     ax.set_xlabel("step" if all(s is not None for _i, s, _d in good) else "dump")
     ax.set_ylabel("nats/token")
     ax.set_title("KL estimates across the run")

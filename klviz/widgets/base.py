@@ -43,6 +43,7 @@ import traitlets
 from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
+from ..palette import PAGE_CSS, css
 from .ahead import KEEP, DrawAhead, Prepared, neighbours
 from .frames import FrameComposer, pixel_ratio, png_url
 from .stack import FrameStack
@@ -113,7 +114,7 @@ class Panel:
         self.widget = (
             widgets.VBox(
                 [
-                    widgets.HTML(f"<b>{html.escape(self.title)}</b>"),
+                    widgets.HTML(f"{PAGE_CSS}<b>{html.escape(self.title)}</b>"),  # PAGE_CSS: the colours of both themes
                     self.layout_controls(),
                     self._canvas,
                     self.text,
@@ -319,7 +320,7 @@ class Panel:
         """Show ``err`` (being handled) in the panel and keep it in ``last_error``."""
         self.last_error = err
         self.error.value = (
-            "<div style='color:#b00020'><b>This setting could not be computed:</b> "
+            f"<div style='color:{css('bad')}'><b>This setting could not be computed:</b> "
             f"{html.escape(type(err).__name__)}: {html.escape(str(err))}</div>"
             f"<details><summary>details</summary><pre>{html.escape(traceback.format_exc(limit=4))}</pre></details>"
         )
@@ -466,9 +467,9 @@ class Panel:
         draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
         if self._frames.last_was_blit if blitted is None else blitted:
             draw += " (blitted)"
-        device = describe_device(self.device).replace("(1 threads)", "(1 thread)")  # grammar of one
+        device = describe_device(self.device)
         self.status.value = (
-            f"<span style='color:#666;font-size:85%'>device {html.escape(device)}"
+            f"<span style='color:{css('muted')};font-size:85%'>device {html.escape(device)}"
             f" · compute {self.last_compute_ms:.1f} ms{draw}{note}</span>"
         )
 
@@ -534,8 +535,8 @@ class Panel:
             settings.append(f"{html.escape(w.description or name)} = {html.escape(str(shown))}")
         display(
             HTML(
-                f"<div class='klviz-snapshot'><b>{html.escape(self.title)}</b><br>"
-                f"<span style='color:#666;font-size:90%'>Snapshot at {'; '.join(settings)} "
+                f"{PAGE_CSS}<div class='klviz-snapshot'><b>{html.escape(self.title)}</b><br>"
+                f"<span style='color:{css('muted')};font-size:90%'>Snapshot at {'; '.join(settings)} "
                 f"(no precomputed positions: {html.escape(failure)}). "
                 "Run the lesson (<code>klviz lab</code> or <code>make lab</code>) to move the controls.</span>"
                 f"<div>{self.readout.value}</div>{self.error.value}</div>"
@@ -657,6 +658,6 @@ def _range_of(control: widgets.ValueWidget) -> str:
 def html_table(header: list[str], rows: list[list[str]], css_class: str = "klviz-table") -> str:
     """A compact HTML table for a panel readout (cells are inserted as given: escape text yourself)."""
     cell = "padding:2px 10px;text-align:right;white-space:nowrap"
-    head = "".join(f"<th style='{cell};border-bottom:1px solid #ccc'>{h}</th>" for h in header)
+    head = "".join(f"<th style='{cell};border-bottom:1px solid {css('rule')}'>{h}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td style='{cell}'>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table class='{css_class}' style='border-collapse:collapse;font-size:90%'><tr>{head}</tr>{body}</table>"
