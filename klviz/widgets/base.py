@@ -519,14 +519,15 @@ class Panel:
         from IPython.display import HTML, Image, display
 
         try:
-            from .static import static_panel_html
+            from .static import STATIC_PANEL_MIME, render_static_panel, static_panel_data
 
-            page = static_panel_html(self)
+            data = static_panel_data(self)
+            page = PAGE_CSS + render_static_panel(data)
         except Exception as err:  # noqa: BLE001 - the single snapshot below still shows the panel
             page = None
             failure = f"{type(err).__name__}: {err}"
-        if page is not None:
-            display(HTML(page))
+        if page is not None:  # the HTML, and the same as data for the site builder (klviz.site)
+            display({STATIC_PANEL_MIME: data, "text/html": page}, raw=True)
             return
         settings = []
         for name, w in self.controls.items():
