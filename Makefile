@@ -18,6 +18,7 @@ PY          := $(BIN)/python
 STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
+THEME       ?=
 # `make test` runs in TEST_WORKERS processes (pytest-xdist), a test file each at a time (a notebook's
 # cells share one kernel, so they must stay together): two halve the suite's time on two cores.
 # TEST_WORKERS=0 runs everything in this process.
@@ -74,8 +75,8 @@ test-notebooks: $(STAMP)
 test-browser: $(STAMP)
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q tests/browser
 
-present: $(STAMP)
-	@$(PY) -m klviz.present $(LESSON)
+present: $(STAMP)          # make present LESSON=02 THEME=dark: one lesson as a clean app (Voila)
+	@$(PY) -m klviz.present $(LESSON) $(if $(THEME),--theme $(THEME))
 
 site: $(STAMP)
 	@$(PY) -m klviz.site --out build/site

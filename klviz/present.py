@@ -26,7 +26,34 @@ import nbformat
 from .labcmd import resolve_lesson
 from .servers import LOCKED_SERVER_SETTINGS, Server, private_folder, run_until_interrupted, start_server
 
-__all__ = ["presenter_notebook", "presenter_config", "start_presenter", "main"]
+__all__ = ["presenter_notebook", "presenter_config", "write_presenter_template", "start_presenter", "main"]
+
+#: The labextensions a presented lesson needs: the widgets (Voila's own managers, for ipywidgets 8 and 7)
+#: and ipympl for its static figures. Voila loads every installed one otherwise, and some (jupytext's)
+#: fail in Voila with an error in the console.
+PRESENTER_EXTENSIONS = [
+    "@voila-dashboards/widgets-manager8",
+    "@voila-dashboards/widgets-manager7",
+    "@jupyter-widgets/jupyterlab-manager",
+    "jupyter-matplotlib",
+]
+
+#: Voila's ``lab`` template, less the two style sheets it asks a CDN for (Font Awesome; no template or
+#: widget of the lessons uses its icons): a classroom is often offline, and each miss is a console error.
+_TEMPLATE_CONF = '{"base_template": "lab", "mimetypes": {"text/html": true}}\n'
+_FONT_AWESOME = (
+    '<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/@fortawesome/fontawesome-free@^5/css/{}" '
+    'type="text/css" />'
+)
+_TEMPLATE_INDEX = (
+    "{%- extends 'lab/index.html.j2' -%}\n"
+    "{%- block notebook_css -%}\n"
+    "{{ super()"
+    + "".join(f" | replace('{_FONT_AWESOME.format(sheet)}', '')" for sheet in ("all.min.css", "v4-shims.min.css"))
+    + " }}\n"
+    "{%- endblock notebook_css -%}\n"
+)
+PRESENTER_TEMPLATE = "klviz"
 
 
 def _is_solution(cell: nbformat.NotebookNode) -> bool:
@@ -79,11 +106,35 @@ def presenter_notebook(path: str | os.PathLike[str], *, with_solutions: bool = F
 
 def presenter_config(root: Path, *, theme: str = "light") -> dict:
     """The Jupyter server settings of presenter mode (address, port and token are added by
-    :func:`klviz.servers.start_server`): Voila serving ``root``, sources stripped, no tracebacks."""
+    :func:`klviz.servers.start_server`): Voila serving ``root``, sources stripped, no tracebacks, with
+    nothing from the network: the template of :func:`write_presenter_template`, only the labextensions
+    the lessons need, and the MathJax that Voila bundles (``"null"`` for its URL and configuration makes
+    Voila's page use it; jupyter-server-mathjax's MathJax 2 would ask for TeX fonts it does not ship)."""
     return {
-        "ServerApp": {"root_dir": str(root), "jpserver_extensions": {"voila": True}, **LOCKED_SERVER_SETTINGS},
-        "VoilaConfiguration": {"strip_sources": True, "show_tracebacks": False, "theme": theme},
+        "ServerApp": {
+            "root_dir": str(root),
+            "jpserver_extensions": {"voila": True, "jupyter_server_mathjax": False},
+            "tornado_settings": {"mathjax_url": "null", "mathjax_config": "null"},
+            **LOCKED_SERVER_SETTINGS,
+        },
+        "VoilaConfiguration": {
+            "strip_sources": True,
+            "show_tracebacks": False,
+            "theme": theme,
+            "template": PRESENTER_TEMPLATE,
+            "extension_allowlist": PRESENTER_EXTENSIONS,
+        },
     }
+
+
+def write_presenter_template(data_dir: Path) -> Path:
+    """Write presenter mode's Voila template under ``data_dir`` (a Jupyter data folder: give it to the
+    server in ``JUPYTER_PATH``); returns the template's folder."""
+    folder = Path(data_dir) / "voila" / "templates" / PRESENTER_TEMPLATE
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "conf.json").write_text(_TEMPLATE_CONF, encoding="utf-8")
+    (folder / "index.html.j2").write_text(_TEMPLATE_INDEX, encoding="utf-8")
+    return folder
 
 
 def start_presenter(
@@ -110,7 +161,10 @@ def start_presenter(
                     target.symlink_to(sibling)
                 except OSError:
                     pass
-        env = dict(os.environ, KLVIZ_PRESENTER="1", KLVIZ_THEME=theme)  # quiet setup, figures for the page
+        data_dir = folder / "jupyter-data"  # the template, found by the server through JUPYTER_PATH
+        write_presenter_template(data_dir)
+        jupyter_path = os.pathsep.join(p for p in (str(data_dir), os.environ.get("JUPYTER_PATH", "")) if p)
+        env = dict(os.environ, KLVIZ_PRESENTER="1", KLVIZ_THEME=theme, JUPYTER_PATH=jupyter_path)  # quiet, themed
         env.pop("KLVIZ_STATIC", None)  # live panels, interactive figures
         env.pop("MPLBACKEND", None)
         return start_server(
