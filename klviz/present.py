@@ -20,13 +20,23 @@ import shutil
 import sys
 import webbrowser
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
 from .labcmd import resolve_lesson
 from .servers import LOCKED_SERVER_SETTINGS, Server, private_folder, run_until_interrupted, start_server
 
-__all__ = ["presenter_notebook", "presenter_config", "write_presenter_template", "start_presenter", "main"]
+__all__ = [
+    "presenter_notebook",
+    "presenter_cells",
+    "presenter_config",
+    "write_presenter_template",
+    "voila_prelaunch_hook",
+    "configure_voila",
+    "start_presenter",
+    "main",
+]
 
 #: The labextensions a presented lesson needs: the widgets (Voila's own managers, for ipywidgets 8 and 7)
 #: and ipympl for its static figures. Voila loads every installed one otherwise, and some (jupytext's)
@@ -83,7 +93,11 @@ def presenter_notebook(path: str | os.PathLike[str], *, with_solutions: bool = F
     code cells), not as a check's "not attempted yet"; their collapsed solutions are left out, or
     shown as code after the exercise with ``with_solutions``. Nothing of an exercise is run.
     """
-    nb = nbformat.read(path, as_version=4)
+    return presenter_cells(nbformat.read(path, as_version=4), with_solutions=with_solutions)
+
+
+def presenter_cells(nb: nbformat.NotebookNode, *, with_solutions: bool = False) -> nbformat.NotebookNode:
+    """:func:`presenter_notebook` for a notebook already read (changed in place and returned)."""
     cells = []
     for cell in nb.cells:
         if cell.cell_type == "code" and _is_solution(cell):
@@ -135,6 +149,39 @@ def write_presenter_template(data_dir: Path) -> Path:
     (folder / "conf.json").write_text(_TEMPLATE_CONF, encoding="utf-8")
     (folder / "index.html.j2").write_text(_TEMPLATE_INDEX, encoding="utf-8")
     return folder
+
+
+def voila_prelaunch_hook(request: Any, notebook: nbformat.NotebookNode, cwd: str) -> nbformat.NotebookNode:
+    """Voila's ``prelaunch_hook`` for presenter mode on a server klviz did not start (Binder).
+
+    The lesson becomes what ``klviz present`` serves (:func:`presenter_cells`), and a first, hidden
+    cell gives its kernel what ``klviz present`` puts in the environment: presenter mode (no line about
+    the machine) and the page's theme, read from the URL's ``theme`` argument as Voila reads it
+    (``...voila/render/02_three_estimators.ipynb?theme=dark``).
+    """
+    try:
+        asked = request.get_argument("theme", "light")
+    except Exception:  # noqa: BLE001 - no request (a test, a script): the light page
+        asked = "light"
+    theme = "dark" if str(asked).strip().lower() in ("dark", "jupyterlab dark") else "light"
+    nb = presenter_cells(notebook)
+    setup = nbformat.v4.new_code_cell(f"import os\nos.environ.update(KLVIZ_PRESENTER='1', KLVIZ_THEME={theme!r})")
+    nb.cells.insert(0, setup)
+    return nb
+
+
+def configure_voila(c: Any, data_dir: str | os.PathLike[str] | None = None) -> None:
+    """Make the Voila of a Jupyter server present lessons as ``klviz present`` does: call it from a
+    ``jupyter_server_config.py`` (``postBuild`` writes one on Binder). ``c`` is that file's config;
+    the template is written to ``data_dir`` (default: the user's Jupyter data folder)."""
+    from jupyter_core.paths import jupyter_data_dir
+
+    write_presenter_template(Path(data_dir) if data_dir is not None else Path(jupyter_data_dir()))
+    c.VoilaConfiguration.prelaunch_hook = voila_prelaunch_hook
+    c.VoilaConfiguration.template = PRESENTER_TEMPLATE
+    c.VoilaConfiguration.extension_allowlist = list(PRESENTER_EXTENSIONS)
+    c.VoilaConfiguration.strip_sources = True
+    c.VoilaConfiguration.show_tracebacks = False
 
 
 def start_presenter(
