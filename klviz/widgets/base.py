@@ -123,6 +123,9 @@ class Panel:
             .add_class(self.css_class)
             .add_class("klviz-panel")
         )
+        self.closed = False
+        # closing the panel's box (panel.widget.close(), or a notebook that closes its widgets) closes the panel
+        self.widget.observe(self._widget_closed, names="comm")
         self.update()
         self._prime_frames()
         self._built = True
@@ -216,8 +219,23 @@ class Panel:
         sliders = [name for name in stepping if "Slider" in type(self.controls[name]).__name__]
         return (sliders or stepping or [None])[0]
 
+    def close(self) -> None:
+        """Close the panel: its background run stops at its next check (the thread ends, nothing more is
+        drawn), drawing ahead stops, and its widgets are closed (their views leave the page). Closing
+        :attr:`widget` does the same. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._generation += 1  # a run still working is out of date: its next check() raises Cancelled
+        self._ahead.stop()
+        _close_widgets(self.widget)
+
+    def _widget_closed(self, change: dict[str, Any]) -> None:
+        if change["new"] is None:
+            self.close()
+
     def _on_change(self, change: dict[str, Any]) -> None:
-        if self._holding:
+        if self._holding or self.closed:
             return
         self._ahead.note_change(change)
         self._generation += 1  # a run still working in the background is out of date
@@ -366,6 +384,9 @@ class Panel:
         """
         run = BackgroundRun(self, self._generation, what)
         self.background_run = run
+        if self.closed:  # nothing starts on a closed panel
+            run.finished = True
+            return run
         run.thread = threading.Thread(
             target=self._work_in_background, args=(run, work, on_done), name=f"klviz-{type(self).__name__}", daemon=True
         )
@@ -614,6 +635,13 @@ class BackgroundRun:
                     panel._show_progress(progress, time.perf_counter())
             finally:
                 panel._lock.release()
+
+
+def _close_widgets(widget: widgets.Widget) -> None:
+    """Close ``widget`` and every widget inside it (children first)."""
+    for child in getattr(widget, "children", ()):
+        _close_widgets(child)
+    widget.close()
 
 
 def static_mode() -> bool:
