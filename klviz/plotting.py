@@ -24,6 +24,7 @@ _FIGURE_COLOURS = (
     "reverse",
     "forward",
     "brown",
+    "cyan",
     "ink",
     "muted",
     "bad",

@@ -49,6 +49,7 @@ __all__ = [
     "verify_locked",
     "run_until_interrupted",
     "free_port",
+    "port_is_free",
     "wait_for_http",
     "lab_settings_dir",
     "private_folder",
@@ -58,6 +59,16 @@ __all__ = [
 #: JupyterLab's first-start news prompt and update check, switched off for lesson servers.
 _QUIET_LAB = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
 _PROBE_ORIGIN = "http://klviz-probe.invalid"
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` and it can be bound now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
@@ -206,6 +217,8 @@ def start_server(
     private folder removed, and ``RuntimeError`` says why (with the server's last log lines).
     """
     work = private_folder("klviz-server-") if folder is None else folder
+    if port and not port_is_free(port):  # said in one line, before any server log
+        raise RuntimeError(f"port {port} is in use (another server?): choose another (--port N, or PORT=N with make)")
     port = port or free_port()
     token = secrets.token_urlsafe(24)
     cfg = json.loads(json.dumps(config))

@@ -340,3 +340,20 @@ def test_a_signal_ends_the_wait_and_stops_the_server():
     assert servers.run_until_interrupted(server, []) == 0  # type: ignore[arg-type]
     assert server.stopped == 1 and time.perf_counter() - t0 < 0.3 + 10 * servers.POLL_S
     assert signal.getsignal(signal.SIGTERM) is before  # the command's own handlers are back
+
+
+def test_a_port_in_use_is_said_in_one_line(tmp_path):
+    """Before any server starts (whose log would bury it): one line naming the port and the fix."""
+    import socket
+
+    from klviz.servers import port_is_free, start_lab_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert not port_is_free(port)
+        with pytest.raises(RuntimeError) as err:
+            start_lab_server(tmp_path, port=port)
+    message = str(err.value)
+    assert message.count("\n") == 0 and f"port {port} is in use" in message and "PORT=" in message

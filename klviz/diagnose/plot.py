@@ -70,7 +70,16 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
         rows = [(f"ρ·{k}", d.extra[f"ρ·{k}, ρ = π/π_old"]) for k in ("k1", "k2", "k3")]
         for i, (k, e) in enumerate(rows):
             err = 2 * e["token_mean_se"] if math.isfinite(e["token_mean_se"]) else 0.0
-            ax_bar.bar([i], [e["token_mean"]], width=0.6, color=COLORS[k[-2:]], yerr=[err], capsize=3, label=k)
+            ax_bar.bar(
+                [i],
+                [e["token_mean"]],
+                width=0.6,
+                color=COLORS[k[-2:]],
+                yerr=[err],
+                capsize=3,
+                ecolor=COLORS["ink"],
+                label=k,
+            )
         ax_bar.set_xticks(range(3), [k for k, _ in rows])
         ax_bar.set_title("ρ-weighted estimates ± 2 SE (tokens from π_old)")
     else:
@@ -79,7 +88,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None):
             xs = np.arange(len(modes)) + (i - 1) * width
             ys = [e[m] for m, _ in modes]
             errs = [2 * e[m + "_se"] if math.isfinite(e[m + "_se"]) else 0.0 for m, _ in modes]
-            ax_bar.bar(xs, ys, width=width, color=COLORS[k], label=k, yerr=errs, capsize=3)
+            ax_bar.bar(xs, ys, width=width, color=COLORS[k], label=k, yerr=errs, capsize=3, ecolor=COLORS["ink"])
         ax_bar.set_xticks(np.arange(len(modes)), [lab for _, lab in modes])
         ax_bar.set_title("batch estimates ± 2 SE")
     ax_bar.axhline(0, color=COLORS["ink"], lw=0.6)

@@ -313,7 +313,7 @@ assert abs(rho_vs_plain["diff"]) < 3 * rho_vs_plain["diff_se"]                  
 assert drift["diff"] - 3 * drift["diff_se"] > 0                                          # 4 epochs drift further
 
 fig, (ax1, ax2) = new_figure(9.0, 3.2, ncols=2)
-colors = {**PLACEMENT_COLORS, "k3 in loss + early stop 0.01": "#2ca02c"}
+colors = {**PLACEMENT_COLORS, "k3 in loss + early stop 0.01": PLACEMENT_COLORS["k3 in loss"]}
 off_steps = np.arange(LAB_SEED_CONFIGS[OFF["none"]].steps)
 for name, n in OFF.items():
     style = ":" if "early" in name else "-"
