@@ -400,8 +400,8 @@ POSITIONS = 256                  # token positions; more: slower (512 takes abou
 V = 50_257
 gen = klviz.make_generator(7)
 base = klviz.policies.zipf_logits(V, 1.1, generator=gen)
-q_logits = base + torch.randn(POSITIONS, V, generator=gen)            # policy logits, per position
-p_logits = q_logits + 0.3 * torch.randn(POSITIONS, V, generator=gen)  # reference logits
+q_logits = torch.randn(POSITIONS, V, generator=gen).add_(base)        # policy logits, per position (in place: 50 MB less)
+p_logits = torch.randn(POSITIONS, V, generator=gen).mul_(0.3).add_(q_logits)  # reference logits
 
 t0 = time.perf_counter()
 kl_exact = klviz.exact_kl(q_logits, p_logits)                         # [POSITIONS]: the full sum
