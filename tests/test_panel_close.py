@@ -85,10 +85,17 @@ def test_a_run_closed_before_it_starts_never_trains(lab, monkeypatch):
 
 
 def test_closing_the_mismatch_training_panel_stops_its_thread():
+    from dataclasses import replace
+
+    import klviz.rlhf as rlhf
     from klviz.widgets.lesson08 import LIVE_SEEDS, MismatchTrainingPanel
 
     panel = MismatchTrainingPanel()
     live = next(name for name, seed in LIVE_SEEDS.items() if seed is not None)  # a seed trained live
+    cfg = panel._live_config(panel.values()["engine"], panel.values()["correction"], live)
+    for cache in (rlhf._RUNS, rlhf._RESUMABLE):  # trained earlier in this process: it would not train again
+        for key in [k for k in cache if k[0] in (cfg, replace(cfg, steps=1))]:
+            del cache[key]
     run = _reader_moves(panel, "live", live)
     panel.close()
     assert _ended(run) and not run.finished

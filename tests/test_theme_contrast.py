@@ -56,9 +56,23 @@ def _selections(panel) -> list[tuple[str, list]]:
     ]
 
 
+@pytest.fixture
+def untrained():
+    """The training runs a panel caches (the RLHF lab's, lesson 08's live seeds) are forgotten after the
+    test: a later test in this process that expects a setting to train in the background still sees it do so."""
+    import klviz.rlhf as rlhf
+
+    runs, resumable = dict(rlhf._RUNS), dict(rlhf._RESUMABLE)
+    yield
+    rlhf._RUNS.clear()
+    rlhf._RUNS.update(runs)
+    rlhf._RESUMABLE.clear()
+    rlhf._RESUMABLE.update(resumable)
+
+
 @pytest.mark.parametrize("theme", THEMES, indirect=True)
 @pytest.mark.parametrize("name", list(W.PANELS))
-def test_every_panel_reads_in_both_themes(name, theme):
+def test_every_panel_reads_in_both_themes(name, theme, untrained):
     panel = getattr(W, name)()
     assert panel.last_error is None, panel.error.value
     problems = _problems(panel, theme, "as built")

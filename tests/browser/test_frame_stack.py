@@ -95,6 +95,7 @@ def test_a_step_to_a_frame_loaded_beneath_paints_exactly_that_frame(page, lab_se
     panel = page.locator(".klviz-panel").first
     panel.scroll_into_view_if_needed()
     before_step: list[str] = []
+    steps = []  # per step: the orders of the images after it and the status line (for a failure's message)
     for _ in range(3):
         # the kernel idles: the next frame is drawn, sent beneath, loaded by the page and settled
         page.wait_for_function(
@@ -102,6 +103,8 @@ def test_a_step_to_a_frame_loaded_beneath_paints_exactly_that_frame(page, lab_se
         )
         before_step = _sources(panel)
         _step(page, panel)
+        status = panel.locator(".klviz-status").first.inner_text()
+        steps.append((panel.evaluate(STACK)["orders"], status))
     # the frame raised by the last step is the one on top, loaded
     page.wait_for_function(
         """panel => { const imgs = Array.from(panel.querySelectorAll('.klviz-figure img'));
@@ -114,7 +117,7 @@ def test_a_step_to_a_frame_loaded_beneath_paints_exactly_that_frame(page, lab_se
     state = panel.evaluate(STACK)
     seen = {k: v for k, v in state.items() if k != "src"}  # for the messages: the frame itself is long
     assert state["n"] == 3, seen
-    assert max(state["orders"]) >= 4, f"the steps were not answered by raising frames beneath: {state['orders']}"
+    assert max(state["orders"]) >= 4, f"the steps were not answered by raising frames beneath: {steps}"
     assert all(state["hits"]), f"another image is painted over the one on top: {seen}"
     assert state["complete"] and state["natural"] == [round(v) for v in state["shown"]], seen
     png = page.screenshot(clip=state["at"], full_page=True)  # what the page paints where the top image is
