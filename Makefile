@@ -2,6 +2,7 @@
 #   make lab    set up the environment (first time only) and open the lessons in JupyterLab
 #   make test   run every test: unit, property, panels, notebooks (nbval), real browser
 #   make test-hub   a real JupyterHub with two students (root, npm, network; CI runs it after make test)
+#   make test-themes   every lesson's figures on the light page as well as the dark one (CI runs it)
 #   make lint   ruff (lint and format), mypy on the core modules, notebooks clean and paired (CI runs it first)
 #   make sync-notebooks   clean the notebooks and rewrite their percent scripts (after editing a lesson)
 #
@@ -26,7 +27,7 @@ THEME       ?=
 TEST_WORKERS ?= 2
 PARALLEL    := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: FORCE lab test lint setup test-fast test-notebooks test-browser test-hub present site tiny-lm sample-rollouts \
+.PHONY: FORCE lab test lint setup test-fast test-notebooks test-browser test-hub test-themes present site tiny-lm sample-rollouts \
         bench bench-memory strip sync-notebooks clean
 
 lab: $(STAMP)
@@ -75,6 +76,11 @@ test-notebooks: $(STAMP)
 
 test-browser: $(STAMP)
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q tests/browser
+
+# Every lesson's own figures on both pages (make test runs the dark one; the light one draws the same code
+# with the palette's light colours, checked in make test too): each lesson once more per page. CI runs it.
+test-themes: $(STAMP)
+	@KLVIZ_ALL_THEMES=1 $(PY) -m pytest -q $(PARALLEL) tests/test_lesson_figures_contrast.py
 
 # A real JupyterHub for two students (tests/hub): klviz's wheel and jupyterhub installed from the package
 # index into a fresh environment, configurable-http-proxy from npm, docs/jupyterhub_config.py. Needs root
