@@ -2,7 +2,7 @@
 #   make lab    set up the environment (first time only) and open the lessons in JupyterLab
 #   make test   run every test: unit, property, panels, notebooks (nbval), real browser
 #   make test-hub   a real JupyterHub with two students (root, npm, network; CI runs it after make test)
-#   make test-themes   every lesson's figures on the light page as well as the dark one (CI runs it)
+#   make test-themes   every lesson's own figures in both themes (CI runs it)
 #   make lint   ruff (lint and format), mypy on the core modules, notebooks clean and paired (CI runs it first)
 #   make sync-notebooks   clean the notebooks and rewrite their percent scripts (after editing a lesson)
 #
@@ -77,10 +77,10 @@ test-notebooks: $(STAMP)
 test-browser: $(STAMP)
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q tests/browser
 
-# Every lesson's own figures on both pages (make test runs the dark one; the light one draws the same code
-# with the palette's light colours, checked in make test too): each lesson once more per page. CI runs it.
+# Every lesson's own figures on both pages (tests/themes): each lesson runs once more per page, a few
+# minutes. make test checks every panel in both themes and that no lesson writes a colour out. CI runs it.
 test-themes: $(STAMP)
-	@KLVIZ_ALL_THEMES=1 $(PY) -m pytest -q $(PARALLEL) tests/test_lesson_figures_contrast.py
+	@$(PY) -m pytest -q -m themes $(PARALLEL) tests/themes
 
 # A real JupyterHub for two students (tests/hub): klviz's wheel and jupyterhub installed from the package
 # index into a fresh environment, configurable-http-proxy from npm, docs/jupyterhub_config.py. Needs root

@@ -5,10 +5,14 @@ first setting and at every option of its selections (some colours follow the sel
 figure from the colours its artists use (:func:`klviz.plotting.contrast_problems`), and the HTML
 under it (readout, status line, title) on the page of that theme, where the colours that
 :func:`klviz.palette.css` names take that theme's values (:func:`klviz.palette.html_contrast_problems`).
-The lessons' own figures are checked in ``test_lesson_figures_contrast.py``.
+The lessons' own figures are checked by running each lesson in both themes (``tests/themes``, ``make
+test-themes``); here, that no lesson or figure writes out a colour the theme cannot change.
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import ipywidgets as widgets
 import pytest
@@ -19,6 +23,7 @@ from klviz.check import failed, not_attempted, passed
 from klviz.plotting import COLORS, apply_style, contrast_problems, new_figure
 
 THEMES = palette.THEMES
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -84,6 +89,41 @@ def test_every_panel_reads_in_both_themes(name, theme, untrained):
             problems += _problems(panel, theme, f"{control}={value!r}")
         panel.set(**{control: first[control]})
     assert not problems, f"{name} on a {theme} page:\n" + "\n".join(sorted(set(problems)))
+
+
+#: a colour written out in a lesson or a figure of the package, instead of a palette name (COLORS[...],
+#: CHOICE_COLORS[...]): it would be the same on both pages
+_LITERAL_COLOUR = re.compile(
+    r"""(?:color|colors|mfc|mec|ecolor|facecolor|edgecolor|markerfacecolor|markeredgecolor)\s*=\s*["'](?!none["'])"""
+    r"""[^"']+["']|["']#[0-9a-fA-F]{3,8}["']|["'](?:black|white|k|gray|grey)["']"""
+)
+
+
+def _literal_colours(source: str) -> list[tuple[int, str]]:
+    """(line number, line) of each code line (comments left out) that writes a colour out."""
+    import io
+    import tokenize
+
+    lines = source.splitlines()
+    code = list(lines)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            code[row - 1] = code[row - 1][:col]
+    return [(n, lines[n - 1]) for n, text in enumerate(code, 1) if _LITERAL_COLOUR.search(text)]
+
+
+def test_lessons_and_figures_name_no_colour_of_their_own():
+    sources = [*(ROOT / "notebooks" / "scripts").glob("*.py"), *(ROOT / "klviz" / "widgets").glob("*.py")]
+    sources.append(ROOT / "klviz" / "diagnose" / "plot.py")
+    found = []
+    for path in sources:
+        found += [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for n, line in _literal_colours(path.read_text())]
+    assert not found, "colours that ignore the page's theme (use klviz.plotting.COLORS):\n" + "\n".join(found)
+    planted = (
+        'ax.plot(x, y, color="black")  # a comment\nax.axhline(0, color="#222222")\nok = COLORS["ink"]  # "#fff"\n'
+    )
+    assert [n for n, _ in _literal_colours(planted)] == [1, 2]  # the check finds what it should
 
 
 @pytest.mark.parametrize("which", THEMES)

@@ -6,16 +6,15 @@ none) and every panel's current figure with :func:`klviz.plotting.contrast_probl
 lesson printed (tables, check results) is checked on the page of that theme. The panels at all their
 settings are checked in ``test_theme_contrast.py``.
 
-``make test`` runs the dark page (each lesson once more, as nbval runs it on the light one); ``make
-test-themes`` (CI runs it) runs both. On the light page the same code draws with the palette's light
-values, which ``test_theme_contrast.py`` checks, and the lessons name no colour of their own (below).
+Each lesson runs twice more here, so this is ``make test-themes`` (CI runs it), not part of ``make test``;
+``make test`` checks every panel in both themes, every colour of the palette on both pages, and that no
+lesson or figure writes a colour of its own (``test_theme_contrast.py``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pytest
 from klviz import palette
 from klviz.labcmd import lesson_paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LESSONS = lesson_paths(ROOT / "notebooks")
 
 _CHECK = """
@@ -73,46 +72,8 @@ def _run(path: Path, theme: str) -> nbformat.NotebookNode:
     return nb
 
 
-#: the themes run here: the dark page, or both with KLVIZ_ALL_THEMES=1 (make test-themes)
-RUN_THEMES = palette.THEMES if os.environ.get("KLVIZ_ALL_THEMES", "") not in ("", "0") else ("dark",)
-
-#: a colour written out in a lesson or a figure of the package, instead of a palette name (COLORS[...],
-#: CHOICE_COLORS[...]): it would be the same on both pages
-_LITERAL_COLOUR = re.compile(
-    r"""(?:color|colors|mfc|mec|ecolor|facecolor|edgecolor|markerfacecolor|markeredgecolor)\s*=\s*["'](?!none["'])"""
-    r"""[^"']+["']|["']#[0-9a-fA-F]{3,8}["']|["'](?:black|white|k|gray|grey)["']"""
-)
-
-
-def _literal_colours(source: str) -> list[tuple[int, str]]:
-    """(line number, line) of each code line (comments left out) that writes a colour out."""
-    import io
-    import tokenize
-
-    lines = source.splitlines()
-    code = list(lines)
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            row, col = tok.start
-            code[row - 1] = code[row - 1][:col]
-    return [(n, lines[n - 1]) for n, text in enumerate(code, 1) if _LITERAL_COLOUR.search(text)]
-
-
-def test_lessons_and_figures_name_no_colour_of_their_own():
-    sources = [*(ROOT / "notebooks" / "scripts").glob("*.py"), *(ROOT / "klviz" / "widgets").glob("*.py")]
-    sources.append(ROOT / "klviz" / "diagnose" / "plot.py")
-    found = []
-    for path in sources:
-        found += [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for n, line in _literal_colours(path.read_text())]
-    assert not found, "colours that ignore the page's theme (use klviz.plotting.COLORS):\n" + "\n".join(found)
-    planted = (
-        'ax.plot(x, y, color="black")  # a comment\nax.axhline(0, color="#222222")\nok = COLORS["ink"]  # "#fff"\n'
-    )
-    assert [n for n, _ in _literal_colours(planted)] == [1, 2]  # the check finds what it should
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("theme", RUN_THEMES)
+@pytest.mark.themes
+@pytest.mark.parametrize("theme", palette.THEMES)
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.name.split("_")[0])
 def test_every_lesson_figure_reads_in_both_themes(lesson: Path, theme: str):
     nb = _run(lesson, theme)
