@@ -1,6 +1,8 @@
 # klviz: two commands.
 #   make lab    set up the environment (first time only) and open the lessons in JupyterLab
 #   make test   run every test: unit, property, panels, notebooks (nbval), real browser
+#   make test-hub   a real JupyterHub with two students (root, npm, network; CI runs it after make test)
+#   make test-themes   every lesson's own figures in both themes (CI runs it)
 #   make lint   ruff (lint and format), mypy on the core modules, notebooks clean and paired (CI runs it first)
 #   make sync-notebooks   clean the notebooks and rewrite their percent scripts (after editing a lesson)
 #
@@ -18,14 +20,15 @@ PY          := $(BIN)/python
 STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
+THEME       ?=
 # `make test` runs in TEST_WORKERS processes (pytest-xdist), a test file each at a time (a notebook's
 # cells share one kernel, so they must stay together): two halve the suite's time on two cores.
 # TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 2
 PARALLEL    := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
-.PHONY: FORCE lab test lint setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts bench strip \
-        sync-notebooks clean
+.PHONY: FORCE lab test lint setup test-fast test-notebooks test-browser test-hub test-themes present site tiny-lm sample-rollouts \
+        bench bench-memory strip sync-notebooks clean
 
 lab: $(STAMP)
 	@$(PY) -m klviz.labcmd notebooks --in-place --no-browser $(if $(PORT),--port $(PORT))
@@ -79,8 +82,20 @@ test-notebooks: $(STAMP)
 test-browser: $(STAMP)
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q tests/browser
 
-present: $(STAMP)
-	@$(PY) -m klviz.present $(LESSON)
+# Every lesson's own figures on both pages (tests/themes): each lesson runs once more per page, a few
+# minutes. make test checks every panel in both themes and that no lesson writes a colour out. CI runs it.
+test-themes: $(STAMP)
+	@$(PY) -m pytest -q -m themes $(PARALLEL) tests/themes
+
+# A real JupyterHub for two students (tests/hub): klviz's wheel and jupyterhub installed from the package
+# index into a fresh environment, configurable-http-proxy from npm, docs/jupyterhub_config.py. Needs root
+# (it creates and removes two Unix users), npm and the network; about five minutes. CI runs it.
+test-hub: $(STAMP)
+	@command -v npm >/dev/null || { echo "make test-hub needs npm (configurable-http-proxy comes from npm)"; exit 1; }
+	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q -m hub tests/hub
+
+present: $(STAMP)          # make present LESSON=02 THEME=dark: one lesson as a clean app (Voila)
+	@$(PY) -m klviz.present $(LESSON) $(if $(THEME),--theme $(THEME))
 
 site: $(STAMP)
 	@$(PY) -m klviz.site --out build/site
@@ -91,7 +106,10 @@ tiny-lm: $(STAMP)          # retrain the shipped tiny LM from its seed (about 2 
 sample-rollouts: $(STAMP)  # rebuild klviz/data/sample_rollouts.npz from the tiny LM
 	@$(PY) scripts/make_sample_rollouts.py
 
-bench: $(STAMP)            # the figures of the README's Performance section
+bench-memory: $(STAMP)     # each lesson kernel's peak memory in JupyterLab, and the students a 16 GB hub holds
+	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) benchmarks/lesson_memory.py
+
+bench: $(STAMP)            # the figures of benchmarks/README.md
 	@$(PY) benchmarks/estimator_stats.py --repeat 5
 	@$(PY) benchmarks/exact_kl.py --repeat 3
 	@$(PY) benchmarks/panels.py

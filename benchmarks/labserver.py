@@ -45,16 +45,22 @@ def find_chromium() -> str | None:
 
 
 @contextlib.contextmanager
-def running_lab(root: Path, home: Path, timeout: float = 90.0) -> Iterator[dict]:
+def running_lab(root: Path, home: Path, timeout: float = 90.0, *, strip_on_save: bool = False) -> Iterator[dict]:
     """Run ``jupyter lab`` serving ``root``; yields ``{"base", "token", "root", "pid", "log"}``.
 
     ``log`` is the server's log file; it lives in the server's private folder, which is deleted
-    when the block ends.
+    when the block ends. ``strip_on_save``: save notebooks in their stored form, as ``make lab`` does.
     """
     env = dict(os.environ, HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"))
     env.pop("MPLBACKEND", None)
     env.pop("KLVIZ_STATIC", None)
-    server = start_lab_server(Path(root), env=env, extra={"LabApp": {"expose_app_in_browser": True}}, timeout=timeout)
+    server = start_lab_server(
+        Path(root),
+        env=env,
+        extra={"LabApp": {"expose_app_in_browser": True}},
+        strip_on_save=strip_on_save,
+        timeout=timeout,
+    )
     try:
         url = urllib.parse.urlsplit(server.url)
         token = urllib.parse.parse_qs(url.query)["token"][0]

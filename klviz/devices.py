@@ -81,7 +81,8 @@ def describe_device(device: torch.device | None = None) -> str:
     if dev.type == "cuda":
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         return f"cuda:{idx} ({torch.cuda.get_device_name(idx)})"
-    return f"cpu ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"cpu ({threads} thread{'' if threads == 1 else 's'})"
 
 
 @contextlib.contextmanager

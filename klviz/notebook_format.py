@@ -19,6 +19,10 @@ import json
 import re
 
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")
+#: The kernel every lesson names. JupyterLab writes the display name of the kernel it started
+#: ("Python 3 (ipykernel)" with ipykernel 6 and later, "Python 3" before), so a lesson saved on
+#: another machine would change only that line; the stored form always names it this way.
+PYTHON3_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 KEEP_CELL_METADATA = ("jupyter", "tags")
 #: A code cell tagged so holds a lesson's regression checks (asserts on the numbers it states): it runs
 #: under nbval like every cell, but is stored with its source collapsed, and the site, the presenter
@@ -45,6 +49,9 @@ def strip(nb: dict) -> dict:
     out["metadata"] = {k: v for k, v in nb.get("metadata", {}).items() if k in KEEP_NOTEBOOK_METADATA}
     if "language_info" in out["metadata"]:
         out["metadata"]["language_info"] = {"name": "python"}
+    kernelspec = out["metadata"].get("kernelspec")
+    if isinstance(kernelspec, dict) and kernelspec.get("name") == PYTHON3_KERNELSPEC["name"]:
+        out["metadata"]["kernelspec"] = dict(PYTHON3_KERNELSPEC)
     if (nb.get("nbformat", 0), nb.get("nbformat_minor", 0)) < NBFORMAT:
         out["nbformat"], out["nbformat_minor"] = NBFORMAT
     cells = [dict(cell) for cell in nb["cells"]]
@@ -87,6 +94,9 @@ def problems(nb: dict) -> list[str]:
         found.append("execution counts")
     if "widgets" in nb.get("metadata", {}):
         found.append("widget state")
+    kernelspec = nb.get("metadata", {}).get("kernelspec")
+    if isinstance(kernelspec, dict) and kernelspec.get("name") == "python3" and kernelspec != PYTHON3_KERNELSPEC:
+        found.append(f"kernelspec {kernelspec} (wants {PYTHON3_KERNELSPEC})")
     tagged = [c for c in nb.get("cells", []) if CHECK_TAG in c.get("metadata", {}).get("tags", [])]
     if any(not c["metadata"].get("jupyter", {}).get("source_hidden") for c in tagged):
         found.append(f"a {CHECK_TAG} cell whose source is not collapsed")

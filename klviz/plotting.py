@@ -9,20 +9,34 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from .palette import FIGURE_BACKGROUND, colour
+from .palette import theme as _palette_theme
+
+#: the names of :data:`klviz.palette.NAMED` that figures use, by :data:`COLORS`
+_FIGURE_COLOURS = (
+    "k1",
+    "k2",
+    "k3",
+    "exact",
+    "q",
+    "p",
+    "mu",
+    "reverse",
+    "forward",
+    "brown",
+    "cyan",
+    "ink",
+    "muted",
+    "bad",
+    "warn",
+)
+
 __all__ = ["COLORS", "LABELS", "apply_style", "theme", "new_figure", "panel_figure", "snapped_limits", "sticky_limits"]
 
-#: The same colour means the same quantity in every lesson.
-COLORS: dict[str, str] = {
-    "k1": "#1f77b4",
-    "k2": "#ff7f0e",
-    "k3": "#2ca02c",
-    "exact": "#222222",
-    "q": "#7f7f7f",
-    "p": "#9467bd",
-    "mu": "#d62728",
-    "reverse": "#2ca02c",
-    "forward": "#d62728",
-}
+#: The same colour means the same quantity in every lesson; the values are those of the page the
+#: figures are drawn for (:func:`apply_style` sets them from :data:`klviz.palette.NAMED`). ``"ink"`` is
+#: what a figure would draw in black (dark grey on a light page, light grey on a dark one).
+COLORS: dict[str, str] = {name: colour(name, "light") for name in _FIGURE_COLOURS}
 LABELS: dict[str, str] = {
     "k1": r"$k_1=-\log r$",
     "k2": r"$k_2=\frac{1}{2}(\log r)^2$",
@@ -30,7 +44,7 @@ LABELS: dict[str, str] = {
     "exact": "exact KL",
 }
 
-_STYLE: dict[str, Any] = {
+_STYLE: dict[Any, Any] = {  # keys: rcParams names
     "figure.dpi": 100,
     "savefig.dpi": 100,
     "font.size": 9.5,
@@ -48,39 +62,42 @@ _STYLE: dict[str, Any] = {
 
 
 #: Colours that change on a dark page (presenter mode with ``--theme dark``): text, axes and the
-#: near-black series become light; the estimator colours read on both.
-_DARK: dict[str, Any] = {
-    "figure.facecolor": "#111111",
-    "axes.facecolor": "#111111",
-    "savefig.facecolor": "#111111",
+#: near-black series become light; every series takes its dark-page value (:mod:`klviz.palette`).
+_DARK: dict[Any, Any] = {
+    "figure.facecolor": FIGURE_BACKGROUND["dark"],
+    "axes.facecolor": FIGURE_BACKGROUND["dark"],
+    "savefig.facecolor": FIGURE_BACKGROUND["dark"],
+    "legend.facecolor": FIGURE_BACKGROUND["dark"],
     "text.color": "#e6e6e6",
     "axes.labelcolor": "#e6e6e6",
     "axes.edgecolor": "#9a9a9a",
     "xtick.color": "#cfcfcf",
     "ytick.color": "#cfcfcf",
+    "xtick.labelcolor": "#cfcfcf",
+    "ytick.labelcolor": "#cfcfcf",
     "grid.color": "#bbbbbb",
     "grid.alpha": 0.2,
     "legend.labelcolor": "#e6e6e6",
     "patch.edgecolor": "#e6e6e6",
+    "lines.color": "#e6e6e6",
 }
-_DARK_COLORS = {"exact": "#e6e6e6", "q": "#b0b0b0"}
-_LIGHT_COLORS = {k: COLORS[k] for k in _DARK_COLORS}
+#: The light page: matplotlib's defaults, restored when a kernel switches back from dark.
+_LIGHT: dict[Any, Any] = {key: mpl.rcParamsDefault[key] for key in _DARK}
 
 
 def theme() -> str:
     """The page the figures go on: ``"dark"`` when ``KLVIZ_THEME=dark`` (presenter mode sets it), else ``"light"``."""
-    import os
-
-    return "dark" if os.environ.get("KLVIZ_THEME", "").strip().lower() == "dark" else "light"
+    return _palette_theme()
 
 
 def apply_style() -> None:
     """Apply the klviz style to matplotlib's global settings (idempotent), for the page's :func:`theme`."""
-    dark = theme() == "dark"
+    which = theme()
+    mpl.rcParams.update(_LIGHT)
     mpl.rcParams.update(_STYLE)
-    if dark:
+    if which == "dark":
         mpl.rcParams.update(_DARK)
-    COLORS.update(_DARK_COLORS if dark else _LIGHT_COLORS)
+    COLORS.update({name: colour(name, which) for name in _FIGURE_COLOURS})
 
 
 def new_figure(width: float = 9.0, height: float = 3.6, **subplot_kw: Any) -> tuple[Figure, Any]:
@@ -154,3 +171,95 @@ def snapped_limits(lo: float, hi: float, *, headroom: float = 0.15, keep_zero: b
     new_lo = 0.0 if (keep_zero and lo == 0) else math.floor((lo - headroom * span) / step) * step
     new_hi = 0.0 if (keep_zero and hi == 0) else math.ceil((hi + headroom * span) / step) * step
     return new_lo, new_hi
+
+
+def contrast_problems(fig: Figure, *, minimum: float | None = None) -> list[str]:
+    """The texts and lines of ``fig`` that read below ``minimum`` (default 4.5:1, WCAG AA) on what they
+    are drawn on, from the colours used.
+
+    Each visible text (titles, labels, tick labels, legend entries, annotations) is measured against
+    its box if it has one, else its legend's frame, else the axes' face, else the figure's; each line
+    (lines, markers, unfilled patches such as spines and steps, line collections such as error bars,
+    arrows) against its axes' face. Colours are taken with their transparency, blended over that
+    background. Grid lines (decoration, deliberately faint) and filled areas are not measured.
+    """
+    import numpy as np
+    from matplotlib.axes import Axes
+    from matplotlib.collections import Collection, LineCollection, PathCollection, PolyCollection
+    from matplotlib.colors import to_rgba
+    from matplotlib.legend import Legend
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.quiver import Quiver
+    from matplotlib.text import Text
+
+    from .palette import MIN_CONTRAST, blend, contrast_ratio
+
+    minimum = MIN_CONTRAST if minimum is None else minimum
+    fig.draw_without_rendering()  # tick labels and legends get their texts and places
+    fig_bg = blend(to_rgba(fig.get_facecolor()), (1.0, 1.0, 1.0))
+    problems: list[str] = []
+    grid: set[int] = set()
+    for ax in fig.axes:
+        grid.update(id(line) for line in (*ax.xaxis.get_gridlines(), *ax.yaxis.get_gridlines()))
+
+    def name(artist: Any) -> str:
+        label = artist.get_label() if hasattr(artist, "get_label") else ""
+        where = getattr(artist, "axes", None)
+        title = where.get_title() if where is not None else ""
+        return f"{type(artist).__name__} {label!r}" + (f" in {title!r}" if title else "")
+
+    def check(artist: Any, colour: Any, background: tuple[float, float, float], what: str) -> None:
+        rgba = to_rgba(colour)
+        alpha = artist.get_alpha()
+        if alpha is not None:
+            rgba = (*rgba[:3], rgba[3] * alpha)
+        if rgba[3] == 0:
+            return
+        ratio = contrast_ratio(blend(rgba, background), background)
+        if ratio < minimum:
+            problems.append(f"{what} of {name(artist)}: {ratio:.2f}:1 (needs {minimum}:1)")
+
+    def walk(artist: Any, background: tuple[float, float, float]) -> None:
+        if not artist.get_visible():
+            return
+        if isinstance(artist, Axes):
+            face = artist.patch
+            background = blend(to_rgba(face.get_facecolor()), background) if face.get_visible() else background
+        if isinstance(artist, Legend) and artist.get_frame_on():
+            frame = artist.get_frame()
+            background = blend(to_rgba(frame.get_facecolor()), background)
+        if isinstance(artist, Text):
+            if artist.get_text().strip():
+                box = artist.get_bbox_patch()
+                on = blend(to_rgba(box.get_facecolor()), background) if box is not None else background
+                check(artist, artist.get_color(), on, "text")
+        elif isinstance(artist, Line2D):
+            if id(artist) not in grid and np.size(artist.get_xdata(orig=False)):
+                if artist.get_linestyle() not in ("None", "", " ") and artist.get_linewidth() > 0:
+                    check(artist, artist.get_color(), background, "line")
+                if artist.get_marker() not in (None, "None", "", " "):
+                    faces = [c for c in (artist.get_markerfacecolor(), artist.get_markeredgecolor()) if c != "none"]
+                    if faces:  # the marker reads if its face or its edge does
+                        best = max(faces, key=lambda c: contrast_ratio(blend(to_rgba(c), background), background))
+                        check(artist, best, background, "marker")
+        elif isinstance(artist, Quiver):
+            for colour in np.atleast_2d(artist.get_facecolor()):
+                check(artist, tuple(colour), background, "arrows")
+        elif isinstance(artist, (LineCollection, PathCollection)) or (
+            isinstance(artist, Collection) and not isinstance(artist, PolyCollection)
+        ):
+            colours = np.atleast_2d(artist.get_edgecolor()) if np.size(artist.get_linewidth()) else np.zeros((0, 4))
+            if isinstance(artist, PathCollection) and np.size(artist.get_facecolor()):  # scatter: the face
+                colours = np.atleast_2d(artist.get_facecolor())
+            for colour in colours:
+                check(artist, tuple(colour), background, "lines")
+        elif isinstance(artist, Patch):
+            unfilled = not artist.get_fill() or to_rgba(artist.get_facecolor())[3] == 0
+            if unfilled and artist.get_linewidth() > 0:
+                check(artist, artist.get_edgecolor(), background, "outline")
+        for child in artist.get_children():
+            walk(child, background)
+
+    walk(fig, fig_bg)
+    return problems

@@ -20,6 +20,7 @@ import shutil
 import sys
 import webbrowser
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
@@ -27,7 +28,43 @@ from .labcmd import resolve_lesson
 from .notebook_format import CHECK_TAG
 from .servers import LOCKED_SERVER_SETTINGS, Server, private_folder, run_until_interrupted, start_server
 
-__all__ = ["presenter_notebook", "presenter_config", "start_presenter", "main"]
+__all__ = [
+    "presenter_notebook",
+    "presenter_cells",
+    "presenter_config",
+    "write_presenter_template",
+    "voila_prelaunch_hook",
+    "configure_voila",
+    "start_presenter",
+    "main",
+]
+
+#: The labextensions a presented lesson needs: the widgets (Voila's own managers, for ipywidgets 8 and 7)
+#: and ipympl for its static figures. Voila loads every installed one otherwise, and some (jupytext's)
+#: fail in Voila with an error in the console.
+PRESENTER_EXTENSIONS = [
+    "@voila-dashboards/widgets-manager8",
+    "@voila-dashboards/widgets-manager7",
+    "@jupyter-widgets/jupyterlab-manager",
+    "jupyter-matplotlib",
+]
+
+#: Voila's ``lab`` template, less the two style sheets it asks a CDN for (Font Awesome; no template or
+#: widget of the lessons uses its icons): a classroom is often offline, and each miss is a console error.
+_TEMPLATE_CONF = '{"base_template": "lab", "mimetypes": {"text/html": true}}\n'
+_FONT_AWESOME = (
+    '<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/@fortawesome/fontawesome-free@^5/css/{}" '
+    'type="text/css" />'
+)
+_TEMPLATE_INDEX = (
+    "{%- extends 'lab/index.html.j2' -%}\n"
+    "{%- block notebook_css -%}\n"
+    "{{ super()"
+    + "".join(f" | replace('{_FONT_AWESOME.format(sheet)}', '')" for sheet in ("all.min.css", "v4-shims.min.css"))
+    + " }}\n"
+    "{%- endblock notebook_css -%}\n"
+)
+PRESENTER_TEMPLATE = "klviz"
 
 
 def _is_check(cell: nbformat.NotebookNode) -> bool:
@@ -63,7 +100,11 @@ def presenter_notebook(path: str | os.PathLike[str], *, with_solutions: bool = F
     shown as code after the exercise with ``with_solutions``. Nothing of an exercise is run. Cells
     tagged ``klviz-check`` (the lesson's regression asserts) are always left out.
     """
-    nb = nbformat.read(path, as_version=4)
+    return presenter_cells(nbformat.read(path, as_version=4), with_solutions=with_solutions)
+
+
+def presenter_cells(nb: nbformat.NotebookNode, *, with_solutions: bool = False) -> nbformat.NotebookNode:
+    """:func:`presenter_notebook` for a notebook already read (changed in place and returned)."""
     cells = []
     for cell in nb.cells:
         if cell.cell_type == "code" and _is_check(cell):
@@ -88,11 +129,68 @@ def presenter_notebook(path: str | os.PathLike[str], *, with_solutions: bool = F
 
 def presenter_config(root: Path, *, theme: str = "light") -> dict:
     """The Jupyter server settings of presenter mode (address, port and token are added by
-    :func:`klviz.servers.start_server`): Voila serving ``root``, sources stripped, no tracebacks."""
+    :func:`klviz.servers.start_server`): Voila serving ``root``, sources stripped, no tracebacks, with
+    nothing from the network: the template of :func:`write_presenter_template`, only the labextensions
+    the lessons need, and the MathJax that Voila bundles (``"null"`` for its URL and configuration makes
+    Voila's page use it; jupyter-server-mathjax's MathJax 2 would ask for TeX fonts it does not ship)."""
     return {
-        "ServerApp": {"root_dir": str(root), "jpserver_extensions": {"voila": True}, **LOCKED_SERVER_SETTINGS},
-        "VoilaConfiguration": {"strip_sources": True, "show_tracebacks": False, "theme": theme},
+        "ServerApp": {
+            "root_dir": str(root),
+            "jpserver_extensions": {"voila": True, "jupyter_server_mathjax": False},
+            "tornado_settings": {"mathjax_url": "null", "mathjax_config": "null"},
+            **LOCKED_SERVER_SETTINGS,
+        },
+        "VoilaConfiguration": {
+            "strip_sources": True,
+            "show_tracebacks": False,
+            "theme": theme,
+            "template": PRESENTER_TEMPLATE,
+            "extension_allowlist": PRESENTER_EXTENSIONS,
+        },
     }
+
+
+def write_presenter_template(data_dir: Path) -> Path:
+    """Write presenter mode's Voila template under ``data_dir`` (a Jupyter data folder: give it to the
+    server in ``JUPYTER_PATH``); returns the template's folder."""
+    folder = Path(data_dir) / "voila" / "templates" / PRESENTER_TEMPLATE
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "conf.json").write_text(_TEMPLATE_CONF, encoding="utf-8")
+    (folder / "index.html.j2").write_text(_TEMPLATE_INDEX, encoding="utf-8")
+    return folder
+
+
+def voila_prelaunch_hook(request: Any, notebook: nbformat.NotebookNode, cwd: str) -> nbformat.NotebookNode:
+    """Voila's ``prelaunch_hook`` for presenter mode on a server klviz did not start (Binder).
+
+    The lesson becomes what ``klviz present`` serves (:func:`presenter_cells`), and a first, hidden
+    cell gives its kernel what ``klviz present`` puts in the environment: presenter mode (no line about
+    the machine) and the page's theme, read from the URL's ``theme`` argument as Voila reads it
+    (``...voila/render/02_three_estimators.ipynb?theme=dark``).
+    """
+    try:
+        asked = request.get_argument("theme", "light")
+    except Exception:  # noqa: BLE001 - no request (a test, a script): the light page
+        asked = "light"
+    theme = "dark" if str(asked).strip().lower() in ("dark", "jupyterlab dark") else "light"
+    nb = presenter_cells(notebook)
+    setup = nbformat.v4.new_code_cell(f"import os\nos.environ.update(KLVIZ_PRESENTER='1', KLVIZ_THEME={theme!r})")
+    nb.cells.insert(0, setup)
+    return nb
+
+
+def configure_voila(c: Any, data_dir: str | os.PathLike[str] | None = None) -> None:
+    """Make the Voila of a Jupyter server present lessons as ``klviz present`` does: call it from a
+    ``jupyter_server_config.py`` (``postBuild`` writes one on Binder). ``c`` is that file's config;
+    the template is written to ``data_dir`` (default: the user's Jupyter data folder)."""
+    from jupyter_core.paths import jupyter_data_dir
+
+    write_presenter_template(Path(data_dir) if data_dir is not None else Path(jupyter_data_dir()))
+    c.VoilaConfiguration.prelaunch_hook = voila_prelaunch_hook
+    c.VoilaConfiguration.template = PRESENTER_TEMPLATE
+    c.VoilaConfiguration.extension_allowlist = list(PRESENTER_EXTENSIONS)
+    c.VoilaConfiguration.strip_sources = True
+    c.VoilaConfiguration.show_tracebacks = False
 
 
 def start_presenter(
@@ -119,7 +217,10 @@ def start_presenter(
                     target.symlink_to(sibling)
                 except OSError:
                     pass
-        env = dict(os.environ, KLVIZ_PRESENTER="1", KLVIZ_THEME=theme)  # quiet setup, figures for the page
+        data_dir = folder / "jupyter-data"  # the template, found by the server through JUPYTER_PATH
+        write_presenter_template(data_dir)
+        jupyter_path = os.pathsep.join(p for p in (str(data_dir), os.environ.get("JUPYTER_PATH", "")) if p)
+        env = dict(os.environ, KLVIZ_PRESENTER="1", KLVIZ_THEME=theme, JUPYTER_PATH=jupyter_path)  # quiet, themed
         env.pop("KLVIZ_STATIC", None)  # live panels, interactive figures
         env.pop("MPLBACKEND", None)
         return start_server(

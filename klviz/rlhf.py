@@ -49,6 +49,7 @@ from . import mismatch as mm
 from .devices import make_generator, resolve_device, single_thread
 from .divergences import exact_kl
 from .estimators import k3, kl_penalty
+from .palette import ThemedColours
 from .usage import EstimatorUse, parse_use
 from .validation import check_choice, check_positive_int
 
@@ -446,16 +447,19 @@ import threading  # noqa: E402 - this section's lock; the section is kept apart 
 
 __all__ += ["PLACEMENT_COLORS", "cached_run", "lab_history", "trained_history"]
 
-#: The colour of each placement in lesson 07's figures and panel.
-PLACEMENT_COLORS: dict[str, str] = {
-    "k1 in reward": "#1f77b4",
-    "k1 in loss": "#17becf",
-    "k2 in loss": "#ff7f0e",
-    "k3 in loss": "#2ca02c",
-    "k3·ρ in loss": "#9467bd",
-    "k3+ in loss": "#8c564b",
-    "none": "#7f7f7f",
-}
+#: The colour of each placement in lesson 07's figures and panel (:mod:`klviz.palette` names):
+#: ``PLACEMENT_COLORS[p]`` for the theme figures are drawn in, ``PLACEMENT_COLORS.css(p)`` for HTML.
+PLACEMENT_COLORS: ThemedColours = ThemedColours(
+    {
+        "k1 in reward": "k1",
+        "k1 in loss": "cyan",
+        "k2 in loss": "k2",
+        "k3 in loss": "k3",
+        "k3·ρ in loss": "p",
+        "k3+ in loss": "brown",
+        "none": "q",
+    }
+)
 
 _RUNS: dict[tuple[LabConfig, str], TrainingHistory] = {}
 _MAX_RUNS = 32

@@ -42,6 +42,7 @@ from typing import Any
 
 __all__ = [
     "LOCKED_SERVER_SETTINGS",
+    "KERNEL_MALLOC",
     "Server",
     "start_server",
     "start_lab_server",
@@ -49,6 +50,7 @@ __all__ = [
     "verify_locked",
     "run_until_interrupted",
     "free_port",
+    "port_is_free",
     "wait_for_http",
     "lab_settings_dir",
     "private_folder",
@@ -58,6 +60,25 @@ __all__ = [
 #: JupyterLab's first-start news prompt and update check, switched off for lesson servers.
 _QUIET_LAB = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
 _PROBE_ORIGIN = "http://klviz-probe.invalid"
+
+
+#: glibc's allocator for the servers and their kernels: memory blocks of 1 MiB or more are mapped on
+#: their own and returned when freed, and a free top of the heap over 1 MiB is trimmed. By default the
+#: threshold rises with each large block freed (up to 32 MiB), so a lesson's tensors of a few MiB end
+#: up in the heap and stay resident. Measured in JupyterLab (benchmarks/lesson_memory.py, one lesson
+#: at a time): lesson 05's kernel peaked at 536 MB by default and 368 MB with this, with no slower
+#: panel updates measured (benchmarks/panels.py). Only glibc (Linux) reads these variables.
+KERNEL_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` and it can be bound now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
@@ -206,6 +227,8 @@ def start_server(
     private folder removed, and ``RuntimeError`` says why (with the server's last log lines).
     """
     work = private_folder("klviz-server-") if folder is None else folder
+    if port and not port_is_free(port):  # said in one line, before any server log
+        raise RuntimeError(f"port {port} is in use (another server?): choose another (--port N, or PORT=N with make)")
     port = port or free_port()
     token = secrets.token_urlsafe(24)
     cfg = json.loads(json.dumps(config))
@@ -220,6 +243,8 @@ def start_server(
     run_env.pop("JUPYTER_TOKEN", None)
     run_env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     run_env["PYTHONSAFEPATH"] = "1"  # kernels too: a lesson folder's klviz.py is never imported (safe_import_path)
+    for name, value in KERNEL_MALLOC.items():  # kernels too; a value already set wins
+        run_env.setdefault(name, value)
     cmd = [sys.executable, "-m", *args, f"--config={config_file}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and Binder-like machines run as root

@@ -35,6 +35,7 @@ import torch
 
 from .devices import single_thread
 from .gradients import use_coefficient, weighted_coefficient
+from .palette import ThemedColours
 from .usage import LESSON_USES, EstimatorUse
 from .validation import Tensor, as_float_tensor, check_choice, check_positive_int
 
@@ -62,19 +63,23 @@ CHOICES: dict[str, EstimatorUse] = {use.label: use for use in LESSON_USES}
 REFERENCE_FLOWS: tuple[str, ...] = ("reverse KL", "forward KL")
 ALL_FLOWS: tuple[str, ...] = tuple(CHOICES) + REFERENCE_FLOWS
 
-#: Colour per estimator (the suite's k1/k2/k3 colours), line style per placement.
-CHOICE_COLORS: dict[str, str] = {
-    "k1 in loss": "#1f77b4",
-    "k2 in loss": "#ff7f0e",
-    "k3 in loss": "#2ca02c",
-    "k1 in reward": "#1f77b4",
-    "k2 in reward": "#ff7f0e",
-    "k3 in reward": "#2ca02c",
-    "k3·ρ in loss": "#9467bd",
-    "k3+ in loss": "#8c564b",
-    "reverse KL": "#222222",
-    "forward KL": "#d62728",
-}
+#: Colour per estimator (the suite's k1/k2/k3 colours, as :mod:`klviz.palette` names them), line style per
+#: placement. ``CHOICE_COLORS[label]`` is the colour for the theme figures are drawn in, ``CHOICE_COLORS.css(label)``
+#: the one for HTML on either page.
+CHOICE_COLORS: ThemedColours = ThemedColours(
+    {
+        "k1 in loss": "k1",
+        "k2 in loss": "k2",
+        "k3 in loss": "k3",
+        "k1 in reward": "k1",
+        "k2 in reward": "k2",
+        "k3 in reward": "k3",
+        "k3·ρ in loss": "p",
+        "k3+ in loss": "brown",
+        "reverse KL": "ink",
+        "forward KL": "forward",
+    }
+)
 CHOICE_STYLES: dict[str, str] = {
     "k1 in loss": "-",
     "k2 in loss": "-",

@@ -41,8 +41,15 @@ from pathlib import Path
 import nbformat
 
 from .labcmd import lesson_paths
-from .notebook_format import CHECK_TAG
-from .widgets.static import PRECOMPUTED_NOTE, STATIC_CONTROLS, static_panel_html
+from .notebook_format import CHECK_TAG, clean_text
+from .palette import PAGE_CSS
+from .widgets.static import (
+    PRECOMPUTED_NOTE,
+    STATIC_CONTROLS,
+    STATIC_PANEL_MIME,
+    render_static_panel,
+    static_panel_html,
+)
 
 __all__ = [
     "LessonPage",
@@ -52,6 +59,8 @@ __all__ = [
     "render_lesson",
     "build_site",
     "static_panel_html",
+    "clean_html",
+    "build_wheel",
     "main",
 ]
 
@@ -59,12 +68,15 @@ CDN_MATHJAX = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/MathJax.js?c
 LOCAL_MATHJAX = "_static/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"
 
 #: MathJax 2 setup for every page, before MathJax loads: jupyter-server-mathjax ships the STIX-Web
-#: fonts only, and MathJax's default TeX web fonts would be asked for (and 404) otherwise.
+#: fonts only, and MathJax's default TeX web fonts would be asked for (and 404) otherwise. MathJax's
+#: blank test font is declared as a local font: its default, ``url('about:blank')``, is a request that a
+#: page opened from disk refuses, with two errors in the console.
 MATHJAX_CONFIG = """<script type="text/x-mathjax-config">
 MathJax.Hub.Config({
   tex2jax: {inlineMath: [['$','$'], ['\\\\(','\\\\)']], displayMath: [['$$','$$'], ['\\\\[','\\\\]']],
             processEscapes: true, processEnvironments: true},
-  "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null},
+  "HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web", imageFont: null,
+               styles: {"@font-face": {"font-family": "MathJax_Blank", src: "local('MathJax_Blank')"}}},
   SVG: {font: "STIX-Web"},
   messageStyle: "none"
 });
@@ -83,18 +95,21 @@ _TEMPLATE = r"""
 {{ super() }}
 {%- endblock html_head_js_mathjax -%}
 {% block extra_css %}
+{{ resources.klviz.page_css }}
 <style type="text/css">
 body.jp-Notebook { max-width: 1000px; margin: 0 auto; padding: 0 16px; }
 nav.klviz-nav { display: flex; justify-content: space-between; gap: 12px; padding: 10px 0;
   font-family: var(--jp-ui-font-family, sans-serif); font-size: 14px; border-bottom: 1px solid #ddd; }
 nav.klviz-nav.bottom { border-top: 1px solid #ddd; border-bottom: none; margin-top: 24px; }
 nav.klviz-nav a { text-decoration: none; }
-p.klviz-precomputed-note { font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px; color: #555;
-  background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 6px 10px; margin: 10px 0; }
+p.klviz-download a, nav.klviz-nav a { color: #1f5fa8; }
+p.klviz-precomputed-note, p.klviz-download { font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px;
+  color: #555;  background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 6px 10px; margin: 10px 0; }
 details.klviz-solution, details.klviz-checks { margin: 4px 0 12px 0; }
 details.klviz-solution > summary, details.klviz-checks > summary { cursor: pointer; color: #1f5fa8;
   font-family: var(--jp-ui-font-family, sans-serif); }
-details.klviz-checks > summary { color: #777; font-size: 12px; }
+details.klviz-checks > summary { color: #595959; font-size: 12px; }
+.klviz-live-select { font-size: 13px; padding: 2px 4px; }
 .klviz-live, .klviz-snapshot { font-family: var(--jp-ui-font-family, sans-serif); }
 .klviz-live-controls { display: flex; flex-wrap: wrap; gap: 4px 24px; margin: 6px 0; font-size: 13px; }
 .klviz-live-controls label { display: flex; align-items: center; gap: 8px; }
@@ -117,6 +132,12 @@ details.klviz-checks > summary { color: #777; font-size: 12px; }
 {{ super() }}
 {{ klviz_nav('top') }}
 <p class="klviz-precomputed-note">{{ resources.klviz.note }}</p>
+{%- if resources.klviz.download %}
+<p class="klviz-download">To run this lesson yourself,
+  <a class="klviz-download-lesson" href="{{ resources.klviz.download | e }}"
+     download="{{ resources.klviz.download_name | e }}">download it ({{ resources.klviz.download_name | e }})</a>;
+  <a href="index.html#downloads">all lessons and the package</a> are on the index page, with how to run them.</p>
+{%- endif %}
 {%- endblock body_header -%}
 {% block body_footer %}
 {{ klviz_nav('bottom') }}
@@ -172,29 +193,37 @@ def execute_notebook(path: str | os.PathLike[str], *, timeout: int = 600) -> nbf
     """Run the notebook top to bottom in a fresh ``python3`` kernel, in its own folder, in static mode.
 
     ``timeout`` bounds each cell in seconds. Raises ``nbclient.exceptions.CellExecutionError`` (with
-    the cell and the traceback) when a cell fails.
+    the cell and the traceback) when a cell fails. The kernel talks to this process over Unix sockets
+    in a private folder (IPC): nothing listens on a TCP port, and ipykernel has no reason to warn that
+    its traffic is unencrypted.
     """
+    import tempfile
+
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
+    from traitlets.config import Config
 
     path = Path(path)
     for attempt in (1, 2):
         nb = nbformat.read(path, as_version=4)
-        try:
-            with _static_environment():
-                NotebookClient(
-                    nb,
-                    timeout=timeout,
-                    kernel_name="python3",
-                    store_widget_state=False,
-                    resources={"metadata": {"path": str(path.parent.resolve())}},
-                ).execute()
-            return nb
-        except (CellExecutionError, CellTimeoutError):
-            raise
-        except Exception:  # noqa: BLE001 - the kernel did not start (e.g. a port taken meanwhile): once more
-            if attempt == 2:
+        with tempfile.TemporaryDirectory(prefix="klviz-kernel-") as sockets:
+            try:
+                with _static_environment():
+                    ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
+                    NotebookClient(
+                        nb,
+                        config=ipc,
+                        timeout=timeout,
+                        kernel_name="python3",
+                        store_widget_state=False,
+                        resources={"metadata": {"path": str(path.parent.resolve())}},
+                    ).execute()
+                return nb
+            except (CellExecutionError, CellTimeoutError):
                 raise
+            except Exception:  # noqa: BLE001 - the kernel did not start: once more
+                if attempt == 2:
+                    raise
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -247,13 +276,92 @@ def _learn_list(lines: list[str]) -> str:
 
 
 def _inline_markdown(text: str) -> str:
-    """``text`` (one line of Markdown: inline code, emphasis) as HTML without the enclosing paragraph."""
+    """``text`` (one line of Markdown: inline code, emphasis) as HTML without the enclosing paragraph,
+    sanitised (Markdown lets raw HTML through: a heading's ``<script>`` must not reach the index)."""
     from nbconvert.filters.markdown import markdown2html
 
-    out = markdown2html(text).strip()
+    out = clean_html(markdown2html(text)).strip()
     if out.startswith("<p>") and out.endswith("</p>"):
         out = out[3:-4]
     return out
+
+
+# -- sanitising what comes from the lessons ---------------------------------------------------------
+
+#: Attributes kept (every other one goes: ``onerror=``, ``onclick=``, ...).
+_ALLOWED_ATTRIBUTES: dict[str, set[str]] = {
+    "*": {"class", "style", "title", "lang", "dir", "align"},
+    "a": {"href", "hreflang", "name", "id"},
+    "img": {"src", "alt", "width", "height"},
+    "td": {"colspan", "rowspan"},
+    "th": {"colspan", "rowspan", "scope"},
+    "ol": {"start"},
+    **{f"h{n}": {"id"} for n in range(1, 7)},  # the anchors nbconvert gives headings
+}
+#: CSS properties kept in ``style`` attributes (the colours, spacing and layout the readouts use).
+_ALLOWED_CSS = {
+    "color", "background", "background-color", "font-size", "font-weight", "font-style", "font-family",
+    "font-variant-numeric", "text-align", "text-decoration", "vertical-align", "white-space", "line-height",
+    "padding", "padding-left", "padding-right", "padding-top", "padding-bottom",
+    "margin", "margin-left", "margin-right", "margin-top", "margin-bottom",
+    "border", "border-top", "border-bottom", "border-left", "border-right", "border-radius", "border-collapse",
+    "border-spacing", "outline", "outline-offset", "display", "width", "max-width", "min-width", "height", "opacity",
+}  # fmt: skip
+_STYLE_BLOCK = re.compile(r"<style\b[^>]*>(.*?)(?:</style\s*>|\Z)", re.I | re.S)
+_UNSAFE_CSS = re.compile(r"url\s*\(|@import|expression\s*\(|javascript:|behavior\s*:|\\|<", re.I)
+
+
+def _set_style_blocks_aside(fragment: str) -> tuple[str, dict[str, str]]:
+    """``fragment`` with each ``<style>`` block replaced by a placeholder no notebook can know in advance
+    (a random token), and ``{placeholder: block}`` for the blocks that load nothing and hide no escape;
+    the others are dropped. (ammonia cannot keep style elements while it filters style attributes.)"""
+    import secrets
+
+    token = secrets.token_hex(12)
+    kept: dict[str, str] = {}
+
+    def aside(m: re.Match[str]) -> str:
+        if _UNSAFE_CSS.search(m.group(1)):
+            return ""
+        key = f"klviz-style-{token}-{len(kept)}"
+        kept[key] = f"<style>{m.group(1)}</style>"
+        return key
+
+    return _STYLE_BLOCK.sub(aside, fragment), kept
+
+
+def _url_filter(element: str, attribute: str, value: str) -> str | None:
+    """Keep a ``data:`` URL only as an image's source; drop a style that loads something."""
+    if attribute in ("href", "src") and value.strip().lower().startswith("data:"):
+        return value if element == "img" and value.strip().lower().startswith("data:image/") else None
+    if attribute == "style" and _UNSAFE_CSS.search(value):
+        return None
+    return value
+
+
+def clean_html(fragment: str | bytes) -> str:
+    """HTML from a lesson (its Markdown rendered, an output's HTML) made safe for a page: no scripts,
+    no event handlers (``onerror=``), no ``javascript:`` or other non-web links, only inline styles of
+    listed properties and ``<style>`` blocks that load nothing. Uses nh3 (Rust's ammonia), a maintained
+    sanitiser; every page's HTML from a notebook goes through it (nbconvert's ``clean_html`` filter)."""
+    import nh3
+
+    text = fragment.decode() if isinstance(fragment, bytes) else str(fragment)
+    text, styles = _set_style_blocks_aside(text)
+    clean = nh3.clean(
+        text,
+        tags=set(nh3.ALLOWED_TAGS),
+        clean_content_tags={"script", "style"},
+        attributes=_ALLOWED_ATTRIBUTES,
+        url_schemes={"http", "https", "mailto", "data"},
+        attribute_filter=_url_filter,
+        filter_style_properties=_ALLOWED_CSS,
+        link_rel=None,
+        strip_comments=True,
+    )
+    for key, block in styles.items():
+        clean = clean.replace(key, block)
+    return clean
 
 
 def _plain_title(title: str) -> str:
@@ -282,17 +390,22 @@ def rewrite_links(page_html: str) -> str:
 
 
 def _exporter(mathjax_url: str):
+    """nbconvert's HTML exporter with the site's template, sanitising Markdown cells and outputs
+    (``sanitize_html``: its ``clean_html`` filter is :func:`clean_html`; JavaScript outputs are dropped)."""
     import jinja2
     from nbconvert import HTMLExporter
 
-    return HTMLExporter(
+    exporter = HTMLExporter(
         template_name="lab",
         extra_loaders=[jinja2.DictLoader({"klviz_site.html.j2": _TEMPLATE})],
         template_file="klviz_site.html.j2",
         mathjax_url=mathjax_url,
         exclude_input_prompt=True,
         exclude_output_prompt=True,
+        sanitize_html=True,
     )
+    exporter.register_filter("clean_html", clean_html)
+    return exporter
 
 
 _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -326,18 +439,35 @@ def render_lesson(
     next_: LessonPage | None,
     *,
     mathjax_url: str = LOCAL_MATHJAX,
+    panels: dict[str, str] | None = None,
+    download: str | None = None,
 ) -> str:
-    """The HTML page of an executed lesson, with navigation and rewritten lesson links."""
+    """The HTML page of an executed lesson, with navigation and rewritten lesson links.
+
+    Everything from the notebook is sanitised (:func:`clean_html`); ``panels`` maps the placeholders
+    that :func:`precomputed_panels` left in the outputs to the panels' HTML, which the builder wrote
+    itself and which is put in after sanitising. ``download``: the URL that saves the lesson (:func:`lesson_download`).
+    """
 
     def ref(p: LessonPage | None) -> dict | None:  # short titles in the navigation bar
         return None if p is None else {"href": p.page, "title": _plain_title(p.title).split(":")[0].strip()}
 
     nb = fold_check_cells(_mark_checks(_without_widget_views(nb)))
     resources = {
-        "klviz": {"prev": ref(prev), "next": ref(next_), "note": PRECOMPUTED_NOTE, "mathjax_config": MATHJAX_CONFIG},
+        "klviz": {
+            "prev": ref(prev),
+            "next": ref(next_),
+            "note": PRECOMPUTED_NOTE,
+            "mathjax_config": MATHJAX_CONFIG,
+            "page_css": PAGE_CSS,
+            "download": download,
+            "download_name": page.source.name if page.source is not None else "",
+        },
         "metadata": {"name": _plain_title(page.title)},
     }
     body, _ = _exporter(mathjax_url).from_notebook_node(nb, resources=resources)
+    for slot, panel_html in (panels or {}).items():
+        body = body.replace(slot, panel_html)
     return rewrite_claim_links(rewrite_links(body))
 
 
@@ -397,7 +527,7 @@ def render_claims_page(markdown_text: str, *, mathjax_url: str = LOCAL_MATHJAX) 
     (``claims.html#claim-id``), and its links to lessons point at their pages."""
     from nbconvert.filters.markdown import markdown2html
 
-    body = markdown2html(markdown_text)
+    body = clean_html(markdown2html(markdown_text))
     # every claim heading carries its id as an anchor (the id is lower-case words and hyphens)
     body = re.sub(
         r"<h2>([a-z0-9]+(?:-[a-z0-9]+)*)</h2>",
@@ -440,17 +570,29 @@ def add_claims_link(index_html: str) -> str:
 
 # -- panels on the static site: precomputed frames along their main controls -----------------------
 
-_DATA_PNG = re.compile(r"data:image/png;base64,([A-Za-z0-9+/=]+)")
+_DATA_PNG = re.compile(r"^data:image/png;base64,([A-Za-z0-9+/=]+)$")
 
 
-def extract_frames(nb: nbformat.NotebookNode, out: Path) -> int:
-    """Move the PNG frames of the panels' sliders out of ``nb`` into ``out/_static/frames/`` (one file
-    per distinct image, named by its content) and point the page at them; returns the bytes written."""
+def precomputed_panels(nb: nbformat.NotebookNode, out: Path) -> tuple[int, dict[str, str]]:
+    """Write each panel's precomputed positions (outputs of type ``STATIC_PANEL_MIME``) as the site's own
+    HTML, its frames as files in ``out/_static/frames/`` (one per distinct image, named by content).
+
+    The output is replaced by a placeholder that no notebook can know in advance (a fresh random
+    token); :func:`render_lesson` puts the panel's HTML there after sanitising the rest. Returns the
+    bytes of new frames written and ``{placeholder: panel HTML}``.
+    """
+    import secrets
+
     folder = out / "_static" / "frames"
     written = 0
+    panels: dict[str, str] = {}
+    token = secrets.token_hex(16)
 
-    def save(m: re.Match) -> str:
+    def save(src: str) -> str:
         nonlocal written
+        m = _DATA_PNG.match(src)
+        if m is None:
+            return ""  # a frame the builder did not make: left out
         data = base64.b64decode(m.group(1))
         name = hashlib.sha1(data).hexdigest()[:20] + ".png"
         path = folder / name
@@ -462,13 +604,18 @@ def extract_frames(nb: nbformat.NotebookNode, out: Path) -> int:
 
     for cell in nb.cells:
         for output in cell.get("outputs", []):
-            text = output.get("data", {}).get("text/html")
-            if text is None:
+            data = output.get("data", {}).get(STATIC_PANEL_MIME)
+            if data is None:
                 continue
-            text = "".join(text) if isinstance(text, list) else text
-            if 'class="klviz-live"' in text:
-                output["data"]["text/html"] = _DATA_PNG.sub(save, text)
-    return written
+            data = dict(data)
+            data["frames"] = [{**f, "src": save(str(f.get("src", "")))} for f in data.get("frames", [])]
+            slot = f"klviz-panel-{token}-{len(panels)}"
+            try:
+                panels[slot] = render_static_panel(data, clean=clean_html)
+            except (KeyError, TypeError, ValueError) as err:
+                panels[slot] = f"<p>(a panel could not be shown: {html.escape(str(err))})</p>"
+            output["data"] = {"text/html": f"<div>{slot}</div>"}
+    return written, panels
 
 
 def _copy_mathjax(out: Path) -> str:
@@ -495,6 +642,7 @@ _INDEX = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1.0">
 <title>klviz lessons</title>
+{page_css}
 {mathjax_config}
 <script src="{mathjax}"></script>
 <style>
@@ -507,7 +655,9 @@ ol.lessons a.klviz-lesson {{ font-size: 1.15em; font-weight: 600; text-decoratio
 .summary {{ color: #444; margin-top: 4px; }} .summary p {{ margin: 4px 0; }}
 .summary ul, .summary ol {{ margin: 4px 0; padding-left: 22px; }} .summary li {{ margin: 2px 0; }}
 code, pre {{ background: #f4f4f4; padding: 1px 4px; border-radius: 3px; }}
-footer {{ color: #777; font-size: 90%; margin-top: 32px; border-top: 1px solid #ddd; padding-top: 8px; }}
+section.klviz-downloads {{ border-top: 1px solid #ddd; margin-top: 24px; }}
+section.klviz-downloads li {{ margin: 6px 0; }}
+footer {{ color: #595959; font-size: 90%; margin-top: 32px; border-top: 1px solid #ddd; padding-top: 8px; }}
 </style></head>
 <body>
 <h1>klviz: KL divergence from sampled tokens</h1>
@@ -517,26 +667,61 @@ sliders step through positions precomputed when the site was built (no kernel, n
 <ol class="lessons">
 {items}
 </ol>
-<p class="klviz-install">To move every control of the panels yourself, run the lessons live. klviz is not on a
-package index: from a checkout of its repository, <code>pip install .</code> (or <code>make setup</code>), or
-<code>pip install klviz-{version}-py3-none-any.whl</code> from a wheel built there with
-<code>pip wheel --no-deps .</code>; then <code>klviz lab</code> (copies the lessons into
-<code>./klviz-lessons</code> and opens JupyterLab), or <code>make lab</code> in the checkout.</p>
+{downloads}
 <footer>Built {when} with klviz {version}: every lesson executed on CPU (KLVIZ_STATIC=1) and converted with nbconvert;
 the panels' frames were rendered at build time.</footer>
 </body></html>
 """
 
 
-def render_index(pages: list[LessonPage], *, mathjax_url: str = LOCAL_MATHJAX) -> str:
-    """The index page: one card per lesson, linking to its page, with what the lesson teaches."""
+_DOWNLOADS = """<section class="klviz-downloads" id="downloads">
+<h2>Run the lessons yourself</h2>
+<p class="klviz-install">This copy cannot run code: to move every control of the panels and try the exercises,
+run the lessons in JupyterLab. klviz is not on a package index; everything needed is here:</p>
+<ul>
+{items}
+</ul>
+<p>Then, in a terminal (Python 3.10 or later): install a CPU build of PyTorch with
+<code>pip install torch --index-url https://download.pytorch.org/whl/cpu</code> (or the build for your GPU), then
+<code>pip install {wheel_name}</code>, then <code>klviz lab</code>: it copies the lessons into
+<code>./klviz-lessons</code> and opens JupyterLab there. A lesson you downloaded alone opens in that JupyterLab
+too. From a checkout of the repository, <code>make lab</code> does all of this (or <code>pip install .</code>
+and <code>klviz lab</code>); a wheel is built there with <code>pip wheel --no-deps .</code>.</p>
+</section>"""
+
+
+def _downloads_html(downloads: dict[str, str]) -> str:
+    """The index's section of downloads: the zip of all lessons and the wheel."""
+    items = []
+    if "zip" in downloads:
+        items.append(
+            f'<li><a class="klviz-download-zip" href="{html.escape(downloads["zip"])}" download>'
+            "All lessons (.zip)</a>: "
+            "the notebooks, the claims page and the wheel when there is one, with a <code>README.txt</code> on how to "
+            "run them (everything in it works without the network once PyTorch is installed).</li>"
+        )
+    if "wheel" in downloads:
+        items.append(
+            f'<li><a class="klviz-download-wheel" href="{html.escape(downloads["wheel"])}" download>The klviz '
+            "package (wheel)</a>: the library the lessons import, with the lessons inside it.</li>"
+        )
+    items.append("<li>One lesson at a time: the link at the top of each lesson's page.</li>")
+    wheel = Path(downloads["wheel"]).name if "wheel" in downloads else "klviz-VERSION-py3-none-any.whl"
+    return _DOWNLOADS.format(items="\n".join(items), wheel_name=html.escape(wheel))
+
+
+def render_index(
+    pages: list[LessonPage], *, mathjax_url: str = LOCAL_MATHJAX, downloads: dict[str, str] | None = None
+) -> str:
+    """The index page: one card per lesson, linking to its page, with what the lesson teaches, and the
+    downloads (``{"zip": path, "wheel": path}``, relative to the page)."""
     from nbconvert.filters.markdown import markdown2html
 
     from . import __version__
 
     items = []
     for p in pages:
-        summary = markdown2html(p.summary) if p.summary else ""
+        summary = clean_html(markdown2html(p.summary)) if p.summary else ""
         items.append(
             f'<li><a class="klviz-lesson" href="{html.escape(p.page)}">{_inline_markdown(p.title)}</a>'
             f'<div class="summary">{rewrite_links(summary)}</div></li>'
@@ -548,7 +733,118 @@ def render_index(pages: list[LessonPage], *, mathjax_url: str = LOCAL_MATHJAX) -
         when=when,
         version=html.escape(__version__),
         mathjax_config=MATHJAX_CONFIG,
+        page_css=PAGE_CSS,
+        downloads=_downloads_html(downloads or {}),
     )
+
+
+# -- what a reader takes away: each lesson, all of them as a zip, the wheel ---------------------------
+
+DOWNLOADS = "downloads"
+
+_ZIP_README = """klviz {version}: the lessons, to run on your own machine
+=======================================================
+
+klviz is not on a package index; this folder has what you need besides PyTorch.
+
+1. Python 3.10 or later. In a terminal, in this folder:
+       python -m venv .venv && . .venv/bin/activate          (Windows: .venv\\Scripts\\activate)
+2. PyTorch, a CPU build (no multi-GB download; for a GPU, the build for your CUDA):
+       pip install torch --index-url https://download.pytorch.org/whl/cpu
+3. klviz itself, from the wheel in this folder (it brings JupyterLab and the widgets):
+       pip install {wheel}
+4. Open the lessons:
+       klviz lab .
+   JupyterLab opens on this folder (on 127.0.0.1, with a token); start with 00_start_here.ipynb.
+
+Once PyTorch and klviz are installed, nothing needs the network: the lessons, their data and the tiny
+language model ship inside the package.{no_wheel}
+"""
+
+
+def _checkout_root() -> Path | None:
+    """The repository klviz runs from (an editable install or the source tree), if it is one."""
+    root = Path(__file__).resolve().parents[1]
+    pyproject = root / "pyproject.toml"
+    try:
+        if pyproject.is_file() and re.search(r'^name = "klviz"$', pyproject.read_text(encoding="utf-8"), re.M):
+            return root
+    except OSError:
+        pass
+    return None
+
+
+def build_wheel(dest: Path, source: Path | None = None, *, log=print) -> Path | None:
+    """Build klviz's wheel from ``source`` (default: the checkout klviz runs from) into ``dest``.
+
+    Returns its path, or None (said in the log) where klviz is not running from a checkout or the
+    build fails. Tries the installed setuptools first (no network), then pip's isolated build.
+    """
+    import subprocess
+    import tempfile
+
+    source = source or _checkout_root()
+    if source is None:
+        log("klviz site: not running from a checkout, so no wheel to offer (build one with `pip wheel --no-deps .`)")
+        return None
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="klviz-wheel-") as tmp:
+        for isolation in (["--no-build-isolation"], []):
+            cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", *isolation, "-w", tmp, str(source)]
+            done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PIP_NO_INPUT="1"))
+            wheels = sorted(Path(tmp).glob("klviz-*.whl"))
+            if done.returncode == 0 and wheels:
+                target = dest / wheels[-1].name
+                shutil.copy(wheels[-1], target)
+                return target
+        log(f"klviz site: the wheel did not build, so the site offers none:\n{done.stderr.strip()[-1500:]}")
+    return None
+
+
+def lesson_download(path: Path) -> str:
+    """The lesson in its stored form (no outputs) as a ``data:`` URL: a link with a ``download``
+    attribute saves it as a file even from a page opened from disk, where a browser shows a linked
+    ``.ipynb`` file as text instead (it ignores ``download`` for ``file:`` links)."""
+    text = clean_text(path.read_text(encoding="utf-8"))
+    return "data:application/x-ipynb+json;base64," + base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def write_downloads(notebooks: list[Path], out: Path, *, wheel: Path | None, log=print) -> dict[str, str]:
+    """Put the wheel and a zip of every lesson (in its stored form, no outputs), the claims page and the
+    wheel, with a README, in ``out/downloads/``; returns their paths relative to ``out`` (``"zip"``,
+    ``"wheel"``). Each lesson's own page offers the lesson itself (:func:`lesson_download`)."""
+    import zipfile
+
+    from . import __version__
+
+    folder = out / DOWNLOADS
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    found: dict[str, str] = {}
+    if wheel is not None:
+        shutil.copy(wheel, folder / wheel.name)
+        found["wheel"] = f"{DOWNLOADS}/{wheel.name}"
+    zip_name = f"klviz-lessons-{__version__}.zip"
+    readme = _ZIP_README.format(
+        version=__version__,
+        wheel=wheel.name if wheel else f"klviz-{__version__}-py3-none-any.whl",
+        no_wheel=""
+        if wheel
+        else "\n\nThis zip was built without the wheel: build it from a checkout with `pip wheel --no-deps .`.",
+    )
+    claims = notebooks[0].parent / "claims.md" if notebooks else None
+    with zipfile.ZipFile(folder / zip_name, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("klviz-lessons/README.txt", readme)
+        for path in notebooks:
+            z.writestr(f"klviz-lessons/{path.name}", clean_text(path.read_text(encoding="utf-8")))
+        if claims is not None and claims.is_file():
+            z.write(claims, "klviz-lessons/claims.md")
+        if wheel is not None:
+            z.write(folder / wheel.name, f"klviz-lessons/{wheel.name}")
+    found["zip"] = f"{DOWNLOADS}/{zip_name}"
+    log(f"klviz site: wrote {folder} ({zip_name}{' and the wheel' if wheel else ''})")
+    return found
 
 
 def build_site(
@@ -558,13 +854,15 @@ def build_site(
     timeout: int = 600,
     keep_going: bool = False,
     jobs: int = 2,
+    wheel: str | os.PathLike[str] | None = None,
     log=print,
 ) -> list[LessonPage]:
     """Execute ``notebooks`` (default: every lesson) and write ``out/index.html`` and one page each.
 
     ``jobs`` lessons run at a time, each in its own kernel. A lesson that fails stops the build with
     its error (``keep_going`` skips it instead and the failures are raised together at the end, after
-    the other pages are written).
+    the other pages are written). The pages link to ``out/downloads/``: each lesson, a zip of them all
+    and, with ``wheel`` (a wheel file, or ``"auto"``: built from the checkout klviz runs from), the wheel.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -576,6 +874,8 @@ def build_site(
             raise ValueError(f"notebooks: {str(nb_path)!r} is not a notebook file")
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    if wheel is not None and wheel != "auto" and not Path(wheel).is_file():
+        raise ValueError(f"wheel: {str(wheel)!r} is not a file (give a wheel, 'auto' or nothing)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     mathjax_url = _copy_mathjax(out)
@@ -588,6 +888,10 @@ def build_site(
     for path, nb in zip(notebooks, sources):
         title, summary = lesson_title(nb, path.stem)
         pages.append(LessonPage(path, _page_name(path), title, summary))
+
+    built_wheel = build_wheel(out / ".wheel", log=log) if wheel == "auto" else (Path(wheel) if wheel else None)
+    downloads = write_downloads(notebooks, out, wheel=built_wheel, log=log)
+    shutil.rmtree(out / ".wheel", ignore_errors=True)
 
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
@@ -614,19 +918,26 @@ def build_site(
                     raise RuntimeError(message)
                 failures.append(message)
                 continue
-            frame_bytes = extract_frames(executed, out)
+            frame_bytes, panels = precomputed_panels(executed, out)
             prev = pages[i - 1] if i > 0 else None
             next_ = pages[i + 1] if i + 1 < len(pages) else None
-            (out / page.page).write_text(
-                render_lesson(executed, page, prev, next_, mathjax_url=mathjax_url), encoding="utf-8"
+            page_html = render_lesson(
+                executed,
+                page,
+                prev,
+                next_,
+                mathjax_url=mathjax_url,
+                panels=panels,
+                download=lesson_download(page.source),
             )
+            (out / page.page).write_text(page_html, encoding="utf-8")
             built.append(page)
             log(
                 f"klviz site: wrote {out / page.page} ({page.seconds:.1f} s, "
                 f"{frame_bytes / 1e6:.1f} MB of new panel frames)"
             )
     claims = write_claims_page(notebooks[0].parent, out, mathjax_url=mathjax_url)
-    index = render_index(pages, mathjax_url=mathjax_url)
+    index = render_index(pages, mathjax_url=mathjax_url, downloads=downloads)
     (out / "index.html").write_text(add_claims_link(index) if claims else index, encoding="utf-8")
     if claims:
         log(f"klviz site: wrote {claims}")
@@ -637,7 +948,7 @@ def build_site(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m klviz.site [NOTEBOOK ...] [--out build/site] [--timeout S] [--keep-going] [--jobs N]``."""
+    """``python -m klviz.site [NOTEBOOK ...] [--out DIR] [--timeout S] [--keep-going] [--jobs N] [--wheel W]``."""
     parser = argparse.ArgumentParser(
         prog="klviz site",
         description="Execute the lessons (static figures) and write an HTML site that opens from disk.",
@@ -647,13 +958,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
     parser.add_argument("--keep-going", action="store_true", help="build the other lessons when one fails")
     parser.add_argument("--jobs", type=int, default=2, help="lessons executed at a time (default 2)")
+    parser.add_argument(
+        "--wheel",
+        default="auto",
+        help="the wheel the site offers: a .whl file, 'auto' (built from the checkout klviz runs from; "
+        "the default) or 'none'",
+    )
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     try:
-        build_site(args.notebooks or None, args.out, timeout=args.timeout, keep_going=args.keep_going, jobs=args.jobs)
+        build_site(
+            args.notebooks or None,
+            args.out,
+            timeout=args.timeout,
+            keep_going=args.keep_going,
+            jobs=args.jobs,
+            wheel=None if args.wheel == "none" else args.wheel,
+        )
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"klviz site: {err}", file=sys.stderr)
         return 1

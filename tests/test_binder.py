@@ -118,3 +118,97 @@ def test_readme_shows_how_to_launch_binder():
         target = re.search(r"urlpath=(?:lab/tree|voila/render)/([^&\s)]+\.ipynb)", link)
         if target:
             assert (ROOT / target.group(1)).is_file(), f"Binder link opens {target.group(1)}, which does not exist"
+
+
+def _postbuild_server_config() -> str:
+    """The ``jupyter_server_config.py`` that postBuild writes on Binder."""
+    text = (ROOT / "postBuild").read_text()
+    match = re.search(r"<<'PY'\n(.*?)\nPY\n", text, re.S)
+    assert match, "postBuild writes no jupyter_server_config.py for Voila"
+    return match.group(1) + "\n"
+
+
+class _Request:
+    def __init__(self, **args: str) -> None:
+        self.args = args
+
+    def get_argument(self, name: str, default: str) -> str:
+        return self.args.get(name, default)
+
+
+def test_binder_voila_presents_a_lesson_as_klviz_present_does(tmp_path):
+    """The hook postBuild installs: exercises as code to complete, no solutions or checks, and a first
+    hidden cell that puts the kernel in presenter mode with the page's theme."""
+    import nbformat
+    from traitlets.config import Config
+
+    from klviz import present
+
+    config = Config()
+    namespace = {"c": config}
+    exec(compile(_postbuild_server_config().replace("configure_voila(c)", "configure_voila(c, DATA)"), "cfg", "exec"),
+         {**namespace, "DATA": str(tmp_path)})  # fmt: skip
+    voila = config.VoilaConfiguration
+    assert voila.prelaunch_hook is present.voila_prelaunch_hook and voila.template == present.PRESENTER_TEMPLATE
+    assert (tmp_path / "voila" / "templates" / present.PRESENTER_TEMPLATE / "index.html.j2").is_file()
+    lesson = next((ROOT / "notebooks").glob("00_*.ipynb"))
+    for theme in ("dark", "light"):
+        shown = voila.prelaunch_hook(_Request(theme=theme), nbformat.read(lesson, as_version=4), str(lesson.parent))
+        first = shown.cells[0]
+        assert (
+            first.cell_type == "code"
+            and f"KLVIZ_THEME='{theme}'" in first.source
+            and "KLVIZ_PRESENTER='1'" in first.source
+        )
+        assert not any(c.metadata.get("jupyter", {}).get("source_hidden") for c in shown.cells)  # solutions, checks
+        assert any("**Your turn:**" in c.source for c in shown.cells if c.cell_type == "markdown")
+
+
+@pytest.mark.slow
+def test_binder_voila_url_serves_the_presenter_view(tmp_path):
+    """A Jupyter server configured as postBuild configures Binder's (its own jupyter_server_config.py,
+    read as Binder's server reads it), asked for the README's ``voila/render`` URL with ``?theme=dark``:
+    the page is dark, shows the exercise to complete, and neither the line about the machine nor a
+    check's "not attempted" nor a style sheet from a CDN."""
+    import json
+    import secrets
+    import shutil
+    import subprocess
+    import sys
+    import urllib.request
+
+    from klviz.servers import free_port, wait_for_http
+
+    config_dir, data_dir, root = tmp_path / "config", tmp_path / "data", tmp_path / "repo"
+    config_dir.mkdir()
+    (root / "notebooks").mkdir(parents=True)
+    lesson = next((ROOT / "notebooks").glob("00_*.ipynb"))
+    shutil.copy(lesson, root / "notebooks")
+    port, token = free_port(), secrets.token_urlsafe(16)
+    (config_dir / "jupyter_server_config.py").write_text(_postbuild_server_config())
+    server_settings = {
+        "ServerApp": {"root_dir": str(root), "ip": "127.0.0.1", "port": port, "open_browser": False},
+        "IdentityProvider": {"token": token},
+    }
+    (config_dir / "jupyter_server_config.json").write_text(json.dumps(server_settings))
+    env = dict(os.environ, HOME=str(tmp_path), JUPYTER_CONFIG_DIR=str(config_dir), JUPYTER_DATA_DIR=str(data_dir))
+    for name in ("KLVIZ_STATIC", "KLVIZ_THEME", "KLVIZ_PRESENTER", "MPLBACKEND"):
+        env.pop(name, None)
+    root_flag = ["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    log = open(tmp_path / "server.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", *root_flag], cwd=tmp_path, env=env, stdout=log, stderr=log
+    )
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/api/status?token={token}", proc, timeout=120)
+        url = f"http://127.0.0.1:{port}/voila/render/notebooks/{lesson.name}?theme=dark&token={token}"
+        with urllib.request.urlopen(url, timeout=240) as response:
+            page = response.read().decode("utf-8")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+    assert 'data-jp-theme-light="false"' in page
+    assert "Your turn:" in page
+    assert "klviz on cpu" not in page and "not attempted" not in page
+    assert "fontawesome" not in page  # the presenter's template

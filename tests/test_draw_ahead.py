@@ -14,6 +14,7 @@ import asyncio
 import base64
 import io
 import threading
+import time
 
 import ipywidgets as widgets
 import numpy as np
@@ -63,6 +64,20 @@ async def idle(panel: Panel, timeout: float = 20.0) -> None:
     await asyncio.sleep(0)
     while panel._ahead.pending:
         assert loop.time() < end, "drawing ahead did not finish"
+        await asyncio.sleep(0.005)
+
+
+async def settled(panel: Panel, timeout: float = 20.0) -> None:
+    """Until every frame sent to the page beneath has been there :data:`stack.SETTLE_S`: what a step
+    checks before it raises a frame instead of sending it (``FrameStack.bring_up``)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    frames = panel._stack
+    while any(
+        key is not None and time.perf_counter() - sent < stack.SETTLE_S
+        for key, sent in zip(frames._keys, frames._sent_at)
+    ):
+        assert loop.time() < end, "the frames beneath never settled"
         await asyncio.sleep(0.005)
 
 
@@ -140,7 +155,8 @@ def test_nothing_is_drawn_ahead_outside_a_kernel():
 
     async def with_a_loop():  # an event loop running is not a kernel (Playwright runs one in tests)
         panel = steps()
-        await asyncio.sleep(0.2)
+        assert not panel._ahead.pending  # nothing was even scheduled for the loop's idle turns
+        await asyncio.sleep(0)
         return panel
 
     for panel in (steps(), in_loop(with_a_loop)):
@@ -162,7 +178,7 @@ def test_a_step_to_a_position_drawn_ahead_shows_what_computing_it_shows(name, ke
         assert panel._ahead.made >= 1, "nothing was drawn ahead after the panel was built"
         shown_url, shown_readout = panel._image.value, panel.readout.value
         assert panel._figure_current  # the artists were put back after drawing ahead
-        await asyncio.sleep(stack.SETTLE_S + 0.01)  # the frames sent beneath have had time to load
+        await settled(panel)  # the frames sent beneath have had time to load
         sent = record_messages(panel)
         steps = [neighbours(panel.controls[control])[0]]
         for value in steps:
@@ -346,7 +362,7 @@ def test_the_webp_is_encoded_off_the_loop_and_a_step_does_not_wait_for_it(kernel
             assert loop.time() < end, "drawing ahead never reached the WebP"
             await asyncio.sleep(0.001)
         for _ in range(5):  # the loop turns while the encoder works (an encoder on this thread would block it)
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0)
         turned_while_encoding = not encoded.is_set()
         target = dict(panel._ahead._work_values)
         (name,) = [k for k, v in target.items() if v != panel.values()[k]]
@@ -381,7 +397,7 @@ def test_a_walk_raises_the_frames_beneath_and_each_shows_its_own_position(kernel
         shown = []
         for toward in steps:
             await idle(panel)
-            await asyncio.sleep(stack.SETTLE_S + 0.01)
+            await settled(panel)
             before = panel._stack.raised
             panel.controls[control].value = neighbours(panel.controls[control], toward)[0]
             assert panel._stack.raised == before + 1, f"step {len(shown) + 1} was sent its frame"
@@ -425,7 +441,7 @@ def test_a_step_back_to_the_first_position_raises_its_frame(kernel):
         first = (panel.values(), panel.frame_png, panel.readout.value)
         for toward in (1, -1):
             await idle(panel)
-            await asyncio.sleep(stack.SETTLE_S + 0.01)
+            await settled(panel)
             panel.controls[control].value = neighbours(panel.controls[control], toward)[0]
         return panel, first
 

@@ -160,3 +160,22 @@ def test_sync_writes_the_script_and_check_names_what_is_wrong(tmp_path):
     assert "09_test.ipynb" in stale and "out of date" in stale
     (folder / "scripts" / "08_gone.py").write_text("", encoding="utf-8")
     assert any("08_gone.py: no notebook" in s for s in sync_notebooks.sync([nb], check=True))
+
+
+def test_the_kernel_is_named_one_way_whoever_saved_the_lesson():
+    """JupyterLab writes the display name of the kernel it started ("Python 3 (ipykernel)" with a recent
+    ipykernel): the stored form, and a save through ``make lab``, name it "Python 3" as every lesson does."""
+    from klviz.notebook_format import PYTHON3_KERNELSPEC, strip_outputs_before_save
+
+    raw = _raw_notebook(minor=5)
+    raw["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    assert "kernelspec" in ", ".join(strip_notebooks.problems(raw))
+    assert strip_notebooks.strip(raw)["metadata"]["kernelspec"] == PYTHON3_KERNELSPEC
+    model = {"type": "notebook", "content": raw}
+    strip_outputs_before_save(model)
+    assert model["content"]["metadata"]["kernelspec"] == PYTHON3_KERNELSPEC
+    other = _raw_notebook(minor=5)
+    other["metadata"]["kernelspec"] = {"name": "julia-1.10", "display_name": "Julia 1.10", "language": "julia"}
+    assert strip_notebooks.strip(other)["metadata"]["kernelspec"]["display_name"] == "Julia 1.10"  # not ours to rename
+    for path in NOTEBOOKS:
+        assert json.loads(path.read_text(encoding="utf-8"))["metadata"]["kernelspec"] == PYTHON3_KERNELSPEC, path.name

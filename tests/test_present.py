@@ -53,10 +53,34 @@ def test_every_lesson_exercise_is_shown_as_code_on_the_slides():
 
 def test_voila_settings_are_locked_codeless_and_quiet(tmp_path):
     cfg = present.presenter_config(tmp_path, theme="dark")
-    assert cfg["ServerApp"]["jpserver_extensions"] == {"voila": True}
+    assert cfg["ServerApp"]["jpserver_extensions"] == {"voila": True, "jupyter_server_mathjax": False}
     assert cfg["ServerApp"]["allow_remote_access"] is False and cfg["ServerApp"]["allow_origin"] == ""
-    assert cfg["VoilaConfiguration"] == {"strip_sources": True, "show_tracebacks": False, "theme": "dark"}
+    # nothing from the network: Voila's bundled MathJax, a template without the CDN's style sheets, no
+    # labextension beyond the widgets and ipympl
+    assert cfg["ServerApp"]["tornado_settings"] == {"mathjax_url": "null", "mathjax_config": "null"}
+    voila = cfg["VoilaConfiguration"]
+    assert {k: voila[k] for k in ("strip_sources", "show_tracebacks", "theme")} == {
+        "strip_sources": True,
+        "show_tracebacks": False,
+        "theme": "dark",
+    }
+    assert voila["template"] == present.PRESENTER_TEMPLATE and "jupyterlab-jupytext" not in voila["extension_allowlist"]
     json.dumps(cfg)
+
+
+def test_the_presenter_template_drops_the_cdn_style_sheets(tmp_path):
+    import jinja2
+
+    folder = present.write_presenter_template(tmp_path)
+    assert json.loads((folder / "conf.json").read_text())["base_template"] == "lab"
+    parent = (
+        "{% block notebook_css %}<link rel='x'>"
+        + present._FONT_AWESOME.format("all.min.css")
+        + present._FONT_AWESOME.format("v4-shims.min.css")
+        + "{% endblock notebook_css %}"
+    )
+    env = jinja2.Environment(loader=jinja2.DictLoader({"lab/index.html.j2": parent, "t": present._TEMPLATE_INDEX}))
+    assert env.get_template("t").render() == "<link rel='x'>"
 
 
 @pytest.mark.slow

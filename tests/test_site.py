@@ -86,6 +86,19 @@ def built(tmp_path_factory):
             ),
             M("## Exercises"),
             solution,
+            M(
+                "Hostile prose: <script>alert('md')</script><img src=x onerror=\"alert('img')\"> "
+                "[a link](javascript:alert('link')) <a href=\"data:text/html,<script>alert(1)</script>\">data</a>"
+            ),
+            C(
+                "from IPython.display import HTML, display\n"
+                "display(HTML(\"<b onclick='alert(1)'>out</b><script>alert('out')</script>"
+                "<img src='data:image/png;base64,iVBORw0KGgo=' onerror='alert(2)'>\"))\n"
+                "display({'application/vnd.klviz.static-panel+json': {'title': '<script>alert(3)</script>', "
+                "'axes': [{'name': 'a', 'description': 'a', 'labels': ['x'], 'kind': 'slider', 'index': 0}], "
+                "'others': [], 'start': 0, 'frames': [{'src': 'javascript:alert(4)', "
+                "'readout': '<img src=x onerror=alert(5)>spoofed'}]}, 'text/html': '<p>spoofed panel</p>'}, raw=True)"
+            ),
         ]
     )
     second = _notebook(
@@ -147,13 +160,20 @@ def test_lesson_page_is_static_and_linked(built):
 def test_panel_slider_is_precomputed_with_files(built):
     out, _ = built
     page = (out / "00_first.html").read_text()
-    assert page.count('class="klviz-live"') == 1
+    assert page.count('class="klviz-live"') == 2  # the panel, and a notebook's own imitation (sanitised below)
     assert "VBox(" not in page
     data = json.loads(re.search(r"<script[^>]*class=\"klviz-live-data\"[^>]*>(.*?)</script>", page, re.S).group(1))
+    assert data["axes"][0]["name"] == "slope"
     assert [a["name"] for a in data["axes"]] == ["slope", "sign"]
     assert [a["labels"] for a in data["axes"]] == [["0", "1", "2", "3"], ["up", "down"]]
     assert len(data["frames"]) == 8
-    assert len(re.findall(r'class="klviz-live-slider"', page)) == 2
+    # the numbers on a slider, the named options (up, down) in a select
+    panel = page.split('class="klviz-live"', 2)[1]
+    assert len(re.findall(r'class="klviz-live-control klviz-live-slider"', panel)) == 1
+    select = re.search(
+        r'<select class="klviz-live-control klviz-live-select" data-control="sign"[^>]*>(.*?)</select>', page
+    )
+    assert select and re.findall(r">(\w+)</option>", select.group(1)) == ["up", "down"], page[-3000:]
     # the page opens on the lesson's setting: slope 1 (index 1), up (index 0) -> frame 2
     assert 'data-frame="2"' in page and "end height 1.0" in data["frames"][2]["readout"]
     assert [f["readout"].split("end height ")[1][:4] for f in data["frames"]] == [
@@ -258,7 +278,7 @@ def test_panel_shows_precomputed_slider_in_static_mode(monkeypatch):
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
-    monkeypatch.setitem(static.STATIC_CONTROLS, "BregmanPanel", {"r": 3, "f": ["-log t", "k2"]})
+    monkeypatch.setitem(static.STATIC_CONTROLS, "BregmanPanel", {"r": 3, "f": ["-log t", "k2"]})  # f: a select
     panel = BregmanPanel(device="cpu")
     before, readout = panel.values(), panel.readout.value
     monkeypatch.delenv("KLVIZ_STATIC", raising=False)
@@ -268,9 +288,11 @@ def test_panel_shows_precomputed_slider_in_static_mode(monkeypatch):
     monkeypatch.setenv("KLVIZ_STATIC", "1")
     panel._ipython_display_()
     assert shown[0] is panel.widget and len(shown) == 2
-    page = shown[1].data
-    assert isinstance(shown[1], IPython.display.HTML) and 'class="klviz-live"' in page
+    assert set(shown[1]) == {static.STATIC_PANEL_MIME, "text/html"}  # the HTML, and the same as data for the site
+    data, page = shown[1][static.STATIC_PANEL_MIME], shown[1]["text/html"]
+    assert 'class="klviz-live"' in page
     assert page.count("data:image/png;base64,") == 1 + 4 * 2  # the first frame shown, 4 r positions x 2 f
+    assert len(data["frames"]) == 8 and [a["kind"] for a in data["axes"]] == ["slider", "select"]
     assert readout in page and "klviz lab" in page
     assert panel.values() == before and panel.readout.value == readout  # back at the lesson's setting
 
@@ -289,3 +311,112 @@ def test_panel_falls_back_to_one_snapshot(monkeypatch):
     assert isinstance(shown[1], IPython.display.HTML) and "Snapshot at" in shown[1].data
     assert "no_such_control" in shown[1].data
     assert isinstance(shown[2], IPython.display.Image) and shown[2].data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _tags(page_html: str) -> list[tuple[str, dict[str, str]]]:
+    """Every element of the page's body with its attributes, as a browser's parser sees them."""
+    from html.parser import HTMLParser
+
+    found: list[tuple[str, dict[str, str]]] = []
+
+    class Tags(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.append((tag, {k: v or "" for k, v in attrs}))
+
+    Tags().feed(page_html.split("</head>", 1)[1])
+    return found
+
+
+def test_nothing_from_a_notebook_runs_on_the_page(built):
+    """Markdown and outputs are sanitised: no script, event handler or javascript:/data: link survives;
+    an output imitating a panel is shown through the builder's own rendering, its data escaped."""
+    out, _ = built
+    page = (out / "00_first.html").read_text()
+    tags = _tags(page)
+    handlers = [(t, a) for t, a in tags if any(k.startswith("on") for k in a)]
+    assert not handlers, handlers
+    links = [a.get("href", "") + a.get("src", "") for _t, a in tags]
+    assert not [x for x in links if x.strip().lower().startswith("javascript:")], links
+    data_links = [a for t, a in tags if t == "a" and a.get("href", "").startswith("data:")]
+    assert [a.get("class") for a in data_links] == ["klviz-download-lesson"], data_links  # the builder's own only
+    body = page.split("</head>", 1)[1]
+    scripts = re.findall(r"<script(?: [^>]*)?>(.*?)</script>", body, re.S)
+    assert all("alert(" not in script for script in scripts), [s for s in scripts if "alert(" in s]
+    assert "Hostile prose:" in body and ">out</b>" in body and "<p>spoofed panel</p>" not in body
+    spoof = body.rsplit('class="klviz-live"', 1)[1].split("</script></div>", 1)[0]  # the imitation, as rendered
+    assert 'src=""' in spoof and "&lt;script&gt;alert(3)" in spoof  # its title escaped, its frame dropped
+    assert "spoofed" in spoof and "onerror" not in spoof.split("klviz-live-data", 1)[0]
+
+
+def test_index_escapes_a_heading_and_sanitises_summaries():
+    page = site.LessonPage(
+        source=None,  # type: ignore[arg-type]
+        page="09_x.html",
+        title="09 · Evil <script>alert('t')</script> `code`",
+        summary="**What you will learn**\n\n- <img src=x onerror=alert(1)> one\n- [two](javascript:alert(2))",
+    )
+    index = site.render_index([page])
+    body = index.split("</head>", 1)[1]
+    assert "<script>alert" not in body and "onerror" not in body and "javascript:" not in body
+    assert "<code>code</code>" in body and "one" in body and "two" in body
+    assert "alert(" not in site.clean_html("<p onmouseover=alert(1)>x</p><script>alert(2)</script>")
+    assert site.clean_html("<style>.a{color:red}</style><b style='color:red;position:fixed'>x</b>") == (
+        '<style>.a{color:red}</style><b style="color:red">x</b>'
+    )
+    assert "<style>" not in site.clean_html("<style>@import url(http://evil/x.css)</style>")
+    assert "background" not in site.clean_html("<b style='background:url(http://evil/x.png)'>x</b>")
+
+
+def test_downloads_each_lesson_the_zip_and_the_wheel(tmp_path):
+    import zipfile
+
+    lesson = tmp_path / "00_only.ipynb"
+    nb = _notebook([nbformat.v4.new_markdown_cell("# 00 · Only"), nbformat.v4.new_code_cell("1 + 1")])
+    nb.cells[1].outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)]
+    nbformat.write(nb, lesson)
+    (tmp_path / "claims.md").write_text("# Claims\n")
+    wheel = tmp_path / "klviz-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK wheel")
+    out = tmp_path / "site"
+    found = site.write_downloads([lesson], out, wheel=wheel, log=lambda *_: None)
+    assert found == {"wheel": f"downloads/{wheel.name}", "zip": "downloads/klviz-lessons-0.1.0.zip"}
+    with zipfile.ZipFile(out / found["zip"]) as z:
+        names = set(z.namelist())
+        readme = z.read("klviz-lessons/README.txt").decode()
+        stored = json.loads(z.read("klviz-lessons/00_only.ipynb"))
+    assert stored["cells"][1]["outputs"] == []  # the lesson in its stored form
+    assert names == {
+        "klviz-lessons/README.txt",
+        "klviz-lessons/00_only.ipynb",
+        "klviz-lessons/claims.md",
+        f"klviz-lessons/{wheel.name}",
+    }
+    assert (
+        f"pip install {wheel.name}" in readme and "klviz lab ." in readme and "download.pytorch.org/whl/cpu" in readme
+    )
+    index = site.render_index([site.LessonPage(lesson, "00_only.html", "00 · Only", "")], downloads=found)
+    for href in re.findall(r'href="(downloads/[^"]+)"', index):
+        assert (out / href).is_file(), href
+    assert 'id="downloads"' in index and "klviz-download-zip" in index and "klviz-download-wheel" in index
+
+
+def test_the_lesson_page_links_its_download(built):
+    out, _ = built
+    page = (out / "00_first.html").read_text()
+    import base64
+
+    link = re.search(r'<a [^>]*class="klviz-download-lesson"[^>]*>', page).group(0)
+    href = re.search(r'href="([^"]+)"', link).group(1)
+    assert 'download="00_first.ipynb"' in link and href.startswith("data:application/x-ipynb+json;base64,")
+    stored = json.loads(base64.b64decode(href.split(",", 1)[1]))  # the lesson in its stored form
+    assert "".join(stored["cells"][0]["source"]).startswith("# 00 · First lesson")
+    assert not stored["cells"][1]["outputs"]
+    assert 'href="index.html#downloads"' in page
+
+
+def test_checks_on_a_static_page_say_how_to_run_the_lesson(monkeypatch):
+    from klviz.check import not_attempted
+
+    monkeypatch.setenv("KLVIZ_STATIC", "1")
+    shown = not_attempted()._repr_html_()
+    assert "run the cell again" not in shown and "download the lesson" in shown and "<code>klviz lab</code>" in shown

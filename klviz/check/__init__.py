@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import html
 import importlib
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -43,12 +45,41 @@ class CheckResult:
 
     def __repr__(self) -> str:
         mark = "correct" if self.ok else ("not attempted yet" if not self.attempted else "not yet")
-        return f"[{mark}] {self.message}"
+        return f"[{mark}] {_CODE.sub(_plain, self._shown())}"
 
     def _repr_html_(self) -> str:
-        colour = "#1b7f3b" if self.ok else ("#666" if not self.attempted else "#b00020")
+        from ..palette import PAGE_CSS, css
+
+        colour = css("good") if self.ok else (css("muted") if not self.attempted else css("bad"))
         mark = "✔ correct" if self.ok else ("… not attempted yet" if not self.attempted else "✘ not yet")
-        return f"<div style='color:{colour}'><b>{mark}:</b> {html.escape(self.message)}</div>"
+        if self._shown() is STATIC_NOT_ATTEMPTED:
+            mark = "… not run on this page"
+        message = _CODE.sub(_code, html.escape(self._shown()))  # `x` in a message is code
+        return f"{PAGE_CSS}<div class='klviz-check' style='color:{colour}'><b>{mark}:</b> {message}</div>"
+
+    def _shown(self) -> str:
+        """The message, or for an exercise not attempted on a page that cannot run (the static site,
+        ``KLVIZ_STATIC=1``), how to run it."""
+        if not self.attempted and os.environ.get("KLVIZ_STATIC", "").strip().lower() in ("1", "true", "yes"):
+            return STATIC_NOT_ATTEMPTED
+        return self.message
+
+
+#: What a check that was not attempted says on a page that cannot run code (the static site).
+STATIC_NOT_ATTEMPTED = (
+    "this page is a copy that cannot run code. To try the exercise, download the lesson (link at the top of the "
+    "page) and open it with `klviz lab`, or run `make lab` in a checkout; complete the function and run its cell."
+)
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def _plain(m: re.Match[str]) -> str:
+    return m.group(1)
+
+
+def _code(m: re.Match[str]) -> str:
+    return f"<code>{m.group(1)}</code>"
 
 
 def passed(message: str) -> CheckResult:

@@ -93,7 +93,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
         ax_pos.plot(pos, st["log_r"], color=COLORS["k1"], lw=1.2, label="mean log r")
         ax_pos.plot(pos, st["k3"], color=COLORS["k3"], lw=1.2, label="mean k3")
         ax_pos.set_xscale("log")
-    ax_pos.axhline(0, color="black", lw=0.6)
+    ax_pos.axhline(0, color=COLORS["ink"], lw=0.6)
     ax_pos.set_xlabel("position in the response (from its first counted token)")
     ax_pos.set_ylabel("nats")
     ax_pos.set_title("per-position means")
@@ -126,7 +126,16 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
         rows = [(f"ρ·{k}", d.extra[f"ρ·{k}, ρ = π/π_old"]) for k in ("k1", "k2", "k3")]
         for i, (k, e) in enumerate(rows):
             err = 2 * e["token_mean_se"] if math.isfinite(e["token_mean_se"]) else 0.0
-            ax_bar.bar([i], [e["token_mean"]], width=0.6, color=COLORS[k[-2:]], yerr=[err], capsize=3, label=k)
+            ax_bar.bar(
+                [i],
+                [e["token_mean"]],
+                width=0.6,
+                color=COLORS[k[-2:]],
+                yerr=[err],
+                capsize=3,
+                ecolor=COLORS["ink"],
+                label=k,
+            )
         ax_bar.set_xticks(range(3), [k for k, _ in rows])
         ax_bar.set_title("ρ-weighted estimates ± 2 SE (tokens from π_old)")
     else:
@@ -135,10 +144,10 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
             xs = np.arange(len(modes)) + (i - 1) * width
             ys = [e[m] for m, _ in modes]
             errs = [2 * e[m + "_se"] if math.isfinite(e[m + "_se"]) else 0.0 for m, _ in modes]
-            ax_bar.bar(xs, ys, width=width, color=COLORS[k], label=k, yerr=errs, capsize=3)
+            ax_bar.bar(xs, ys, width=width, color=COLORS[k], label=k, yerr=errs, capsize=3, ecolor=COLORS["ink"])
         ax_bar.set_xticks(np.arange(len(modes)), [lab for _, lab in modes])
         ax_bar.set_title("batch estimates ± 2 SE")
-    ax_bar.axhline(0, color="black", lw=0.6)
+    ax_bar.axhline(0, color=COLORS["ink"], lw=0.6)
     ax_bar.set_ylabel("KL(π ‖ π_ref) estimate [nats/token]")
     ax_bar.legend()
     ax_text.axis("off")
@@ -181,7 +190,7 @@ def plot_series(items: list, path: str | Path | None = None) -> Figure:
         ("k3", COLORS["k3"]),
         ("ρ·k3", COLORS["k2"]),
         ("ppo_kl", COLORS["mu"]),
-        ("mismatch k3", "black"),
+        ("mismatch k3", COLORS["ink"]),
     ):
         vals = [_trend_values(d).get(name) for _i, _s, d in good]
         if not any(v is not None for v in vals):
@@ -197,7 +206,7 @@ def plot_series(items: list, path: str | Path | None = None) -> Figure:
             ms=3,
             capsize=2,
         )
-    ax.axhline(0, color="black", lw=0.6)
+    ax.axhline(0, color=COLORS["ink"], lw=0.6)
     ax.set_xlabel("step" if all(s is not None for _i, s, _d in good) else "dump")
     ax.set_ylabel("nats/token")
     ax.set_title("KL estimates across the run")

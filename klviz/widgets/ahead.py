@@ -209,7 +209,9 @@ class DrawAhead:
         from .base import static_mode
 
         panel = self.panel
-        if not (panel.draw_ahead and self.enabled()) or static_mode() or not panel._built or not in_kernel():
+        if not (panel.draw_ahead and self.enabled()) or static_mode() or not panel._built:
+            return None
+        if getattr(panel, "closed", False) or not in_kernel():
             return None
         try:
             return asyncio.get_running_loop()
@@ -278,6 +280,14 @@ class DrawAhead:
             self.kept = []
             return
         self.kept = [p for p in self.kept if not same_values(p.values, prepared.values)][-(KEEP - 1) :] + [prepared]
+
+    def stop(self) -> None:
+        """Draw nothing more ahead (the panel is closed): drop what is scheduled and half drawn."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._work = None
+        self.kept = []
 
     def plan(self) -> None:
         """After an update: schedule the neighbours of the new position for the kernel's idle turns."""

@@ -43,6 +43,7 @@ import traitlets
 from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
+from ..palette import PAGE_CSS, css
 from .ahead import KEEP, DrawAhead, Prepared, neighbours
 from .frames import FrameComposer, pixel_ratio, png_url
 from .stack import FrameStack
@@ -113,7 +114,7 @@ class Panel:
         self.widget = (
             widgets.VBox(
                 [
-                    widgets.HTML(f"<b>{html.escape(self.title)}</b>"),
+                    widgets.HTML(f"{PAGE_CSS}<b>{html.escape(self.title)}</b>"),  # PAGE_CSS: the colours of both themes
                     self.layout_controls(),
                     self._canvas,
                     self.text,
@@ -122,6 +123,9 @@ class Panel:
             .add_class(self.css_class)
             .add_class("klviz-panel")
         )
+        self.closed = False
+        # closing the panel's box (panel.widget.close(), or a notebook that closes its widgets) closes the panel
+        self.widget.observe(self._widget_closed, names="comm")
         self.update()
         self._prime_frames()
         self._built = True
@@ -215,8 +219,23 @@ class Panel:
         sliders = [name for name in stepping if "Slider" in type(self.controls[name]).__name__]
         return (sliders or stepping or [None])[0]
 
+    def close(self) -> None:
+        """Close the panel: its background run stops at its next check (the thread ends, nothing more is
+        drawn), drawing ahead stops, and its widgets are closed (their views leave the page). Closing
+        :attr:`widget` does the same. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._generation += 1  # a run still working is out of date: its next check() raises Cancelled
+        self._ahead.stop()
+        _close_widgets(self.widget)
+
+    def _widget_closed(self, change: dict[str, Any]) -> None:
+        if change["new"] is None:
+            self.close()
+
     def _on_change(self, change: dict[str, Any]) -> None:
-        if self._holding:
+        if self._holding or self.closed:
             return
         self._ahead.note_change(change)
         self._generation += 1  # a run still working in the background is out of date
@@ -319,7 +338,7 @@ class Panel:
         """Show ``err`` (being handled) in the panel and keep it in ``last_error``."""
         self.last_error = err
         self.error.value = (
-            "<div style='color:#b00020'><b>This setting could not be computed:</b> "
+            f"<div style='color:{css('bad')}'><b>This setting could not be computed:</b> "
             f"{html.escape(type(err).__name__)}: {html.escape(str(err))}</div>"
             f"<details><summary>details</summary><pre>{html.escape(traceback.format_exc(limit=4))}</pre></details>"
         )
@@ -365,6 +384,9 @@ class Panel:
         """
         run = BackgroundRun(self, self._generation, what)
         self.background_run = run
+        if self.closed:  # nothing starts on a closed panel
+            run.finished = True
+            return run
         run.thread = threading.Thread(
             target=self._work_in_background, args=(run, work, on_done), name=f"klviz-{type(self).__name__}", daemon=True
         )
@@ -466,9 +488,9 @@ class Panel:
         draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
         if self._frames.last_was_blit if blitted is None else blitted:
             draw += " (blitted)"
-        device = describe_device(self.device).replace("(1 threads)", "(1 thread)")  # grammar of one
+        device = describe_device(self.device)
         self.status.value = (
-            f"<span style='color:#666;font-size:85%'>device {html.escape(device)}"
+            f"<span style='color:{css('muted')};font-size:85%'>device {html.escape(device)}"
             f" · compute {self.last_compute_ms:.1f} ms{draw}{note}</span>"
         )
 
@@ -518,14 +540,15 @@ class Panel:
         from IPython.display import HTML, Image, display
 
         try:
-            from .static import static_panel_html
+            from .static import STATIC_PANEL_MIME, render_static_panel, static_panel_data
 
-            page = static_panel_html(self)
+            data = static_panel_data(self)
+            page = PAGE_CSS + render_static_panel(data)
         except Exception as err:  # noqa: BLE001 - the single snapshot below still shows the panel
             page = None
             failure = f"{type(err).__name__}: {err}"
-        if page is not None:
-            display(HTML(page))
+        if page is not None:  # the HTML, and the same as data for the site builder (klviz.site)
+            display({STATIC_PANEL_MIME: data, "text/html": page}, raw=True)
             return
         settings = []
         for name, w in self.controls.items():
@@ -534,8 +557,8 @@ class Panel:
             settings.append(f"{html.escape(w.description or name)} = {html.escape(str(shown))}")
         display(
             HTML(
-                f"<div class='klviz-snapshot'><b>{html.escape(self.title)}</b><br>"
-                f"<span style='color:#666;font-size:90%'>Snapshot at {'; '.join(settings)} "
+                f"{PAGE_CSS}<div class='klviz-snapshot'><b>{html.escape(self.title)}</b><br>"
+                f"<span style='color:{css('muted')};font-size:90%'>Snapshot at {'; '.join(settings)} "
                 f"(no precomputed positions: {html.escape(failure)}). "
                 "Run the lesson (<code>klviz lab</code> or <code>make lab</code>) to move the controls.</span>"
                 f"<div>{self.readout.value}</div>{self.error.value}</div>"
@@ -614,6 +637,13 @@ class BackgroundRun:
                 panel._lock.release()
 
 
+def _close_widgets(widget: widgets.Widget) -> None:
+    """Close ``widget`` and every widget inside it (children first)."""
+    for child in getattr(widget, "children", ()):
+        _close_widgets(child)
+    widget.close()
+
+
 def static_mode() -> bool:
     """True when the environment variable ``KLVIZ_STATIC`` asks for static output (the static site)."""
     return os.environ.get("KLVIZ_STATIC", "").strip().lower() in ("1", "true", "yes")
@@ -657,6 +687,6 @@ def _range_of(control: widgets.ValueWidget) -> str:
 def html_table(header: list[str], rows: list[list[str]], css_class: str = "klviz-table") -> str:
     """A compact HTML table for a panel readout (cells are inserted as given: escape text yourself)."""
     cell = "padding:2px 10px;text-align:right;white-space:nowrap"
-    head = "".join(f"<th style='{cell};border-bottom:1px solid #ccc'>{h}</th>" for h in header)
+    head = "".join(f"<th style='{cell};border-bottom:1px solid {css('rule')}'>{h}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td style='{cell}'>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table class='{css_class}' style='border-collapse:collapse;font-size:90%'><tr>{head}</tr>{body}</table>"

@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from ..devices import make_generator
 from ..divergences import categorical_kl
+from ..palette import css
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..sampling import draw_tokens, effective_sample_size, importance_weights, running_mean
@@ -112,7 +113,7 @@ class SamplingPanel(Panel):
         (self.p_line,) = ax_pol.plot(
             x, self.ref_logp.exp().numpy(), "o", color=COLORS["p"], ms=4, label="p(x): reference (fixed)"
         )
-        (self.freq_line,) = ax_pol.plot(x - 0.2, zeros, "_", color="black", ms=10, mew=2.2, label="counts / N")
+        (self.freq_line,) = ax_pol.plot(x - 0.2, zeros, "_", color=COLORS["ink"], ms=10, mew=2.2, label="counts / N")
         ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
         ax_pol.set_ylabel("probability")
         ax_pol.set_title("draw frequencies vs π(x)")
@@ -267,14 +268,14 @@ class SamplingPanel(Panel):
             # the weighted mean is unbiased: a large z here says the SE (computed from the weights seen
             # so far) cannot be trusted, not that the estimator is biased
             verdict = (
-                f"<b style='color:#8a4b00'>SE unreliable (ESS {100 * ess_share:.1f} %)</b>: the weighted mean "
+                f"<b style='color:{css('warn')}'>SE unreliable (ESS {100 * ess_share:.1f} %)</b>: the weighted mean "
                 "is unbiased, but with so few effective tokens its ±2 SE is computed from weights it has "
                 "barely sampled"
             )
         elif abs(z) < 3:
             verdict = "consistent with the exact value"
         else:
-            verdict = "<b style='color:#b00020'>off by more than 3 standard errors: biased</b>"
+            verdict = f"<b style='color:{css('bad')}'>off by more than 3 standard errors: biased</b>"
         ess_line = (
             f"effective sample size <b class='klviz-ess'>{data['ess']:,.0f}</b> of {data['num_samples']:,} "
             f"({100 * data['ess'] / data['num_samples']:.1f}%), largest weight π/μ = {data['max_weight']:.3g}"

@@ -32,6 +32,7 @@ from ..devices import make_generator, panel_sample_count, resolve_device
 from ..divergences import categorical_kl, target_favours
 from ..estimators import k1, k2, k3
 from ..montecarlo import ESTIMATORS, categorical_counts
+from ..palette import FIGURE_BACKGROUND, css, theme
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..statistics import control_variate_lambda, mean_std_with_se, sample_moments
@@ -186,7 +187,7 @@ class GaussianEstimatorsPanel(Panel):
         for name in ESTIMATORS:
             self.mean_lines[name] = ax.axvline(0.0, color=COLORS[name], lw=1.4, ls=":")
         self.kl_line = ax.axvline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label="true KL(q‖p)")
-        ax.axvline(0.0, color="black", lw=0.6)
+        ax.axvline(0.0, color=COLORS["ink"], lw=0.6)
         ax.set_yscale("log")
         ax.set_ylim(_FLOOR, 10.0)  # a decade above the highest bar: room for the legend
         ax.set_xlabel("value of one sample  [nats]  (central 99.8 % of the samples, one x axis for all three)")
@@ -250,7 +251,7 @@ class GaussianEstimatorsPanel(Panel):
         for name in ESTIMATORS:
             m = data["mc"][name]
             rows.append(
-                f"<tr><td style='color:{COLORS[name]};padding-right:12px'><b>{name}</b></td>"
+                f"<tr><td style='color:{css(name)};padding-right:12px'><b>{name}</b></td>"
                 + _cell(_rel(m["mean"] - kl, kl), _rel(m["se"], kl), signed=True)
                 + _cell(exact.bias_rel(name) if kl > 0 else math.nan, signed=True)
                 + _cell(_rel(m["std"], kl), _rel(m["se_std"], kl))
@@ -271,7 +272,7 @@ class GaussianEstimatorsPanel(Panel):
             f"<div style='font-size:90%'>true KL(q‖p) = <b class='klviz-exact'>{kl:.5g}</b> nats · N = {data['n']:,} · "
             f"k1 &lt; 0 for {100 * data['frac_neg_mc']:.1f} % of the samples (exact "
             f"{100 * data['frac_neg_exact']:.1f} %): wherever p(x) &gt; q(x).</div>"
-            + "".join(f"<div style='font-size:90%;color:#8a4b00'>{n}</div>" for n in notes)
+            + "".join(f"<div style='font-size:90%;color:{css('warn')}'>{n}</div>" for n in notes)
         )
 
 
@@ -319,7 +320,7 @@ class TokenEstimatorsPanel(Panel):
                 x + (j - 1) * 0.27, np.zeros(len(x)), width=0.27, color=COLORS[name], label=name
             )
         self.kl_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.3, label="exact KL(q‖p)")
-        ax_est.axhline(0.0, color="black", lw=0.6)
+        ax_est.axhline(0.0, color=COLORS["ink"], lw=0.6)
         ax_est.set_xticks(x, labels, rotation=45, ha="right")
         ax_est.set_ylabel("value if this token is drawn  [nats]")
         ax_est.set_title("each token's k1, k2, k3 (log r = log p − log q)")
@@ -420,7 +421,7 @@ class ControlVariatePanel(Panel):
         )
         (self.mark_k1,) = ax_v.plot([0], [1], "o", color=COLORS["k1"], ms=8, label="λ = 0: k1")
         (self.mark_k3,) = ax_v.plot([1], [1], "s", color=COLORS["k3"], ms=8, label="λ = 1: k3")
-        (self.mark_star,) = ax_v.plot([1], [1], "*", color="black", ms=13, label="λ* exact")
+        (self.mark_star,) = ax_v.plot([1], [1], "*", color=COLORS["ink"], ms=13, label="λ* exact")
         self.mark_star_mc = ax_v.axvline(1.0, color=COLORS["mu"], lw=1, ls=":", label="λ* measured")
         self.note = ax_v.text(
             0.5,
@@ -430,8 +431,8 @@ class ControlVariatePanel(Panel):
             ha="center",
             va="center",
             fontsize=8.5,
-            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85},
-            color="#8a4b00",
+            bbox={"facecolor": FIGURE_BACKGROUND[theme()], "edgecolor": "none", "alpha": 0.85},
+            color=COLORS["warn"],
         )
         ax_v.set_xlabel("λ")
         ax_v.set_ylabel("std / true KL of one sample")
@@ -507,7 +508,9 @@ class ControlVariatePanel(Panel):
         std_at = {lbl: math.sqrt(exact.cv_variance(v)) * scale for lbl, v in (("0", 0.0), ("star", lam), ("1", 1.0))}
         rel = "std/true" if kl > 0 else "std"
         note = (
-            "<div style='font-size:90%;color:#8a4b00'>" + html.escape(exact.notes["k3"]) + "</div>" if infinite else ""
+            f"<div style='font-size:90%;color:{css('warn')}'>" + html.escape(exact.notes["k3"]) + "</div>"
+            if infinite
+            else ""
         )
         self.readout.value = (
             _TABLE + f"<tr>{_TH}</th>{_TH}λ</th>{_TH}{rel} (exact)</th></tr>"

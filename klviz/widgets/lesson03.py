@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from ..estimators import k3
 from ..fdiv import GENERATORS, bregman_gap, f_second, f_value, generator, tangent_at_one
+from ..palette import css
 from ..plotting import COLORS, panel_figure, sticky_limits
 from .base import Panel
 
@@ -71,7 +72,7 @@ class BregmanPanel(Panel):
         (self.gap_line,) = ax_f.plot([], [], color=COLORS["mu"], lw=3.0, solid_capstyle="butt", label="gap = estimator")
         (self.point,) = ax_f.plot([], [], "o", color=COLORS["mu"], ms=6)
         (self.one,) = ax_f.plot([1.0], [0.0], "o", color=COLORS["exact"], ms=5)
-        ax_f.axhline(0, color="black", lw=0.6)
+        ax_f.axhline(0, color=COLORS["ink"], lw=0.6)
         ax_f.set_xlabel("t  (a ratio p/q)")
         ax_f.set_ylabel("f(t)")
         ax_f.legend(loc="upper center", fontsize=8)
@@ -86,7 +87,7 @@ class BregmanPanel(Panel):
             grid, np.zeros_like(grid), color=COLORS["q"], lw=1.2, ls=":", label="f(r) alone (same mean)"
         )
         (self.est_point,) = ax_g.plot([], [], "o", color=COLORS["mu"], ms=6)
-        ax_g.axhline(0, color="black", lw=0.6)
+        ax_g.axhline(0, color=COLORS["ink"], lw=0.6)
         ax_g.axvline(1.0, color=COLORS["q"], lw=0.6, ls=":")
         ax_g.set_xscale("log")
         ax_g.minorticks_off()
@@ -179,7 +180,7 @@ class BregmanPanel(Panel):
         convex_note = (
             ""
             if data["curvature"] >= 0
-            else f"<br><b style='color:#b00020'>f″(r) = {data['curvature']:.3g} &lt; 0:</b> at r &gt; e "
+            else f"<br><b style='color:{css('bad')}'>f″(r) = {data['curvature']:.3g} &lt; 0:</b> at r &gt; e "
             "½(log t)² bends the wrong way, so E<sub>q</sub>[k2] is not an f-divergence."
         )
         self.readout.value = (

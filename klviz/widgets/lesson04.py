@@ -18,6 +18,7 @@ from .. import lm
 from ..devices import single_thread
 from ..divergences import exact_kl
 from ..estimators import k1, k2, k3, masked_mean
+from ..palette import css, text_on
 from ..plotting import COLORS, panel_figure, snapped_limits, sticky_limits
 from .base import Panel
 
@@ -173,9 +174,9 @@ class WorkedTokensPanel(Panel):
                 ls="--" if q == "exact" else "-",
                 label=names[q],
             )
-        self.thr_line = ax_c.axhline(0.25, color="#b00020", lw=1.2, ls=":", label="early-stop threshold")
-        self.step_line = ax_c.axvline(0, color="#555", lw=1.0)
-        (self.stop_marker,) = ax_c.plot([], [], "X", color="#b00020", ms=10, zorder=5, label="MiniMind stops here")
+        self.thr_line = ax_c.axhline(0.25, color=COLORS["bad"], lw=1.2, ls=":", label="early-stop threshold")
+        self.step_line = ax_c.axvline(0, color=COLORS["muted"], lw=1.0)
+        (self.stop_marker,) = ax_c.plot([], [], "X", color=COLORS["bad"], ms=10, zorder=5, label="MiniMind stops here")
         ax_c.set_xlabel("update step on the rollout batch")
         ax_c.set_ylabel("token mean over the batch [nats]")
         ax_c.set_title("π_θ drifts from π_old: batch averages")
@@ -196,7 +197,7 @@ class WorkedTokensPanel(Panel):
                 lw=1.3 if q != "exact" else 1.8,
                 label={"k1": "k1", "k2": "k2 = ½Δ²", "k3": "k3", "exact": "exact KL"}[q],
             )
-        ax_t.axhline(0, color="black", lw=0.6)
+        ax_t.axhline(0, color=COLORS["ink"], lw=0.6)
         ax_t.set_xlabel("position in the response (the token strip below, left to right)")
         ax_t.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax_t.set_ylabel("per-token value [nats]")
@@ -282,14 +283,16 @@ class WorkedTokensPanel(Panel):
             )
             spans.append(
                 f"<span class='klviz-token' title='{html.escape(tip, quote=True)}' "
-                f"style='background:{colours[i]};padding:2px 1px;margin:0 1px;border-radius:3px;"
+                f"style='background:{colours[i]};color:{text_on(colours[i])};padding:2px 1px;margin:0 1px;"
+                f"border-radius:3px;"
                 f"font-family:monospace;font-size:15px'>{html.escape(tok)}</span>"
             )
         return (
             f"<div class='klviz-strip' style='margin:4px 0;line-height:2'>"
-            f"<span style='color:#666;font-family:monospace;font-size:15px'>{html.escape(data['prompt'])}</span>"
+            f"<span style='color:{css('muted')};font-family:monospace;font-size:15px'>"
+            f"{html.escape(data['prompt'])}</span>"
             f"{''.join(spans)}</div>"
-            f"<div style='font-size:85%;color:#555'>colour: {html.escape(_QUANTITIES[q])}"
+            f"<div style='font-size:85%;color:{css('muted')}'>colour: {html.escape(_QUANTITIES[q])}"
             f"{' (blue: π_θ likes the token more than π_old, red: less)' if q == 'k1' else ''}; "
             "hover a token for all its numbers.</div>"
         )
@@ -300,7 +303,7 @@ class WorkedTokensPanel(Panel):
             verdict = f"approx_kl never exceeds {data['threshold']:.2f} within {self.num_steps} steps: no early stop."
         elif data["stopped"]:
             verdict = (
-                f"<b style='color:#b00020'>stopped</b>: approx_kl first exceeded {data['threshold']:.2f} at step "
+                f"<b style='color:{css('bad')}'>stopped</b>: approx_kl first exceeded {data['threshold']:.2f} at step "
                 f"{stop}; MiniMind zeroes the loss from there on for this batch."
             )
         else:

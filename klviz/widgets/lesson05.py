@@ -23,7 +23,8 @@ from matplotlib.figure import Figure
 
 from ..bandit import BETA_GRID, REF_PROBS, REWARDS, THREE_TOKENS, bandit_solutions, bandit_table, tv_distance
 from ..divergences import categorical_kl
-from ..plotting import panel_figure, sticky_limits
+from ..palette import css
+from ..plotting import COLORS, panel_figure, sticky_limits
 from ..simplex import (
     ALL_FLOWS,
     CHOICE_COLORS,
@@ -45,7 +46,7 @@ _CORNERS = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, np.sqrt(3) / 2]])
 
 
 def _draw_triangle(ax: Any) -> None:
-    ax.plot(*np.vstack([_CORNERS, _CORNERS[:1]]).T, color="black", lw=1.0)
+    ax.plot(*np.vstack([_CORNERS, _CORNERS[:1]]).T, color=COLORS["ink"], lw=1.0)
     for (x, y), name, (dx, dy) in zip(_CORNERS, THREE_TOKENS, ((-0.03, -0.06), (0.03, -0.06), (0.0, 0.03))):
         ax.annotate(f"all on '{name.strip()}'", (x, y), xytext=(x + dx, y + dy), ha="center", fontsize=8.5)
     ax.set_xlim(-0.12, 1.12)
@@ -157,16 +158,15 @@ class SimplexFlowPanel(Panel):
             scale_units="xy",
             scale=1.0,
             width=0.004,
-            color="#888888",
-            alpha=0.8,
+            color=COLORS["q"],
         )
         (self.path_rev,) = ax.plot([], [], CHOICE_STYLES["reverse KL"], color=CHOICE_COLORS["reverse KL"], lw=2.2)
         (self.path_fwd,) = ax.plot([], [], CHOICE_STYLES["forward KL"], color=CHOICE_COLORS["forward KL"], lw=2.2)
         (self.path_sel,) = ax.plot([], [], "-", lw=2.0)
-        (self.end_sel,) = ax.plot([], [], "o", ms=6, mfc="white", mew=2)
-        (self.start_dot,) = ax.plot([], [], "o", color="black", ms=6)
+        (self.end_sel,) = ax.plot([], [], "o", ms=6, mfc="none", mew=2)
+        (self.start_dot,) = ax.plot([], [], "o", color=COLORS["ink"], ms=6)
         ref_xy = to_xy(self.ref).numpy()
-        ax.plot(ref_xy[0], ref_xy[1], "*", color="#9467bd", ms=14, mec="black")
+        ax.plot(ref_xy[0], ref_xy[1], "*", color=COLORS["p"], ms=14, mec=COLORS["ink"])
         self.ax = ax  # the key of this plot is HTML under the figure: legends are slow to redraw
         ax.set_title("expected-gradient field (arrows) and descent paths", fontsize=9.5)
 
@@ -232,11 +232,12 @@ class SimplexFlowPanel(Panel):
         kl_end = float(data["kl"][flow][-1])
         kl_rev_end = float(data["kl"]["reverse KL"][-1])
         self.readout.value = (
-            f"<div style='font-size:85%;color:#444'>Key: arrows = how π moves under one descent step of "
-            f"<b style='color:{CHOICE_COLORS[flow]}'>{html.escape(flow)}</b> (expected gradient); "
-            "<span style='color:#222'>⋯ black</span> true reverse-KL path; <span style='color:#d62728'>⋯ red</span> "
-            "true forward-KL path; ● start; ○ end; <span style='color:#9467bd'>★</span> π_ref.</div>"
-            f"<div style='font-size:90%'><b style='color:{CHOICE_COLORS[flow]}'>{html.escape(flow)}</b>: "
+            f"<div style='font-size:85%;color:{css('muted')}'>Key: arrows = how π moves under one descent step of "
+            f"<b style='color:{CHOICE_COLORS.css(flow)}'>{html.escape(flow)}</b> (expected gradient); "
+            f"<span style='color:{css('ink')}'>⋯ dark</span> true reverse-KL path; "
+            f"<span style='color:{css('forward')}'>⋯ red</span> "
+            f"true forward-KL path; ● start; ○ end; <span style='color:{css('p')}'>★</span> π_ref.</div>"
+            f"<div style='font-size:90%'><b style='color:{CHOICE_COLORS.css(flow)}'>{html.escape(flow)}</b>: "
             f"start π = (<span class='klviz-start'>{start[0]:.2f}, {start[1]:.2f}, {start[2]:.2f}</span>) "
             f"→ after {data['steps']} steps "
             f"π = (<span class='klviz-end'>{end[0]:.3f}, {end[1]:.3f}, {end[2]:.3f}</span>); "
@@ -296,13 +297,13 @@ class BanditPanel(Panel):
         _draw_triangle(ax)
         rev_xy = to_xy(self.data["reverse"]).numpy()
         fwd_xy = to_xy(self.data["forward"]).numpy()
-        ax.plot(*rev_xy.T, "-", color=CHOICE_COLORS["reverse KL"], lw=1.2, alpha=0.6)
-        ax.plot(*fwd_xy.T, "-", color=CHOICE_COLORS["forward KL"], lw=1.2, alpha=0.6)
+        ax.plot(*rev_xy.T, "-", color=CHOICE_COLORS["reverse KL"], lw=1.0)
+        ax.plot(*fwd_xy.T, "-", color=CHOICE_COLORS["forward KL"], lw=1.0)
         ref_xy = to_xy(torch.tensor(REF_PROBS)).numpy()
-        ax.plot(*ref_xy, "*", color="#9467bd", ms=13, mec="black")
+        ax.plot(*ref_xy, "*", color=COLORS["p"], ms=13, mec=COLORS["ink"])
         (self.star,) = ax.plot([], [], "P", color=CHOICE_COLORS["reverse KL"], ms=11)
         (self.fwd,) = ax.plot([], [], "D", color=CHOICE_COLORS["forward KL"], ms=8, mfc="none", mew=2)
-        self.points = {flow: ax.plot([], [], "o", color=CHOICE_COLORS[flow], ms=5, alpha=0.9)[0] for flow in CHOICES}
+        self.points = {flow: ax.plot([], [], "o", color=CHOICE_COLORS[flow], ms=5)[0] for flow in CHOICES}
         (self.sel,) = ax.plot([], [], "o", ms=11, mfc="none", mew=2.2)
         # the key of the triangle is HTML under the figure (legends are the slowest part of a redraw)
         ax.set_title(f"rewards R = {REWARDS} for ({', '.join(t.strip() for t in THREE_TOKENS)})", fontsize=9)
@@ -317,11 +318,11 @@ class BanditPanel(Panel):
                 betas,
                 tv,
                 CHOICE_STYLES[flow],
-                color=CHOICE_COLORS[flow] if len(members) == 1 else "#222222",
+                color=CHOICE_COLORS[flow] if len(members) == 1 else COLORS["ink"],
                 lw=1.8,
                 label=label,
             )
-        self.beta_line = ax_tv.axvline(betas[12], color="#999999", lw=1)
+        self.beta_line = ax_tv.axvline(betas[12], color=COLORS["q"], lw=1)
         ax_tv.set_xscale("log")
         ax_tv.set_ylim(-0.02, 1.0)
         ax_tv.set_xlabel("KL coefficient β")
@@ -355,19 +356,20 @@ class BanditPanel(Panel):
         self.star.set_data(*[[v] for v in to_xy(torch.as_tensor(data["star"])).numpy()])
         self.fwd.set_data(*[[v] for v in to_xy(torch.as_tensor(data["forward"])).numpy()])
         self.beta_line.set_xdata([data["beta"], data["beta"]])
-        shade = " style='background:#eef'"
+        shade = f" style='outline:2px solid {css('muted')};outline-offset:-1px'"  # tinting would cost contrast
         body = "".join(
             f"<tr{shade if f == data['flow'] else ''}>"
-            f"<td style='color:{CHOICE_COLORS[f]}'><b>{html.escape(f)}</b></td>"
+            f"<td style='color:{CHOICE_COLORS.css(f)}'><b>{html.escape(f)}</b></td>"
             f"<td>({r['policy'][0]:.3f}, {r['policy'][1]:.3f}, {r['policy'][2]:.3f})</td>"
             f"<td>{r['tv_to_optimum']:.3f}</td><td>{r['reward']:.3f}</td><td>{r['kl']:.3f}</td></tr>"
             for f, r in rows.items()
         )
         self.readout.value = (
-            "<div style='font-size:85%;color:#444'>Key (triangle): <span style='color:#222'>—</span> π* ∝ "
-            "π_ref·exp(R/β) for every β, <b>✚</b> at this β; <span style='color:#d62728'>—</span> forward-KL "
-            "optimum for every β, <span style='color:#d62728'>◇</span> at this β; "
-            "<span style='color:#9467bd'>★</span> π_ref (where descent starts); coloured dots: where each "
+            f"<div style='font-size:85%;color:{css('muted')}'>Key (triangle): "
+            f"<span style='color:{css('ink')}'>—</span> π* ∝ "
+            f"π_ref·exp(R/β) for every β, <b>✚</b> at this β; <span style='color:{css('forward')}'>—</span> forward-KL "
+            f"optimum for every β, <span style='color:{css('forward')}'>◇</span> at this β; "
+            f"<span style='color:{css('p')}'>★</span> π_ref (where descent starts); coloured dots: where each "
             "choice ends (colours as in the table); ○ the highlighted choice.</div>"
             f"<div style='font-size:90%'>β = <b class='klviz-beta-value'>{data['beta']:g}</b>: "
             "fixed point reached from π_ref by gradient descent on −E[R] + β·(choice).</div>"

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from ..devices import make_generator
 from ..diagnose import RolloutDump, load_rollouts, sample_rollouts_path
+from ..palette import css
 from ..pitfalls import CLAMP_RULES, apply_clamp
 from ..plotting import COLORS, panel_figure, sticky_limits
 from .base import Panel, html_table
@@ -130,7 +131,7 @@ class RolloutPanel(Panel):
     def make_figure(self) -> Figure:
         fig, (ax_tok, ax_boot) = panel_figure(8.4, 3.5, ncols=2)
         self.tok_hist = ax_tok.stairs(np.ones(40), np.linspace(0, 1, 41), color=COLORS["k3"], fill=True, alpha=0.6)
-        self.tok_mean = ax_tok.axvline(0.0, color="black", ls="--", lw=1.2, label="batch token-mean")
+        self.tok_mean = ax_tok.axvline(0.0, color=COLORS["ink"], ls="--", lw=1.2, label="batch token-mean")
         ax_tok.set_yscale("log")
         ax_tok.set_xlabel("per-token value [nats]")
         ax_tok.set_ylabel("tokens (log scale)")
@@ -141,7 +142,7 @@ class RolloutPanel(Panel):
         for k in ("k1", "k2", "k3"):
             self.boot[k] = ax_boot.stairs(np.zeros(40), np.linspace(0, 1, 41), color=COLORS[k], lw=1.8, label=k)
             self.full[k] = ax_boot.axvline(0.0, color=COLORS[k], ls=":", lw=1.4)
-        ax_boot.axvline(0.0, color="black", lw=0.6)
+        ax_boot.axvline(0.0, color=COLORS["ink"], lw=0.6)
         ax_boot.set_xlabel("logged batch value [nats]")
         ax_boot.set_ylabel("fraction of batches")
         ax_boot.legend(
@@ -238,7 +239,7 @@ class RolloutPanel(Panel):
 
         rows = [
             [
-                f"<b style='color:{COLORS[e]}'>{e}</b>",
+                f"<b style='color:{css(e)}'>{e}</b>",
                 f"<span class='klviz-full-{e}'>{s['full']:.4f}</span>",
                 f"{s['unclamped_float32']:.4f}",
                 f"<span class='klviz-spread-{e}'>{s['boot_std']:.4f}</span>",

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..plotting import panel_figure, sticky_limits
+from ..plotting import COLORS, panel_figure, sticky_limits
 from ..rlhf import PLACEMENT_COLORS, PLACEMENTS, LabConfig, TrainingHistory, lab_history, trained_history
 from .base import BackgroundRun, Panel
 
@@ -94,7 +94,7 @@ class RLHFLabPanel(Panel):
         self._draw_curves(m, cfg.steps)
         done = len(m["reward"])
         self.readout.value = (
-            f"<div style='font-size:90%' class='klviz-training'><b style='color:{PLACEMENT_COLORS[cfg.placement]}'>"
+            f"<div style='font-size:90%' class='klviz-training'><b style='color:{PLACEMENT_COLORS.css(cfg.placement)}'>"
             f"{html.escape(cfg.placement)}</b>, β = {cfg.beta:g}, {cfg.steps} steps: training in the background, "
             f"step {done} of {cfg.steps} … (move any control to start another run)</div>"
         )
@@ -144,15 +144,15 @@ class RLHFLabPanel(Panel):
     def make_figure(self) -> Figure:
         fig, axes = panel_figure(8.4, 3.2, ncols=3)
         ax_r, ax_kl, ax_h = axes
-        (self.line_r,) = ax_r.plot([], [], color="#222222", lw=1.8)
+        (self.line_r,) = ax_r.plot([], [], color=COLORS["ink"], lw=1.8)
         ax_r.set_title("reward R (batch mean)")
         ax_r.set_xlabel("training step")
-        (self.line_true,) = ax_kl.plot([], [], color="#d62728", lw=1.8, label="true KL(π‖π_ref)")
-        (self.line_rep,) = ax_kl.plot([], [], "--", color="#1f77b4", lw=1.4, label="what the estimator reports")
+        (self.line_true,) = ax_kl.plot([], [], color=COLORS["mu"], lw=1.8, label="true KL(π‖π_ref)")
+        (self.line_rep,) = ax_kl.plot([], [], "--", color=COLORS["k1"], lw=1.4, label="what the estimator reports")
         ax_kl.set_title("KL per response  [nats]")
         ax_kl.set_xlabel("training step")
         ax_kl.legend(loc="upper left", fontsize=7.5)
-        (self.line_h,) = ax_h.plot([], [], color="#2ca02c", lw=1.8)
+        (self.line_h,) = ax_h.plot([], [], color=COLORS["k3"], lw=1.8)
         ax_h.set_title("entropy per token  [nats]")
         ax_h.set_xlabel("training step")
         self.axes = axes
@@ -211,7 +211,7 @@ class RLHFLabPanel(Panel):
         )
         stopped = int(np.sum(m["epochs_run"] < cfg.epochs))
         self.readout.value = (
-            f"<div style='font-size:90%'><b style='color:{PLACEMENT_COLORS[cfg.placement]}'>"
+            f"<div style='font-size:90%'><b style='color:{PLACEMENT_COLORS.css(cfg.placement)}'>"
             f"{html.escape(cfg.placement)}</b>, β = {cfg.beta:g}, {cfg.steps} steps in {hist.seconds:.1f} s: "
             f"reward <b class='klviz-final-reward'>{hist.last('reward'):.2f}</b>, true KL "
             f"<b class='klviz-final-kl'>{hist.last('true_kl'):.2f}</b> nats, reported {hist.last('reported_kl'):.2f}, "

@@ -121,7 +121,7 @@ class EngineMismatchPanel(Panel):
             np.ones(len(_BINS) - 1), _BINS, color=COLORS["k1"], fill=True, alpha=0.6, label="sampled tokens"
         )
         self.log_s = ax_tok.axvline(0.0, color=COLORS["mu"], ls="--", lw=1.4, label="mean log S (kept mass)")
-        ax_tok.axvline(0.0, color="black", lw=0.6)
+        ax_tok.axvline(0.0, color=COLORS["ink"], lw=0.6)
         ax_tok.set_yscale("log")
         ax_tok.set_ylim(0.8, 1e4)
         ax_tok.set_xlim(_BINS[0], _BINS[-1])
@@ -133,9 +133,9 @@ class EngineMismatchPanel(Panel):
         self.dropped = ax_seq.scatter(
             np.zeros(1), np.zeros(1), s=14, color=COLORS["mu"], marker="x", label="dropped or capped"
         )
-        (self.band_hi,) = ax_seq.plot([0, 60], [0, 0], color="black", ls=":", lw=1.2, label="correction's bound")
-        (self.band_lo,) = ax_seq.plot([0, 60], [0, 0], color="black", ls=":", lw=1.2)
-        ax_seq.axhline(0.0, color="black", lw=0.6)
+        (self.band_hi,) = ax_seq.plot([0, 60], [0, 0], color=COLORS["ink"], ls=":", lw=1.2, label="correction's bound")
+        (self.band_lo,) = ax_seq.plot([0, 60], [0, 0], color=COLORS["ink"], ls=":", lw=1.2)
+        ax_seq.axhline(0.0, color=COLORS["ink"], lw=0.6)
         ax_seq.set_xlim(0, self.max_new_tokens + 2)
         ax_seq.set_xlabel("response length T [tokens]")
         ax_seq.set_ylabel("sequence log-weight log W = Σ log r")
@@ -244,7 +244,6 @@ LIVE_SEEDS: dict[str, int | None] = {
     **{f"+ seed {s}, trained here": s for s in range(len(rlhf.MISMATCH_SEEDS), len(rlhf.MISMATCH_SEEDS) + 3)},
 }
 _REFERENCE = "trainer · none"
-_GREY = "#9a9a9a"
 _SERIES: tuple[tuple[str, str], ...] = (
     ("reward", "reward, engine's batch (logged)"),
     ("trainer_reward", "reward, trainer's own samples"),
@@ -324,21 +323,21 @@ class MismatchTrainingPanel(Panel):
     def make_figure(self) -> Figure:
         fig, axes = panel_figure(9.6, 3.4, ncols=3)
         ax_r, ax_kl, ax_m = axes
-        color = COLORS["k3"]
-        self.ref_r, self.ref_kl = _band(ax_r, _GREY), _band(ax_kl, _GREY)
+        color, grey = COLORS["k3"], COLORS["q"]  # grey: the trainer sampling itself, for reference
+        self.ref_r, self.ref_kl = _band(ax_r, grey), _band(ax_kl, grey)
         self.band_r, self.band_own = _band(ax_r, COLORS["k1"]), _band(ax_r, color)
         self.band_kl, self.band_own_kl = _band(ax_kl, COLORS["k1"]), _band(ax_kl, color)
         self.band_m = _band(ax_m, COLORS["mu"])
-        (self.line_ref_r,) = ax_r.plot([], [], color=_GREY, lw=1.4, label="trainer samples itself")
+        (self.line_ref_r,) = ax_r.plot([], [], color=grey, lw=1.4, label="trainer samples itself")
         (self.line_r,) = ax_r.plot([], [], color=COLORS["k1"], lw=1.8, label="engine's batch (logged)")
         (self.line_own,) = ax_r.plot([], [], color=color, lw=1.8, ls="--", label="trainer's own samples")
-        (self.live_r,) = ax_r.plot([], [], color="black", lw=1.0, label="live seed (engine's batch)")
-        (self.line_ref_kl,) = ax_kl.plot([], [], color=_GREY, lw=1.4)
+        (self.live_r,) = ax_r.plot([], [], color=COLORS["ink"], lw=1.0, label="live seed (engine's batch)")
+        (self.line_ref_kl,) = ax_kl.plot([], [], color=grey, lw=1.4)
         (self.line_kl,) = ax_kl.plot([], [], color=COLORS["k1"], lw=1.8)
         (self.line_own_kl,) = ax_kl.plot([], [], color=color, lw=1.8, ls="--")
-        (self.live_kl,) = ax_kl.plot([], [], color="black", lw=1.0)
+        (self.live_kl,) = ax_kl.plot([], [], color=COLORS["ink"], lw=1.0)
         (self.line_m,) = ax_m.plot([], [], color=COLORS["mu"], lw=1.8)
-        (self.live_m,) = ax_m.plot([], [], color="black", lw=1.0)
+        (self.live_m,) = ax_m.plot([], [], color=COLORS["ink"], lw=1.0)
         ax_r.set_title("reward R (batch mean)")
         ax_kl.set_title("true KL(π_θ‖π_ref) per response")
         ax_kl.set_ylabel("nats")

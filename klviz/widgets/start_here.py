@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from ..devices import make_generator
 from ..divergences import categorical_kl, target_favours
 from ..montecarlo import categorical_counts, moments_from_counts, summarize
+from ..palette import css
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
 from ..tables import categorical_moments
@@ -65,7 +66,7 @@ class StartHerePanel(Panel):
         q = self.q_logp.exp().numpy()
         self.bars_q = ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label="sampler q (fixed)")
         self.bars_p = ax_pol.bar(x + 0.2, q, width=0.4, color=COLORS["p"], label="target p (move me)")
-        (self.freq_line,) = ax_pol.plot(x - 0.2, q, "_", color="black", ms=9, mew=2, label="draw frequency")
+        (self.freq_line,) = ax_pol.plot(x - 0.2, q, "_", color=COLORS["ink"], ms=9, mew=2, label="draw frequency")
         ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
         ax_pol.set_ylabel("probability")
         ax_pol.set_title('next token after "The cat sat on the"')
@@ -77,9 +78,9 @@ class StartHerePanel(Panel):
         self.est_bars = ax_est.bar(
             pos, [0, 0, 0], width=0.6, color=[COLORS["k1"], COLORS["k2"], COLORS["k3"]], alpha=0.85
         )
-        self.err = ax_est.errorbar(pos, [0, 0, 0], yerr=[0, 0, 0], fmt="none", ecolor="black", capsize=5, lw=1.2)
+        self.err = ax_est.errorbar(pos, [0, 0, 0], yerr=[0, 0, 0], fmt="none", ecolor=COLORS["ink"], capsize=5, lw=1.2)
         self.exact_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label="exact KL(q‖p)")
-        ax_est.axhline(0.0, color="black", lw=0.6)
+        ax_est.axhline(0.0, color=COLORS["ink"], lw=0.6)
         ax_est.set_xticks(pos, ["k1", "k2", "k3"])
         ax_est.set_ylabel("estimate of KL(q‖p)  [nats]")
         ax_est.set_title("sample means ± 2 SE")
@@ -143,7 +144,7 @@ class StartHerePanel(Panel):
 
         rows = [
             [
-                f"<b style='color:{COLORS[k]}'>{k}</b>",
+                f"<b style='color:{css(k)}'>{k}</b>",
                 f"{stats[k]['mean']:.4f}",
                 f"± {2 * stats[k]['se']:.4f}",
                 f"{data['exact_mean'][k]:.4f}",

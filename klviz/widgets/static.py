@@ -14,7 +14,10 @@ import base64
 import html
 import itertools
 import json
+import re
 from typing import Any
+
+from ..palette import PAGE_CSS
 
 __all__ = [
     "STATIC_CONTROLS",
@@ -22,7 +25,10 @@ __all__ = [
     "MAX_FRAMES",
     "control_positions",
     "static_frames",
+    "static_panel_data",
+    "render_static_panel",
     "static_panel_html",
+    "STATIC_PANEL_MIME",
 ]
 
 #: What every page says about its panels.
@@ -160,33 +166,46 @@ def static_frames(panel: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return axes, frames, start
 
 
-# The slider of one panel on a page: inline, no external script, works from disk.
+# The controls of one panel on a page: inline, no external script, works from disk. A slider steps
+# through numbers, a select chooses among named options; either gives the index of its position.
 _LIVE_JS = """(function (root) {
   var data = JSON.parse(root.querySelector('script.klviz-live-data').textContent);
-  var sliders = root.querySelectorAll('input.klviz-live-slider');
+  var controls = root.querySelectorAll('.klviz-live-control');
   var img = root.querySelector('img.klviz-live-figure'), out = root.querySelector('.klviz-live-readout');
   function show() {
     var k = 0;
-    for (var a = 0; a < sliders.length; a++) {
-      var i = +sliders[a].value;
+    for (var a = 0; a < controls.length; a++) {
+      var i = +controls[a].value;
       k = k * data.axes[a].labels.length + i;
-      root.querySelector('output[data-axis="' + a + '"]').textContent = data.axes[a].labels[i];
+      var label = root.querySelector('output[data-axis="' + a + '"]');
+      if (label) label.textContent = data.axes[a].labels[i];
     }
     var f = data.frames[k];
     img.src = f.src; out.innerHTML = f.readout; root.setAttribute('data-frame', k);
     if (window.MathJax && MathJax.Hub) MathJax.Hub.Queue(['Typeset', MathJax.Hub, out]);
   }
-  for (var a = 0; a < sliders.length; a++) sliders[a].addEventListener('input', show);
+  for (var a = 0; a < controls.length; a++) {
+    controls[a].addEventListener('input', show);
+    controls[a].addEventListener('change', show);
+  }
 })(document.currentScript.parentElement);"""
+
+#: The MIME type of a panel's precomputed positions as data (title, controls, frames, readouts), shown
+#: beside their HTML: the site builder writes the page's HTML from it, escaping and sanitising every
+#: part, instead of trusting HTML found in a notebook's outputs.
+STATIC_PANEL_MIME = "application/vnd.klviz.static-panel+json"
+
+_FRAME_SRC = re.compile(r"^(data:image/png;base64,[A-Za-z0-9+/=]+|_static/frames/[0-9a-f]{20}\.png)$")
 
 
 def _json_for_html(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def static_panel_html(panel: Any) -> str:
-    """The panel on a static page: a slider per swept control over precomputed frames and readouts
-    (:func:`static_frames`), the lesson's setting shown first, with a note on how to get it live."""
+def static_panel_data(panel: Any) -> dict[str, Any]:
+    """The panel on a static page, as data: its title, the swept controls (name, description, labels,
+    ``"slider"`` for numbers or ``"select"`` for named options, the lesson's position), the other
+    controls at their values, and every frame (PNG data URI) with its readout (HTML)."""
     axes, frames, start = static_frames(panel)
     values = panel.values()
     swept = {a["name"] for a in axes}
@@ -195,31 +214,94 @@ def static_panel_html(panel: Any) -> str:
         if name not in swept:
             label = getattr(w, "label", None)
             shown = label if isinstance(label, str) else values[name]
-            others.append(f"{html.escape(w.description or name)} = {html.escape(str(shown))}")
+            others.append(f"{w.description or name} = {shown}")
     index, rest = [], start
     for axis in reversed(axes):
         index.insert(0, rest % len(axis["values"]))
         rest //= len(axis["values"])
-    sliders = "".join(
-        f'<label>{html.escape(a["description"])} <input type="range" class="klviz-live-slider" '
-        f'data-control="{html.escape(a["name"])}" min="0" max="{len(a["values"]) - 1}" step="1" value="{i}" '
-        f'aria-label="{html.escape(a["description"])}">'
-        f'<output data-axis="{k}">{html.escape(a["labels"][i])}</output></label>'
-        for k, (a, i) in enumerate(zip(axes, index))
-    )
+    return {
+        "title": panel.title,
+        "axes": [
+            {
+                "name": a["name"],
+                "description": a["description"],
+                "labels": a["labels"],
+                "kind": "select"
+                if _is_selection(panel.controls[a["name"]]) and not _is_numeric(a["values"])
+                else "slider",
+                "index": i,
+            }
+            for a, i in zip(axes, index)
+        ],
+        "others": others,
+        "frames": frames,
+        "start": start,
+    }
+
+
+def _is_numeric(values: list[Any]) -> bool:
+    """Options that are numbers in order (a selection slider of sample sizes) read best on a slider."""
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and values == sorted(values)
+
+
+def render_static_panel(data: dict[str, Any], *, clean: Any = None) -> str:
+    """The HTML of a panel on a static page, from :func:`static_panel_data` (or the same data read back
+    from a notebook's outputs): every text escaped, every readout passed through ``clean`` (a function
+    from HTML to safe HTML; the site builder gives its sanitiser), every frame's ``src`` a PNG data URI
+    or a frame file of the site, else left out. The script is this module's own."""
+    clean = clean or (lambda text: text)
+    axes, frames = list(data["axes"]), list(data["frames"])
+    count = 1
+    for axis in axes:
+        count *= len(axis["labels"])
+    if not axes or count != len(frames) or not 0 <= int(data["start"]) < len(frames):
+        raise ValueError(f"data: {len(frames)} frames for controls of {[len(a['labels']) for a in axes]} positions")
+    safe_frames = [
+        {"src": f["src"] if _FRAME_SRC.match(str(f["src"])) else "", "readout": clean(str(f["readout"]))}
+        for f in frames
+    ]
+    controls = []
+    for k, axis in enumerate(axes):
+        name, description = html.escape(str(axis["name"])), html.escape(str(axis["description"]))
+        labels = [str(label) for label in axis["labels"]]
+        i = int(axis["index"])
+        if axis.get("kind") == "select":
+            options = "".join(
+                f'<option value="{j}"{" selected" if j == i else ""}>{html.escape(label)}</option>'
+                for j, label in enumerate(labels)
+            )
+            controls.append(
+                f'<label>{description} <select class="klviz-live-control klviz-live-select" data-control="{name}" '
+                f'aria-label="{description}">{options}</select></label>'
+            )
+        else:
+            controls.append(
+                f'<label>{description} <input type="range" class="klviz-live-control klviz-live-slider" '
+                f'data-control="{name}" min="0" max="{len(labels) - 1}" step="1" value="{i}" '
+                f'aria-label="{description}"><output data-axis="{k}">{html.escape(labels[i])}</output></label>'
+            )
+    others = [html.escape(str(o)) for o in data.get("others", [])]
     note = (
         f"{len(frames)} precomputed positions"
         + (f"; the other controls stay at {'; '.join(others)}" if others else "")
         + ". For the live panel run the lesson with <code>klviz lab</code> (or <code>make lab</code>)."
     )
-    data = {"axes": [{"name": a["name"], "labels": a["labels"]} for a in axes], "frames": frames}
-    first = frames[start]
+    script_data = {"axes": [{"name": str(a["name"]), "labels": [str(x) for x in a["labels"]]} for a in axes]}
+    script_data["frames"] = safe_frames
+    first = safe_frames[int(data["start"])]
+    title = html.escape(str(data["title"]))
     return (
-        f'<div class="klviz-live" data-frames="{len(frames)}" data-frame="{start}">'
-        f'<b>{html.escape(panel.title)}</b><br><span class="klviz-live-note">{note}</span>'
-        f'<div class="klviz-live-controls">{sliders}</div>'
-        f'<img class="klviz-live-figure" src="{first["src"]}" alt="{html.escape(panel.title)}">'
+        f'<div class="klviz-live" data-frames="{len(frames)}" data-frame="{int(data["start"])}">'
+        f'<b>{title}</b><br><span class="klviz-live-note">{note}</span>'
+        f'<div class="klviz-live-controls">{"".join(controls)}</div>'
+        f'<img class="klviz-live-figure" src="{html.escape(first["src"])}" alt="{title}">'
         f'<div class="klviz-live-readout">{first["readout"]}</div>'
-        f'<script type="application/json" class="klviz-live-data">{_json_for_html(data)}</script>'
+        f'<script type="application/json" class="klviz-live-data">{_json_for_html(script_data)}</script>'
         f"<script>{_LIVE_JS}</script></div>"
     )
+
+
+def static_panel_html(panel: Any) -> str:
+    """The panel on a static page: a control per swept control over precomputed frames and readouts
+    (:func:`static_frames`), the lesson's setting shown first, with a note on how to get it live."""
+    return PAGE_CSS + render_static_panel(static_panel_data(panel))

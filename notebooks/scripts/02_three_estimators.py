@@ -339,10 +339,10 @@ for tok, sign, name in ((1, 1, 'push " sofa" up'), (9, 1, 'push " moon" up'), (0
     curves[name] = (np.array([s["true_kl"] for s in s_list]), np.array([s["bias"] / s["true_kl"] for s in s_list]))
 mu_g = np.linspace(0.01, math.sqrt(3.0), 150)   # the Gaussian pair up to a KL of 1.5
 fig, ax = new_figure(10.0, 3.6)
-ax.plot(mu_g**2 / 2, mu_g**2 / 4, color="black", lw=1.8, label="Gaussian pair, equal variances: +μ²/4 = +KL/2")
+ax.plot(mu_g**2 / 2, mu_g**2 / 4, color=COLORS["ink"], lw=1.8, label="Gaussian pair, equal variances: +μ²/4 = +KL/2")
 for (name, (kl_c, rel_c)), colour in zip(curves.items(), (COLORS["k2"], COLORS["p"], COLORS["k3"])):
     ax.plot(kl_c, rel_c, color=colour, lw=1.8, label=f"tokens: {name}")
-ax.axhline(0, color="black", lw=0.6)
+ax.axhline(0, color=COLORS["ink"], lw=0.6)
 ax.axvline(0.1, color=COLORS["mu"], ls=":", lw=1.2, label="KL = 0.1")
 ax.set_xscale("log")
 ax.set_xlim(1e-4, 1.5)
@@ -448,7 +448,7 @@ for name in ("k1", "k2", "k3"):
     ax_s.plot(mu_grid, [c[f"std_rel_{name}"] for c in closed], color=COLORS[name], label=f"{name} exact")
     ax_s.errorbar(MUS_MC, [sweep[m][name]["std_rel"] for m in MUS_MC],
                   yerr=[2 * sweep[m][name]["se_std_rel"] for m in MUS_MC], fmt="o", ms=4, color=COLORS[name])
-ax_s.axvline(mu_cross, color="black", ls=":", lw=1.2, label=f"Var k1 = Var k3 at μ = {mu_cross:.3f}")
+ax_s.axvline(mu_cross, color=COLORS["ink"], ls=":", lw=1.2, label=f"Var k1 = Var k3 at μ = {mu_cross:.3f}")
 ax_s.set_yscale("log")
 ax_s.set_xlabel("μ   (p = N(μ, 1), q = N(0, 1))")
 ax_s.set_ylabel("std / true KL of one sample")
@@ -527,7 +527,7 @@ for mu, m in measured.items():
 mu_grid = np.linspace(0.02, 2.2, 300)
 closed = [gaussian_closed_forms(m) for m in mu_grid]
 fig, (ax_l, ax_v) = new_figure(9.0, 3.3, ncols=2)
-ax_l.plot(mu_grid, [c["lambda_star"] for c in closed], color="black", label="λ* = μ² / (exp(μ²) − 1)")
+ax_l.plot(mu_grid, [c["lambda_star"] for c in closed], color=COLORS["ink"], label="λ* = μ² / (exp(μ²) − 1)")
 ax_l.errorbar(list(measured), [m["lambda_star"] for m in measured.values()],
               yerr=[2 * m["se"] for m in measured.values()], fmt="o", color=COLORS["mu"], label="measured ± 2 SE")
 ax_l.axhline(1.0, color=COLORS["k3"], ls="--", label="λ = 1 (k3)")
@@ -538,7 +538,7 @@ ax_l.legend()
 best_std = [math.sqrt(c["var_k1"] - c["var_k1"]**2 / c["var_r"]) / c["true_kl"] for c in closed]
 ax_v.plot(mu_grid, [c["std_rel_k1"] for c in closed], color=COLORS["k1"], label="k1 (λ = 0)")
 ax_v.plot(mu_grid, [c["std_rel_k3"] for c in closed], color=COLORS["k3"], label="k3 (λ = 1)")
-ax_v.plot(mu_grid, best_std, color="black", ls="--", label="best member (λ = λ*)")
+ax_v.plot(mu_grid, best_std, color=COLORS["ink"], ls="--", label="best member (λ = λ*)")
 ax_v.set_yscale("log")
 ax_v.set_xlabel("μ")
 ax_v.set_ylabel("std / true KL of one sample")

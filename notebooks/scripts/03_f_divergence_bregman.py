@@ -189,7 +189,7 @@ ax_r.plot(t, f_value("t log t", lt), color=COLORS["p"], lw=1.8, label="t log t  
 ax_r.plot(t, bregman_gap("t log t", lt), color=COLORS["mu"], lw=1.8, label="t log t − (t − 1)   (same D_f)")
 ax_r.set_title("generators of KL(p‖q)")
 for ax in (ax_l, ax_r):
-    ax.axhline(0, color="black", lw=0.6)
+    ax.axhline(0, color=COLORS["ink"], lw=0.6)
     ax.axvline(1, color=COLORS["q"], lw=0.6, ls=":")
     ax.set_xlabel("t = p/q")
     ax.set_ylim(-1.5, 3.5)
@@ -219,11 +219,11 @@ for name, colour, label in (("k2", COLORS["k2"], "½(log t)²  (k2)"), ("-log t"
                             ("t log t", COLORS["p"], "t log t")):
     ax_l.plot(grid, f_value(name, lg), color=colour, lw=1.8, label=label)
     ax_r.plot(grid, f_second(name, lg), color=colour, lw=1.8, label=f"f″ of {label}")
-ax_l.plot([t_a, t_b], [f_a, f_b], color="black", lw=1.4, ls="--", marker="o", ms=4,
+ax_l.plot([t_a, t_b], [f_a, f_b], color=COLORS["ink"], lw=1.4, ls="--", marker="o", ms=4,
           label=f"chord from t = {t_a:g} to {t_b:g}: below the curve")
 for ax in (ax_l, ax_r):
     ax.axvspan(math.e, grid[-1], color=COLORS["mu"], alpha=0.08, lw=0)
-    ax.axhline(0, color="black", lw=0.6)
+    ax.axhline(0, color=COLORS["ink"], lw=0.6)
     ax.set_xlabel("t = p/q")
     ax.set_xlim(0, grid[-1])
 ax_l.legend(loc="upper left")
@@ -301,7 +301,7 @@ safe_kl = np.where(kl_tok > 0, kl_tok, np.nan)
 rel_tok = gap_tok / safe_kl                                          # relative: the dip is visible at every scale
 ax_r.plot(pushes, rel_tok, color=COLORS["k2"], lw=1.8, label="twelve tokens: (E_q[k2] − KL) / KL, exact sums")
 ax_r.plot(pushes, third_tok / safe_kl, color=COLORS["k1"], lw=1.2, ls=":", label="its third-order term −E[u³]/6 / KL")
-ax_r.axhline(0, color="black", lw=0.6)
+ax_r.axhline(0, color=COLORS["ink"], lw=0.6)
 ax_r.fill_between(pushes, rel_tok, 0, where=rel_tok < 0, color=COLORS["k2"], alpha=0.2, lw=0,
                   label="below zero: k2 underestimates")
 ax_r.set_ylim(-0.25, 1.0)
@@ -398,7 +398,7 @@ for ax, name, rs in ((axes[0], "-log t", (0.3, 2.5)), (axes[1], "t log t", (0.2,
         ax.annotate(f"{float(bregman_gap(name, lr)):.3f}", (rv, bottom), xytext=(0, -5),
                     textcoords="offset points", color=COLORS["mu"], va="top", ha="center")
     ax.plot([1], [0], "o", color=COLORS["exact"], ms=5)
-    ax.axhline(0, color="black", lw=0.6)
+    ax.axhline(0, color=COLORS["ink"], lw=0.6)
     ax.set_xlabel("t = p/q")
     ax.legend(loc="upper center")
 axes[0].set_ylim(-3.2, 3.2)

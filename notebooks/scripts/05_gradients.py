@@ -195,11 +195,11 @@ for ax, (name, use) in zip(axes.flat, CHOICES.items()):
     mean, se = per.mean(0), per.std(0) / math.sqrt(N_SAMPLES)
     assert ((mean - E[name]).abs() <= 4.5 * se + 1e-12).all(), name   # sampled mean agrees with the exact sum
     ax.bar(x, mean.numpy(), yerr=2 * se.numpy(), color=CHOICE_COLORS[name], alpha=0.75, capsize=1.5,
-           error_kw={"lw": 0.8})
-    ax.plot(x, rev.numpy(), "_", color="black", ms=9, mew=2)
+           error_kw={"lw": 0.8, "ecolor": COLORS["ink"]})
+    ax.plot(x, rev.numpy(), "_", color=COLORS["ink"], ms=9, mew=2)
     ax.plot(x, fwd.numpy(), "x", color=COLORS["forward"], ms=4)
     ax.set_title(name, fontsize=9, color=CHOICE_COLORS[name])
-    ax.axhline(0, color="black", lw=0.5)
+    ax.axhline(0, color=COLORS["ink"], lw=0.5)
 for ax in axes[1]:
     ax.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=90, fontsize=6.5)
 for ax in axes[:, 0]:
@@ -298,7 +298,7 @@ print(f"{'choice':<42}{'bias^2':>10}{'variance':>10}")
 for label, name in shown.items():
     terms = gradient_error_terms(logits, log_ref, name)
     print(f"{label:<42}{terms['bias_sq']:10.4f}{terms['variance']:10.4f}")
-    color = "#222222" if name == "k1 in reward" else CHOICE_COLORS[name]
+    color = COLORS["ink"] if name == "k1 in reward" else CHOICE_COLORS[name]
     ax.plot(n_line, np.sqrt(terms["bias_sq"] + terms["variance"] / n_line), CHOICE_STYLES[name], color=color, label=label)
     for j, n in enumerate(N_GRID):
         per = klviz.sampled_kl_gradients(logits, log_ref, CHOICES[name], None, n * REPS,
@@ -518,8 +518,8 @@ def objective(probs):                                         # E[R] - beta KL o
 labels = ["".join("ab"[int(t)] for t in s) for s in toy.sequences]
 fig, (ax, ax2) = new_figure(9.0, 3.6, ncols=2, gridspec_kw={"width_ratios": [1.4, 1]})
 xs = np.arange(len(labels))
-ax.bar(xs - 0.3, seq_star.numpy(), width=0.2, color="#222222", label="π* ∝ π_ref·exp(R/β)")
-run_colors = {"k1 in reward, reward-to-go": "#1f77b4", "k2 in loss": "#ff7f0e", "k3 in loss": "#2ca02c"}
+ax.bar(xs - 0.3, seq_star.numpy(), width=0.2, color=COLORS["ink"], label="π* ∝ π_ref·exp(R/β)")
+run_colors = {"k1 in reward, reward-to-go": COLORS["k1"], "k2 in loss": COLORS["k2"], "k3 in loss": COLORS["k3"]}
 for j, (m, col) in enumerate(run_colors.items()):
     ax.bar(xs - 0.1 + 0.2 * j, runs[m]["probs"].numpy(), width=0.2, color=col, label=m)
 ax.set_xticks(xs, labels)
@@ -531,7 +531,7 @@ print(f"{'method':<28}{'TV to pi*':>10}{'seq KL':>9}{'E[R]':>8}{'E[R]-beta KL':>
 print(f"{'optimum pi*':<28}{0:10.4f}{float((seq_star * (seq_star / toy.sequence_probs(seq_ref)).log()).sum()):9.4f}"
       f"{float(seq_star @ seq_reward):8.4f}{objective(seq_star):14.4f}")
 for m, out in runs.items():
-    col = run_colors.get(m, "#17becf")
+    col = run_colors.get(m, COLORS["cyan"])
     ax2.plot(out["steps"].numpy(), out["kl"].numpy(), "-" if m in run_colors else "--", color=col, label=m)
     print(f"{m:<28}{float(tv_distance(out['probs'], seq_star)):10.4f}{float(out['kl'][-1]):9.4f}"
           f"{float(out['reward'][-1]):8.4f}{objective(out['probs']):14.4f}")
@@ -633,7 +633,7 @@ for c, style in ((("k1 in loss", "none"), "-"), (("k2 in loss", "none"), "-"), (
                  (("k1 in reward", "none"), "--"), (("k3 in loss", "detached"), ":"), (("k3 in loss", "ratio"), "-."),
                  (FROZEN, (0, (1, 1)))):
     color = CHOICE_COLORS[c[0]] if c[1] != "ratio" else CHOICE_COLORS["k3·ρ in loss"]
-    color = "#000000" if c == FROZEN else color
+    color = COLORS["ink"] if c == FROZEN else color
     ax.plot(UPDATES, bias[c], ls=style, marker="o", ms=3, color=color, label=f"{c[0]}, weight: {c[1]}" if c != FROZEN else "k1 in reward, frozen at rollout, ×ρ (PPO)")
 ax.set_yscale("symlog", linthresh=0.01)
 ax.set_xlabel("updates since the batch was sampled (k)")

@@ -304,8 +304,8 @@ lp32 = pf.logprobs_in_precision(policy_logits, tokens, "float32")
 fig, ax = new_figure(7.5, 3.2)
 for prec, colour in (("bfloat16 logits", COLORS["k1"]), ("bfloat16", COLORS["mu"])):
     ax.scatter(lp32.numpy(), (pf.logprobs_in_precision(policy_logits, tokens, prec) - lp32).numpy(), s=8,
-               color=colour, alpha=0.7, label=prec)
-ax.axhline(0, color="black", lw=0.6)
+               color=colour, label=prec)
+ax.axhline(0, color=COLORS["ink"], lw=0.6)
 ax.set_xlabel(r"float32 log-probability of the sampled token, $\log\pi(x)$")
 ax.set_ylabel("low-precision error [nats]")
 ax.set_title("Log-prob error of a low-precision forward pass, per token")

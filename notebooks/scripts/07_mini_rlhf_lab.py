@@ -341,7 +341,7 @@ off_policy = [v.wording for v in LAB_VERDICTS if v.a.startswith("off ·")]
 show(*off_policy)
 
 fig, (ax1, ax2) = new_figure(9.0, 3.2, ncols=2)
-colors = {**PLACEMENT_COLORS, "k3 in loss + early stop 0.01": "#2ca02c"}
+colors = {**PLACEMENT_COLORS, "k3 in loss + early stop 0.01": PLACEMENT_COLORS["k3 in loss"]}
 off_steps = np.arange(LAB_SEED_CONFIGS[OFF["none"]].steps)
 for name, n in OFF.items():
     style = ":" if "early" in name else "-"

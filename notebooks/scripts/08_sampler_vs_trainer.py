@@ -353,7 +353,7 @@ for name, short, colour in (("bf16 compute", "bf16", COLORS["k1"]), ("temperatur
     rate = mm.log_weight_clamp_rate(mu, sd, torch.as_tensor(T_long))
     trap[name] = (mu, sd, float(T_long[int(torch.searchsorted(rate, torch.tensor(0.5, dtype=rate.dtype)))]))
     ax_c.semilogx(T_long, rate.numpy(), color=colour, label=f"{short} (μ {mu:.1e}, σ {sd:.1e})")
-ax_c.axhline(0.5, color="black", ls=":", lw=1)
+ax_c.axhline(0.5, color=COLORS["ink"], ls=":", lw=1)
 ax_c.set_xlabel("response length T [tokens]")
 ax_c.set_ylabel("P(|log W| > 20): clamp binds")
 ax_c.set_title("Where a clamp of log W at ±20 starts to bind")
@@ -533,7 +533,7 @@ def plt_line(marker, color, face, label):
 
 
 ENGINES = [e for e in rlhf.ENGINES if e != "trainer"]
-CORR_COLORS = dict(zip(rlhf.LAB_CORRECTIONS, ("#222222", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#d62728")))
+CORR_COLORS = dict(zip(rlhf.LAB_CORRECTIONS, (COLORS["ink"], COLORS["k1"], COLORS["k2"], COLORS["p"], COLORS["k3"], COLORS["mu"])))
 shown = (("trainer_reward", "reward R"), ("trainer_true_kl", "true KL(π‖π_ref) per response [nats]"),
          ("score", "score J = R − β·KL"))
 fig, axes = new_figure(9.6, 4.8, ncols=3, sharey=True)
@@ -546,19 +546,19 @@ for g, engine in enumerate(ENGINES):
             ax.errorbar(m, y, xerr=PM_SE * se, fmt="o", ms=4.5, color=CORR_COLORS[corr], capsize=2)
         for ax, metric in ((axes[0], "reward"), (axes[1], "engine_true_kl"), (axes[2], "served score")):   # the served policy
             m, se = mean_se(torch.as_tensor(final(name, metric)))
-            ax.errorbar(m, y, xerr=PM_SE * se, fmt="o", ms=4.5, mfc="white", color=CORR_COLORS[corr], capsize=2)
+            ax.errorbar(m, y, xerr=PM_SE * se, fmt="o", ms=4.5, mfc="none", color=CORR_COLORS[corr], capsize=2)
         names.append(name)
         ys.append(y)
 for ax, (metric, title) in zip(axes, shown):
     ref, ref_se = mean_se(torch.as_tensor(final("trainer · none", metric)))
-    ax.axvspan(ref - PM_SE * ref_se, ref + PM_SE * ref_se, color="#9a9a9a", alpha=0.3, lw=0)
-    ax.axvline(ref, color="#9a9a9a", lw=1.2)
+    ax.axvspan(ref - PM_SE * ref_se, ref + PM_SE * ref_se, color=COLORS["q"], alpha=0.3, lw=0)
+    ax.axvline(ref, color=COLORS["q"], lw=1.2)
     ax.set_title(title, fontsize=9.5)
     ax.grid(axis="x", alpha=0.3)
 axes[0].set_yticks(ys, names, fontsize=7.5)
-handles = [plt_line("o", "black", "white", "the engine's served policy (its batch: what the run logs)"),
-           plt_line("o", "black", "black", "the trainer's own policy"),
-           plt_line("s", "#9a9a9a", "#9a9a9a", f"trainer samples itself (± {PM_SE} SE)")]
+handles = [plt_line("o", COLORS["ink"], "none", "the engine's served policy (its batch: what the run logs)"),
+           plt_line("o", COLORS["ink"], COLORS["ink"], "the trainer's own policy"),
+           plt_line("s", COLORS["q"], COLORS["q"], f"trainer samples itself (± {PM_SE} SE)")]
 fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
 fig.suptitle(f"Final values, mean over {len(runs.seeds)} seeds ± {PM_SE} SE (k3 in the loss, β = {BETA:g}, 40 steps)",
              fontsize=10)

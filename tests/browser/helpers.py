@@ -55,14 +55,17 @@ def move_slider(page: Page, panel: Locator, control: str, key: str = "ArrowRight
     handle.scroll_into_view_if_needed()
     for _ in range(times):
         # JupyterLab may move the focus (to the active cell) while a notebook settles after running;
-        # a key pressed then goes to the notebook and the slider never moves: focus before each press
-        for _attempt in range(3):
-            handle.focus()
-            if handle.evaluate("el => el === document.activeElement"):
-                break
-            page.wait_for_timeout(100)
-        else:
-            raise AssertionError(f"the slider handle of {control!r} does not keep the keyboard focus")
+        # a key pressed then goes to the notebook and the slider never moves: focus before each press,
+        # until the handle has it
+        try:
+            page.wait_for_function(
+                "el => { el.focus(); return el === document.activeElement; }",
+                arg=handle.element_handle(),
+                timeout=10_000,
+                polling=100,
+            )
+        except Exception:  # noqa: BLE001 - Playwright's timeout: say what it means here
+            raise AssertionError(f"the slider handle of {control!r} does not keep the keyboard focus") from None
         page.keyboard.press(key)
 
 

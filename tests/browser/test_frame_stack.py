@@ -16,6 +16,9 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
+from playwright.sync_api import expect
+
+from klviz.widgets.stack import SETTLE_S
 
 from .helpers import open_and_run
 
@@ -47,6 +50,26 @@ def _decode(url: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(body))).convert("RGB")).astype(np.int16)
 
 
+# A frame drawn ahead has arrived beneath the one seen: an image other than the top holds a frame drawn
+# ahead (only those go beneath, as WebP) that it did not hold when the last step was taken, and has
+# loaded it. Then, SETTLE_S after the page saw it loaded (so at least as long after the kernel sent it),
+# a step there raises it (FrameStack.bring_up). The direction of travel is drawn first.
+NEW_FRAME_SETTLED = """([panel, old, settleMs]) => {
+  const imgs = Array.from(panel.querySelectorAll('.klviz-figure img'));
+  const order = el => parseInt(el.style.order || '0', 10);
+  const top = imgs.reduce((a, b) => (order(b) > order(a) ? b : a));
+  const ready = imgs.some(i => i !== top && i.src.startsWith('data:image/webp') && !old.includes(i.src) &&
+                               i.complete && i.naturalWidth > 0);
+  if (!ready) { panel.klvizLoadedAt = undefined; return false; }
+  if (panel.klvizLoadedAt === undefined) panel.klvizLoadedAt = performance.now();
+  return performance.now() - panel.klvizLoadedAt >= settleMs;
+}"""
+
+
+def _sources(panel) -> list[str]:
+    return panel.evaluate("p => Array.from(p.querySelectorAll('.klviz-figure img')).map(i => i.src)")
+
+
 def _step(page, panel) -> None:
     """Press the right arrow on the panel's first slider and wait for the readout to change."""
     readout = panel.locator(".klviz-readout").first
@@ -54,11 +77,7 @@ def _step(page, panel) -> None:
     handle = panel.locator(".noUi-handle").first
     handle.focus()
     page.keyboard.press("ArrowRight")
-    for _ in range(100):
-        page.wait_for_timeout(50)
-        if readout.inner_text() != before:
-            return
-    raise AssertionError("the readout did not change after a step")
+    expect(readout).not_to_have_text(before, timeout=60_000)
 
 
 def test_a_step_to_a_frame_loaded_beneath_paints_exactly_that_frame(page, lab_server, artifacts):
@@ -75,14 +94,30 @@ def test_a_step_to_a_frame_loaded_beneath_paints_exactly_that_frame(page, lab_se
     open_and_run(page, lab_server, notebook)
     panel = page.locator(".klviz-panel").first
     panel.scroll_into_view_if_needed()
+    before_step: list[str] = []
+    steps = []  # per step: the orders of the images after it and the status line (for a failure's message)
     for _ in range(3):
-        page.wait_for_timeout(800)  # the kernel idles: the next frames are drawn and sent beneath
+        # the kernel idles: the next frame is drawn, sent beneath, loaded by the page and settled
+        page.wait_for_function(
+            NEW_FRAME_SETTLED, arg=[panel.element_handle(), before_step, 1000 * SETTLE_S + 10], timeout=60_000
+        )
+        before_step = _sources(panel)
         _step(page, panel)
-    page.wait_for_timeout(300)
+        status = panel.locator(".klviz-status").first.inner_text()
+        steps.append((panel.evaluate(STACK)["orders"], status))
+    # the frame raised by the last step is the one on top, loaded
+    page.wait_for_function(
+        """panel => { const imgs = Array.from(panel.querySelectorAll('.klviz-figure img'));
+                      const order = el => parseInt(el.style.order || '0', 10);
+                      const top = imgs.reduce((a, b) => (order(b) > order(a) ? b : a));
+                      return top.complete && top.naturalWidth > 0; }""",
+        arg=panel.element_handle(),
+        timeout=30_000,
+    )
     state = panel.evaluate(STACK)
     seen = {k: v for k, v in state.items() if k != "src"}  # for the messages: the frame itself is long
     assert state["n"] == 3, seen
-    assert max(state["orders"]) >= 4, f"the steps were not answered by raising frames beneath: {state['orders']}"
+    assert max(state["orders"]) >= 4, f"the steps were not answered by raising frames beneath: {steps}"
     assert all(state["hits"]), f"another image is painted over the one on top: {seen}"
     assert state["complete"] and state["natural"] == [round(v) for v in state["shown"]], seen
     png = page.screenshot(clip=state["at"], full_page=True)  # what the page paints where the top image is
@@ -95,7 +130,11 @@ def test_a_step_to_a_frame_loaded_beneath_paints_exactly_that_frame(page, lab_se
 
     # a page narrower than the figure shrinks it, at its own aspect, inside the panel
     page.set_viewport_size({"width": 800, "height": 1100})
-    page.wait_for_timeout(500)
+    page.wait_for_function(  # the page has laid the figure out at the new width
+        "panel => panel.querySelector('.klviz-figure').getBoundingClientRect().width < 800",
+        arg=panel.element_handle(),
+        timeout=30_000,
+    )
     narrow = panel.evaluate(STACK)
     narrow.pop("src")
     (width, height), (nat_w, nat_h) = narrow["box"], narrow["natural"]

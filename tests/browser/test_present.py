@@ -1,5 +1,7 @@
-"""Presenter mode in headless Chromium: lesson 00 served by Voila shows prose and a live panel, no
-code; a slider moved in the browser changes the readout; the server wants its token.
+"""Presenter mode in headless Chromium, in both themes: lesson 00 served by Voila shows prose, typeset
+math and a live panel, no code; a slider moved in the browser changes the readout; the server wants its
+token; and with every request that leaves the machine refused, the page logs no error (no CDN, no
+missing font, no labextension that fails in Voila).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ NOTEBOOKS = Path(os.environ.get("KLVIZ_TEST_NOTEBOOKS", ROOT / "notebooks"))
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def presenter(tmp_path_factory):
+@pytest.fixture(scope="module", params=["light", "dark"])
+def presenter(request, tmp_path_factory):
     import voila  # noqa: F401  (the test extra installs it)
 
     assert sorted(NOTEBOOKS.glob("00_*.ipynb")), f"no lesson 00 in {NOTEBOOKS}"
@@ -34,7 +36,8 @@ def presenter(tmp_path_factory):
     log_path = home / "present.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "klviz.present", "00", "--no-browser", "--notebooks", str(NOTEBOOKS)],
+        [sys.executable, "-m", "klviz.present", "00", "--no-browser", "--notebooks", str(NOTEBOOKS)]
+        + ["--theme", request.param],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -54,7 +57,7 @@ def presenter(tmp_path_factory):
                 pytest.fail("presenter mode did not start:\n" + log_path.read_text()[-3000:])
             else:
                 time.sleep(0.25)
-        yield {"url": url, "log": log_path}
+        yield {"url": url, "log": log_path, "theme": request.param}
     finally:
         stop_process_group(proc)
         log.close()
@@ -71,6 +74,20 @@ def test_presenter_requires_token_and_binds_localhost(presenter):
 
 
 def test_presenter_shows_panel_without_code_and_slider_moves(page, presenter, artifacts):
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    outside: list[str] = []
+
+    def offline(route):  # a classroom without the network: only the presenter's own server answers
+        if route.request.url.startswith(("http://127.0.0.1:", "data:", "blob:")):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", offline)
     page.goto(presenter["url"], timeout=120_000)
     panel = page.locator(".klviz-panel").first
     panel.wait_for(state="visible", timeout=120_000)
@@ -97,4 +114,10 @@ def test_presenter_shows_panel_without_code_and_slider_moves(page, presenter, ar
     assert readout.inner_text() != before_text
     changed_screenshot(page, figure, before_png)  # fails if the figure never changes
     assert panel.locator(".klviz-error").inner_text().strip() == ""
-    page.screenshot(path=str(artifacts / "present_00.png"), full_page=True)
+    # the lesson's math typeset with the MathJax Voila bundles, from the presenter's server
+    page.wait_for_function("() => document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
+    dark = page.evaluate("document.body.dataset.jpThemeLight") == "false"
+    assert dark == (presenter["theme"] == "dark")
+    page.screenshot(path=str(artifacts / f"present_00_{presenter['theme']}.png"), full_page=True)
+    assert not outside, f"presenter mode asked the network for {outside}"
+    assert not errors, f"presenter mode logged errors: {errors}"

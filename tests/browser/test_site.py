@@ -4,14 +4,18 @@ Builds the site from lesson 00 (the whole site is ``make site``), opens ``index.
 ``file://``, follows the link to the lesson, and finds real figures: ``<img>`` elements whose
 images decoded to a nonzero size. Then moves the panel's precomputed slider with the keyboard, as a
 reader would, and sees the figure (its ``src``) and the readout change with no kernel. No request may
-fail: MathJax and its fonts come from the site's ``_static/`` folder.
+fail and the console stays free of errors: MathJax and its fonts come from the site's ``_static/``
+folder. The downloads (a lesson, the zip of all lessons, the wheel) are fetched as a reader would,
+and the zip opens.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -43,9 +47,12 @@ def site(tmp_path_factory) -> Path:
 
 
 def _watch(page) -> tuple[list[str], list[str]]:
-    """Refuse every request that leaves the disk; collect those and every request that failed."""
+    """Refuse every request that leaves the disk; collect those, every request that failed, and every
+    error the page logs (console errors and uncaught exceptions) into ``failed``."""
     requested: list[str] = []
     failed: list[str] = []
+    page.on("console", lambda m: failed.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: failed.append(f"page error: {e}"))
 
     def offline(route):
         if route.request.url.startswith("file:"):
@@ -88,9 +95,9 @@ def test_site_opens_from_disk_and_shows_figures(page, site, artifacts):
         assert not requested, f"the site asked the network for {requested}"
     else:  # jupyter-server-mathjax missing: only MathJax may come from its CDN
         assert all("mathjax" in url.lower() for url in requested), requested
-    # a missing file fails with ERR_FILE_NOT_FOUND; ERR_ABORTED is a load the next navigation cancelled
-    lacking = [f for f in failed if f.startswith("file:") and "ERR_ABORTED" not in f]
-    assert not lacking, f"files the site lacks: {lacking}"
+    # ERR_ABORTED is a load the next navigation cancelled; anything else (a missing file, a console error) fails
+    problems = [f for f in failed if "ERR_ABORTED" not in f]
+    assert not problems, f"the site logged errors or lacks files: {problems}"
 
 
 def test_site_slider_moves_figure_and_readout_from_disk(page, site, artifacts):
@@ -121,13 +128,84 @@ def test_site_slider_moves_figure_and_readout_from_disk(page, site, artifacts):
     page.wait_for_function(
         "() => document.querySelectorAll('.MathJax, .MathJax_CHTML, .MathJax_SVG').length > 0", timeout=20_000
     )
-    page.wait_for_timeout(1000)
+    # MathJax has nothing left to typeset, and every font the page asked for has loaded or failed
+    page.wait_for_function(
+        "() => MathJax.Hub.queue.pending === 0 && !MathJax.Hub.queue.running && document.fonts.status === 'loaded'",
+        timeout=20_000,
+    )
     assert not requested, f"the page asked the network for {requested}"
-    # MathJax 2 declares a blank fallback font at about:blank on purpose; every other request must work
-    missing = [f for f in failed if not f.startswith("about:blank") and "ERR_ABORTED" not in f]
-    assert not missing, f"requests failed (missing files?): {missing}"
+    problems = [f for f in failed if "ERR_ABORTED" not in f]
+    assert not problems, f"the page logged errors or lacks files: {problems}"
     fonts = page.evaluate("() => Array.from(document.fonts).filter(f => f.status == 'loaded').map(f => f.family)")
     if (site / "_static" / "mathjax").is_dir():
         assert any("STIX" in f for f in fonts), f"MathJax's fonts did not load: {fonts}"
     panel.screenshot(path=str(artifacts / "site_slider_moved.png"))
     page.screenshot(path=str(artifacts / "site_lesson00.png"), full_page=True)
+
+
+def test_site_downloads_work_offline(page, site, tmp_path):
+    """The index offers the zip of all lessons and the wheel, a lesson page its notebook; each link
+    downloads from disk, and the zip opens with the lessons and how to run them."""
+    requested, failed = _watch(page)
+    page.goto((site / "index.html").as_uri())
+    with page.expect_download() as zipped:
+        page.locator("a.klviz-download-zip").click()
+    path = tmp_path / "lessons.zip"
+    zipped.value.save_as(path)
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        assert z.testzip() is None
+        readme = z.read("klviz-lessons/README.txt").decode()
+    assert any(n.endswith("00_start_here.ipynb") for n in names) and "klviz lab" in readme, names
+    if page.locator("a.klviz-download-wheel").count():  # built from a checkout: the wheel is offered too
+        assert any(n.endswith(".whl") for n in names), names
+        with page.expect_download() as wheel:
+            page.locator("a.klviz-download-wheel").click()
+        assert wheel.value.suggested_filename.endswith("-py3-none-any.whl")
+    page.goto(next(site.glob("00_*.html")).as_uri())
+    with page.expect_download() as lesson:
+        page.locator("a.klviz-download-lesson").click()
+    assert lesson.value.suggested_filename.startswith("00_") and lesson.value.suggested_filename.endswith(".ipynb")
+    saved = tmp_path / "lesson.ipynb"
+    lesson.value.save_as(saved)
+    assert json.loads(saved.read_text())["cells"], "the downloaded lesson is not a notebook"
+    assert not requested, requested
+    assert not [f for f in failed if "ERR_ABORTED" not in f], failed
+
+
+def test_a_named_control_is_a_select_on_the_site(page, tmp_path):
+    """A panel's categorical control (lesson 07's KL placement, a flow, a mode) is a select on the
+    page, not a range slider: choosing an option shows its frame and readout."""
+    from klviz.widgets.static import render_static_panel
+
+    pixel = (  # one pixel
+        "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    )
+    frames = [{"src": pixel, "readout": f"<b>{name}</b>"} for name in ("k1 in reward", "k3 in loss", "none")]
+    panel = render_static_panel(
+        {
+            "title": "placements",
+            "axes": [
+                {
+                    "name": "placement",
+                    "description": "KL placement",
+                    "kind": "select",
+                    "index": 0,
+                    "labels": ["k1 in reward", "k3 in loss", "none"],
+                }
+            ],
+            "others": [],
+            "frames": frames,
+            "start": 0,
+        }
+    )
+    (tmp_path / "panel.html").write_text(f"<!DOCTYPE html><html><body>{panel}</body></html>")
+    requested, failed = _watch(page)
+    page.goto((tmp_path / "panel.html").as_uri())
+    select = page.locator("select.klviz-live-select")
+    assert select.count() == 1 and page.locator("input.klviz-live-slider").count() == 0
+    assert page.locator(".klviz-live-readout").inner_text() == "k1 in reward"
+    select.select_option(label="k3 in loss")
+    assert page.locator(".klviz-live-readout").inner_text() == "k3 in loss"
+    assert page.locator(".klviz-live").get_attribute("data-frame") == "1"
+    assert not requested and not failed, (requested, failed)
