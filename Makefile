@@ -1,5 +1,6 @@
 # klviz: two commands.
 #   make lab    set up the environment (first time only) and open the lessons in JupyterLab
+#               (make lab LANG=zh: the Simplified Chinese lessons, built from notebooks/locale/)
 #   make test   run every test: unit, property, panels, notebooks (nbval), real browser
 #   make lint   ruff (lint and format), mypy on the core modules, notebooks clean and paired (CI runs it first)
 #   make sync-notebooks   clean the notebooks and rewrite their percent scripts (after editing a lesson)
@@ -18,6 +19,11 @@ PY          := $(BIN)/python
 STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
+# `make lab LANG=zh`: only a LANG given on the command line picks the edition (the environment's LANG
+# is the locale); the Chinese lessons are built into build/lessons-zh and copied like `klviz lab` does.
+EDITION     := $(if $(filter command line,$(origin LANG)),$(LANG),en)
+# the Chinese edition, built for nbval by `make test` (generated, never stored: code exists once)
+ZH_BUILD    := build/zh
 # `make test` runs in TEST_WORKERS processes (pytest-xdist), a test file each at a time (a notebook's
 # cells share one kernel, so they must stay together): two halve the suite's time on two cores.
 # TEST_WORKERS=0 runs everything in this process.
@@ -25,10 +31,14 @@ TEST_WORKERS ?= 2
 PARALLEL    := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: FORCE lab test lint setup test-fast test-notebooks test-browser present site tiny-lm sample-rollouts bench strip \
-        sync-notebooks clean
+        sync-notebooks translations clean
 
 lab: $(STAMP)
+ifeq ($(EDITION),en)
 	@$(PY) -m klviz.labcmd notebooks --in-place --no-browser $(if $(PORT),--port $(PORT))
+else
+	@LANG=C.UTF-8 $(PY) -m klviz.labcmd build/lessons-$(EDITION) --lang $(EDITION) --no-browser $(if $(PORT),--port $(PORT))
+endif
 
 setup: $(STAMP)
 
@@ -54,8 +64,9 @@ $(STAMP): pyproject.toml constraints.txt $(TORCH_STAMP)
 	@echo "klviz environment ready in $(VENV)"
 
 test: $(STAMP)             # finds (or installs) a Chromium first: scripts/ensure_browser.py says how
+	@$(PY) scripts/translations.py build --out $(ZH_BUILD) >/dev/null
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" \
-	  $(PY) -m pytest --nbval-lax $(PARALLEL) tests notebooks
+	  $(PY) -m pytest --nbval-lax $(PARALLEL) tests notebooks $(ZH_BUILD)
 
 lint: $(STAMP)             # what CI checks before the tests (all four run; fails if any fails)
 	@status=0; \
@@ -69,7 +80,12 @@ test-fast: $(STAMP)
 	@$(PY) -m pytest -q tests --ignore=tests/browser
 
 test-notebooks: $(STAMP)
-	@$(PY) -m pytest -q --nbval-lax notebooks
+	@$(PY) scripts/translations.py build --out $(ZH_BUILD) >/dev/null
+	@$(PY) -m pytest -q --nbval-lax notebooks $(ZH_BUILD)
+
+translations: $(STAMP)     # merge the English lessons into notebooks/locale/*.po (then translate what is new or fuzzy)
+	@$(PY) scripts/translations.py update
+	@$(PY) scripts/translations.py --check || true
 
 test-browser: $(STAMP)
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q tests/browser

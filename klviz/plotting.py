@@ -76,8 +76,11 @@ def theme() -> str:
 
 def apply_style() -> None:
     """Apply the klviz style to matplotlib's global settings (idempotent), for the page's :func:`theme`."""
+    from .fonts import use_in_matplotlib
+
     dark = theme() == "dark"
     mpl.rcParams.update(_STYLE)
+    use_in_matplotlib()  # Chinese glyphs from the shipped CJK font where the default font has none
     if dark:
         mpl.rcParams.update(_DARK)
     COLORS.update(_DARK_COLORS if dark else _LIGHT_COLORS)
