@@ -205,7 +205,7 @@ def test_klviz_lab_lang_zh_copies_the_chinese_lessons_and_keeps_a_learners_edit(
     first = json.loads(lessons[0].read_text(encoding="utf-8"))
     assert any("术语表" in "".join(c["source"]) for c in first["cells"])
     first["cells"][0]["source"] = ["# 我的笔记\n"]
-    lessons[0].write_text(json.dumps(first), encoding="utf-8")
+    lessons[0].write_text(json.dumps(first, ensure_ascii=False), encoding="utf-8")
     capsys.readouterr()
     assert labcmd.main(["--lang", "zh", "--copy-only", str(dest)]) == 0
     assert "kept your edited 00_start_here.ipynb" in capsys.readouterr().out
