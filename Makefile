@@ -1,5 +1,6 @@
 # klviz: two commands.
 #   make lab    set up the environment (first time only) and open the lessons in JupyterLab
+#               (make lab LANG=zh: the Simplified Chinese lessons, built from notebooks/locale/)
 #   make test   run every test: unit, property, panels, notebooks (nbval), real browser
 #   make test-hub   a real JupyterHub with two students (root, npm, network; CI runs it after make test)
 #   make test-themes   every lesson's own figures in both themes (CI runs it)
@@ -21,6 +22,11 @@ STAMP       := $(VENV)/.klviz-installed
 
 LESSON      ?= 00
 THEME       ?=
+# `make lab LANG=zh`: only a LANG given on the command line picks the edition (the environment's LANG
+# is the locale); the Chinese lessons are built into build/lessons-zh and copied like `klviz lab` does.
+EDITION     := $(if $(filter command line,$(origin LANG)),$(LANG),en)
+# the Chinese edition, built for nbval by `make test` (generated, never stored: code exists once)
+ZH_BUILD    := build/zh
 # `make test` runs in TEST_WORKERS processes (pytest-xdist), a test file each at a time (a notebook's
 # cells share one kernel, so they must stay together): two halve the suite's time on two cores.
 # TEST_WORKERS=0 runs everything in this process.
@@ -28,10 +34,14 @@ TEST_WORKERS ?= 2
 PARALLEL    := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: FORCE lab test lint setup test-fast test-notebooks test-browser test-hub test-themes present site tiny-lm sample-rollouts \
-        bench bench-memory strip sync-notebooks clean
+        bench bench-memory strip sync-notebooks translations clean
 
 lab: $(STAMP)
+ifeq ($(EDITION),en)
 	@$(PY) -m klviz.labcmd notebooks --in-place --no-browser $(if $(PORT),--port $(PORT))
+else
+	@LANG=C.UTF-8 $(PY) -m klviz.labcmd build/lessons-$(EDITION) --lang $(EDITION) --no-browser $(if $(PORT),--port $(PORT))
+endif
 
 setup: $(STAMP)
 
@@ -62,8 +72,9 @@ $(STAMP): pyproject.toml constraints.txt $(TORCH_STAMP)
 	@echo "klviz environment ready in $(VENV)"
 
 test: $(STAMP)             # finds (or installs) a Chromium first: scripts/ensure_browser.py says how
+	@$(PY) scripts/translations.py build --out $(ZH_BUILD) >/dev/null
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" \
-	  $(PY) -m pytest --nbval-lax $(PARALLEL) tests notebooks
+	  $(PY) -m pytest --nbval-lax $(PARALLEL) tests notebooks $(ZH_BUILD)
 
 lint: $(STAMP)             # what CI checks before the tests (all four run; fails if any fails)
 	@status=0; \
@@ -77,7 +88,12 @@ test-fast: $(STAMP)
 	@$(PY) -m pytest -q tests --ignore=tests/browser
 
 test-notebooks: $(STAMP)
-	@$(PY) -m pytest -q --nbval-lax notebooks
+	@$(PY) scripts/translations.py build --out $(ZH_BUILD) >/dev/null
+	@$(PY) -m pytest -q --nbval-lax notebooks $(ZH_BUILD)
+
+translations: $(STAMP)     # merge the English lessons into notebooks/locale/*.po (then translate what is new or fuzzy)
+	@$(PY) scripts/translations.py update
+	@$(PY) scripts/translations.py --check || true
 
 test-browser: $(STAMP)
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q tests/browser

@@ -36,6 +36,7 @@ import os
 import secrets
 import stat
 import sys
+import tempfile
 import webbrowser
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -396,13 +397,21 @@ def start_lab(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``klviz lab [DIR] [--force] [--no-browser] [--port N] [--copy-only]``."""
+    """``klviz lab [DIR] [--lang en|zh] [--force] [--no-browser] [--port N] [--copy-only]``."""
     parser = argparse.ArgumentParser(
         prog="klviz lab",
         description="Copy the klviz lessons into DIR (never overwriting your edited copies without asking) "
         "and open JupyterLab there, on 127.0.0.1 with a token.",
     )
-    parser.add_argument("dir", nargs="?", default=DEFAULT_DIR, help=f"working folder (default ./{DEFAULT_DIR})")
+    parser.add_argument(
+        "dir",
+        nargs="?",
+        default=None,
+        help=f"working folder (default ./{DEFAULT_DIR}, ./{DEFAULT_DIR}-zh for --lang zh)",
+    )
+    parser.add_argument(
+        "--lang", default="en", help="the edition: en (default) or zh, the Simplified Chinese lessons (简体中文版)"
+    )
     parser.add_argument(
         "--force",
         action="store_true",
@@ -422,13 +431,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.port is not None and not 0 < args.port < 65536:
         parser.error(f"--port must be between 1 and 65535, got {args.port}")
+    from .i18n import build_edition, edition
+
+    try:
+        lang = edition(args.lang)
+    except ValueError as err:
+        parser.error(f"--lang: {err}")
+    if lang != "en" and args.in_place:
+        parser.error("--in-place serves the English sources; the other editions are built: leave out --in-place")
+    if args.dir is None:
+        args.dir = DEFAULT_DIR if lang == "en" else f"{DEFAULT_DIR}-{lang}"
 
     try:
         if args.in_place:
             folder = check_own_folder(args.dir)
         else:
             ask = _ask_on_terminal if (sys.stdin is not None and sys.stdin.isatty() and not args.force) else None
-            report = sync_lessons(args.dir, force=args.force, ask=ask)
+            with tempfile.TemporaryDirectory(prefix="klviz-edition-") as built:
+                # another edition: its lessons are built from the English ones and the catalogues, then
+                # copied like the English ones (the same rules: a learner's edited copy is never lost)
+                source = None
+                if lang != "en":
+                    build_edition(lang, built)
+                    source = built
+                report = sync_lessons(args.dir, source=source, force=args.force, ask=ask)
     except FileNotFoundError as err:
         print(f"klviz lab: {f'{err.filename}: no such folder' if err.filename else err}", file=sys.stderr)
         return 2

@@ -92,9 +92,12 @@ def theme() -> str:
 
 def apply_style() -> None:
     """Apply the klviz style to matplotlib's global settings (idempotent), for the page's :func:`theme`."""
+    from .fonts import use_in_matplotlib
+
     which = theme()
     mpl.rcParams.update(_LIGHT)
     mpl.rcParams.update(_STYLE)
+    use_in_matplotlib()  # Chinese glyphs from the shipped CJK font where the default font has none
     if which == "dark":
         mpl.rcParams.update(_DARK)
     COLORS.update({name: colour(name, which) for name in _FIGURE_COLOURS})

@@ -325,6 +325,10 @@ def start_lab_server(
     }
     if strip_on_save:
         config["ContentsManager"] = {"pre_save_hook": "klviz.notebook_format.strip_outputs_before_save"}
+    from .fonts import write_jupyterlab_custom  # Chinese text renders without a CJK font on the machine
+
+    for section, values in write_jupyterlab_custom(folder).items():
+        config.setdefault(section, {}).update(values)
     for section, values in (extra or {}).items():
         config.setdefault(section, {}).update(values)
     path = f"/lab/tree/{first}" if first else "/lab"
