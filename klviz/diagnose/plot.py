@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["plot_report", "plot_series"]
 
 
-_SEVERITY_COLOR = {"error": "#c0392b", "warning": "#d68910", "info": "#7f7f7f"}
+#: the palette name (``klviz.palette.NAMED``) of each severity's colour, read from ``COLORS`` when drawn
+_SEVERITY_COLOUR_NAME = {"error": "bad", "warning": "warn", "info": "muted"}
 
 
 def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
@@ -62,7 +63,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
         x_c = math.log(c)
         bad = "not_sampler_tokens" in codes
         if lo - 0.02 * span <= x_c <= hi + 0.02 * span:
-            ax_lr.axvline(x_c, color=_SEVERITY_COLOR["error" if bad else "info"], lw=1.2, ls=":")
+            ax_lr.axvline(x_c, color=COLORS[_SEVERITY_COLOUR_NAME["error" if bad else "info"]], lw=1.2, ls=":")
         ax_lr.text(
             0.02,
             0.96,
@@ -70,7 +71,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
             transform=ax_lr.transAxes,
             va="top",
             fontsize=7.5,
-            color=_SEVERITY_COLOR["error" if bad else "info"],
+            color=COLORS[_SEVERITY_COLOUR_NAME["error" if bad else "info"]],
         )
 
     ests = kernel.estimates(torch.as_tensor(lr))
@@ -112,12 +113,14 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
             transform=ax_pos.transAxes,
             va="top",
             fontsize=6.5,
-            color=_SEVERITY_COLOR["error" if "logprob_misaligned" in codes else "info"],
+            color=COLORS[_SEVERITY_COLOUR_NAME["error" if "logprob_misaligned" in codes else "info"]],
         )
     if codes & {"mask_shifted", "last_token", "logprob_misaligned"}:
         ax_pos.set_title(
             "per-position means: " + ", ".join(sorted(codes & {"mask_shifted", "last_token", "logprob_misaligned"})),
-            color=_SEVERITY_COLOR["error" if codes & {"mask_shifted", "logprob_misaligned"} else "warning"],
+            color=COLORS[
+                _SEVERITY_COLOUR_NAME["error" if codes & {"mask_shifted", "logprob_misaligned"} else "warning"]
+            ],
         )
 
     modes = [("token_mean", "token-mean"), ("seq_token_mean", "seq-mean-\ntoken-mean")]
@@ -152,7 +155,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
     ax_bar.legend()
     ax_text.axis("off")
     if not d.trouble:
-        ax_text.text(0.0, 0.5, "no trouble signs", va="center", fontsize=9, color=_SEVERITY_COLOR["info"])
+        ax_text.text(0.0, 0.5, "no trouble signs", va="center", fontsize=9, color=COLORS[_SEVERITY_COLOUR_NAME["info"]])
     for i, t in enumerate(shown):
         line = f"[{t.severity}] {t.code}: {t.message}"
         ax_text.text(
@@ -161,7 +164,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
             line if len(line) <= 150 else line[:147] + "...",
             va="center",
             fontsize=7.5,
-            color=_SEVERITY_COLOR[t.severity],
+            color=COLORS[_SEVERITY_COLOUR_NAME[t.severity]],
             transform=ax_text.transAxes,
         )
     worst = d.worst_severity()
@@ -169,7 +172,7 @@ def plot_report(d: Diagnosis, path: str | Path | None = None) -> Figure:
         f"klviz diagnose: {Path(d.source).name}  ·  {len(d.trouble)} trouble sign(s)"
         + (f", worst: {worst}" if worst else ""),
         fontsize=11,
-        color=_SEVERITY_COLOR.get(worst or "", "black") if worst in ("error", "warning") else "black",
+        color=COLORS[_SEVERITY_COLOUR_NAME[worst]] if worst in ("error", "warning") else COLORS["ink"],
     )
     if path is not None:
         fig.savefig(path, dpi=100)
