@@ -183,11 +183,6 @@ def test_the_chinese_glossary_cell_is_rendered_from_the_glossary():
     assert i18n.GLOSSARY_NOTE in " ".join(cells[0].auto_comments)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the English lesson 00 is being rewritten elsewhere: once it has merged, run "
-    "`python scripts/translations.py glossary --write` (then delete this marker)",
-)
 def test_the_english_glossary_cell_is_rendered_from_the_glossary():
     nb = json.loads((NOTEBOOKS / "00_start_here.ipynb").read_text(encoding="utf-8"))
     cell = next(s for _, s in i18n.markdown_cells(nb) if i18n.is_glossary_cell("00_start_here", s))

@@ -30,8 +30,8 @@
 #
 # | English | 中文 | in this suite |
 # |---|---|---|
-# | KL divergence | KL散度 | $\mathrm{KL}(q\,\|\,p)=\mathbb{E}_{x\sim q}[\log q(x)-\log p(x)]\ge 0$ |
-# | estimator | 估计器 | a function of one sample whose average approaches the quantity |
+# | KL divergence | KL 散度 | $\mathrm{KL}(q\,\|\,p)=\mathbb{E}_{x\sim q}[\log q(x)-\log p(x)]\ge 0$ |
+# | estimator | 估计量 | a function of one sample whose average approaches the quantity |
 # | sampling | 采样 | drawing tokens $x_1,\dots,x_N$ from a policy |
 # | sampler / target | 采样分布 / 目标分布 | $q$ produced the tokens; $p$ is the other distribution |
 # | importance sampling | 重要性采样 | reweighting samples from $\mu$ by $q(x)/\mu(x)$ to average under $q$ |
