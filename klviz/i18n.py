@@ -166,7 +166,32 @@ def read_catalogue(path: str | os.PathLike[str], lang: str = "zh") -> Catalog:
     from babel.messages.pofile import read_po
 
     with open(path, "rb") as f:
-        return read_po(f, locale=LOCALES[edition(lang)], abort_invalid=True)
+        catalog = read_po(f, locale=LOCALES[edition(lang)], abort_invalid=True)
+    for message in list(catalog) + list(catalog.obsolete.values()):
+        _recover_previous(message)
+    return catalog
+
+
+def _po_string(quoted: str) -> str:
+    """The text of one quoted ``.po`` string such as ``"a\\n"`` (gettext's C escapes)."""
+    from babel.messages.pofile import unescape
+
+    return unescape(quoted)
+
+
+def _recover_previous(message: Message) -> None:
+    """Babel does not read ``#| msgid`` lines back (it keeps them as translator comments): move the English a
+    fuzzy entry was made from into ``message.previous_id``. Reads the form :func:`write_catalogue` writes (one
+    quoted string per line) and Babel's own, whose long comment lines are wrapped at a space."""
+    lines = [c[1:].strip() for c in message.user_comments if c.startswith("|")]
+    if not lines:
+        return
+    message.user_comments = [c for c in message.user_comments if not c.startswith("|")]
+    joined = " ".join(lines)
+    if not joined.startswith("msgid "):
+        return  # an old msgctxt or msgid_plural: cells have neither
+    quoted = re.findall(r'"(?:[^"\\]|\\.)*"', joined[len("msgid ") :])
+    message.previous_id = ["".join(_po_string(q) for q in quoted)]
 
 
 def _new_catalogue(lang: str, what: str | None, like: Catalog | None = None) -> Catalog:
@@ -203,8 +228,8 @@ def write_catalogue(catalog: Catalog, path: str | os.PathLike[str]) -> None:
         # Babel guesses these from `%` and `{` in the text (LaTeX has plenty); they mean nothing here
         message.flags -= {"python-format", "python-brace-format"}
     buf = io.BytesIO()
-    write_po(buf, catalog, width=0, include_previous=True, include_lineno=False)
-    text = buf.getvalue().decode("utf-8")
+    write_po(buf, catalog, width=0, include_previous=False, include_lineno=False)
+    text = _with_previous(buf.getvalue().decode("utf-8"), catalog)
     drop = ('"Generated-By: ', '"Report-Msgid-Bugs-To: ')  # a tool version; an address there is none of
     text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(drop))
     target = Path(path)
@@ -212,6 +237,25 @@ def write_catalogue(catalog: Catalog, path: str | os.PathLike[str]) -> None:
     tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, target)
+
+
+def _with_previous(text: str, catalog: Catalog) -> str:
+    """``text`` (a catalogue written without previous msgids) with each live fuzzy entry's English written as
+    gettext does, one quoted line per line of the cell, above its ``msgctxt``. Babel would wrap these comment
+    lines at 76 characters, and its reader does not read them back."""
+    from babel.messages.pofile import escape
+
+    previous = {str(m.context): p for m in catalog if m.context and "fuzzy" in m.flags and (p := _previous(m))}
+    if not previous:
+        return text
+    out = []
+    for line in text.splitlines(keepends=True):
+        match = re.fullmatch(r'msgctxt "([^"\\]*)"\n', line)
+        if match and match.group(1) in previous:
+            out.append('#| msgid ""\n')
+            out += [f"#| {escape(part)}\n" for part in previous[match.group(1)].splitlines(keepends=True)]
+        out.append(line)
+    return "".join(out)
 
 
 def _previous(message: Message) -> str | None:

@@ -74,6 +74,28 @@ def test_an_english_change_fails_the_check_until_its_translation_is_revised(tmp_
     assert revised.returncode == 0, revised.stdout
 
 
+def test_a_fuzzy_entry_keeps_the_english_it_was_translated_from_across_updates(tmp_path):
+    """A cell changed twice before its translation is revised: the translator still diffs against the English
+    the translation was made from (the ``#| msgid``), not the intermediate one; and reading and writing a
+    catalogue with fuzzy entries rewrites the same bytes."""
+    folder = _copy_sources(tmp_path)
+    lesson = folder / "03_f_divergence_bregman.ipynb"
+    nb = json.loads(lesson.read_text(encoding="utf-8"))
+    po = i18n.catalogue_path("03_f_divergence_bregman", "zh", folder)
+    current = {m.context for m in i18n.read_catalogue(po) if m.id and m.string and "fuzzy" not in m.flags}
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "markdown" and c["id"] in current)
+    original = "".join(cell["source"])
+    for added in (" First change.", " Second change."):
+        cell["source"][-1] += added
+        lesson.write_text(json.dumps(nb, indent=1, ensure_ascii=False), encoding="utf-8")
+        assert _script("update", "--notebooks", str(folder)).returncode == 0
+        entry = next(m for m in i18n.read_catalogue(po) if m.context == cell["id"])
+        assert "fuzzy" in entry.flags and list(entry.previous_id) == [original]
+    text = po.read_bytes()
+    i18n.write_catalogue(i18n.read_catalogue(po), po)
+    assert po.read_bytes() == text
+
+
 def test_a_new_cell_and_a_removed_cell_are_named(tmp_path):
     folder = _copy_sources(tmp_path)
     lesson = folder / "01_sampling_as_weighting.ipynb"
