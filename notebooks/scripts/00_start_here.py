@@ -122,7 +122,7 @@ assert abs(klviz.k3(log_r) - (1.5 - 0.9163)) < 1e-4
 #    does this: $P_q(p > q)$ becomes that token's $q$, here $q(\text{sofa}) = 0.162$ (pushed down, it would be
 #    $1 - q$) ([checked on 2,000 random token pairs](claims.md#k1-negative-one-push)). Switch the token to *moon*: only 2 % of the draws are
 #    negative now, because $q$ rarely draws *moon*. Set the push to 0: $p = q$, every log-ratio is 0 up to float
-#    rounding, and every estimator is exactly 0.
+#    rounding, and so is every estimator.
 # 2. Set $N = 10$ and the seed to 15: k1's mean is **negative** (−0.25), an impossible value for a KL; k3 stays
 #    positive. Try other seeds: k1 jumps around, k3 much less.
 # 3. Look at k2 at the default setting: its exact mean is 14.6 % *below* the KL, a bias no $N$ removes. Now set the

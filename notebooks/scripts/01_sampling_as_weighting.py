@@ -11,7 +11,7 @@
 # **What you will learn**
 # - why a plain mean over tokens drawn from $q$ already carries the weight $q(x)$: the draw counts *are* the weights;
 # - how fast the mean converges: a running mean with its ±2 standard-error band, on 12 tokens and on 50,257;
-# - what goes wrong when the tokens come from another policy $\mu$, how the importance weight $q/\mu$ repairs it, and
+# - what goes wrong when the tokens come from another policy $\mu$, how the importance weight $\pi/\mu$ (the policy the average is over, divided by the sampler) repairs it, and
 #   what the repair costs (the effective sample size);
 # - why RL code does not simply sum over the vocabulary: the cost of the exact sum, measured with `klviz.exact_kl`.
 #
@@ -308,7 +308,7 @@ assert abs(2 * clustered[1] - 0.015) < 0.002 and int(mask.sum()) == 3742 and mas
 # from those tokens, is the plain mean still right? (A common suggestion, "mix in samples from $p$"
 # to estimate the KL better, raises the same question.)
 #
-# Three policies now, so three letters; $q$ is kept for "the sampler" as in lesson 00, and here the sampler is $\mu$:
+# Three policies now, so three letters. The sampler, lesson 00's $q$, is written $\mu$ in this section, so that the letter $q$ is never used for another policy:
 #
 # | symbol | role here | in PPO/GRPO code |
 # |---|---|---|

@@ -52,7 +52,7 @@ def normal(mu, sigma=1.0):
 #
 # $$\log r = \log p(x) - \log q(x) \qquad(\text{target minus sampler}),$$
 #
-# and every one of them estimates $\mathrm{KL}(q\|p) = \mathbb{E}_{x\sim q}\left[\log \frac{q(x)}{p(x)}\right]$, the divergence *from the sampler* ([checked on 2,000 random token pairs](claims.md#direction-rule-scope)). The order in which a function takes its arguments never changes this. In verl's `kl_penalty(logprob, ref_logprob)` the tokens come from the policy π (on the first minibatch of a step; later ones score π_old's tokens, lesson 00), so there `log r = ref_logprob − logprob` and the estimate is KL(π‖π_ref).
+# and every one of them estimates $\mathrm{KL}(q\|p) = \mathbb{E}_{x\sim q}\left[\log \frac{q(x)}{p(x)}\right]$, the divergence *from the sampler* ([checked on 2,000 random token pairs](claims.md#direction-rule-scope)). The order in which a function takes its arguments never changes this. In verl's `kl_penalty(logprob, ref_logprob)` the tokens come from the policy π (on the first minibatch of a step; later ones score π_old's tokens, lesson 00), so there `log r = ref_logprob - logprob` and the estimate is KL(π‖π_ref).
 #
 # | name | one sample | E over x ∼ q | sign of one sample |
 # |---|---|---|---|
@@ -60,7 +60,7 @@ def normal(mu, sigma=1.0):
 # | k2 | ½ (log r)² | KL(q‖p) only to second order: biased | ≥ 0 |
 # | k3 | (r − 1) − log r | KL(q‖p): unbiased, because E_q[r − 1] = 0 | ≥ 0 |
 #
-# klviz has one copy of each, in `klviz.kernel`; here is k3 as it runs, with the detail that keeps it accurate near r = 1. `expm1(t) − t` subtracts two numbers of size t to get one of size t²/2, so it loses digits as |t| shrinks: in float32 about 1e-6 relative at |t| = 0.1 (harmless), 1e-3 at 10⁻⁴, up to 11 % at 10⁻⁶. Below 0.1 (float32; 10⁻³ in float64) the Taylor series t²/2 + t³/6 + … is used instead, which keeps full precision everywhere ([checked on 32,000 values of log r](claims.md#k3-accurate-in-float32)).
+# klviz has one copy of each, in `klviz.kernel`; here is k3 as it runs, with the detail that keeps it accurate near r = 1. `expm1(t) - t` subtracts two numbers of size t to get one of size t²/2, so it loses digits as |t| shrinks: in float32 about 1e-6 relative at |t| = 0.1 (harmless), 1e-3 at 10⁻⁴, up to 11 % at 10⁻⁶. Below 0.1 (float32; 10⁻³ in float64) the Taylor series t²/2 + t³/6 + … is used instead, which keeps full precision everywhere ([checked on 32,000 values of log r](claims.md#k3-accurate-in-float32)).
 
 # %%
 klviz.show_source(klviz.kernel.k3)
@@ -601,7 +601,7 @@ lambda_panel
 #
 # ### Exercise 1 · k3 from the log-ratio
 #
-# Write `my_k3(log_r)` returning the per-sample k3 for `log_r = log p(x) − log q(x)` (x ∼ q). It must stay accurate to 1 % in float32 for |log r| down to 10⁻⁴ (a policy and a reference that nearly agree): use `torch.expm1` for r − 1. Below that even expm1(t) − t loses its digits to cancellation (about 10 % off at |log r| = 10⁻⁶ in float32); `klviz.kernel.k3`, shown in section 1, switches to the series t²/2 + t³/6 + … there.
+# Write `my_k3(log_r)` returning the per-sample k3 for `log_r = log p(x) - log q(x)` (x ∼ q). It must stay accurate to 1 % in float32 for |log r| down to 10⁻⁴ (a policy and a reference that nearly agree): use `torch.expm1` for r − 1. Below that even expm1(t) − t loses its digits to cancellation (about 10 % off at |log r| = 10⁻⁶ in float32); `klviz.kernel.k3`, shown in section 1, switches to the series t²/2 + t³/6 + … there.
 
 # %%
 def my_k3(log_r):

@@ -806,15 +806,13 @@ assert audits["kl_prefix_product"].relative_error["reverse_kl"] < 1e-9
 #   converge to a different policy than the sequence optimum (section 5); k1 in the reward with reward-to-go is exact.
 # - **Shah et al., "A Comedy of Estimators: On KL Regularization in RL Training of LLMs" (arXiv 2512.21852).** Abstract:
 #   "in on-policy settings: (1) estimator configurations with biased gradients can result in training instabilities; and
-#   (2) using estimator configurations resulting in unbiased gradients leads to better performance"; §3 ("Inspecting KL
-#   estimators") adds that none of the four common configurations gives an unbiased sequence-level gradient off-policy.
+#   (2) using estimator configurations resulting in unbiased gradients leads to better performance".
 #   The configurations they compare include the one most libraries ship, k3 in the loss (GRPO's, verl's `use_kl_loss`),
 #   and k1 in the reward; summaries of the paper list k1 in the loss and k3 in the reward among the biased ones (only the
 #   abstract was read here, not the full text). *Agrees:* k1 in the reward is exact on-policy; k3 in the loss is biased (it is exactly the
 #   forward-KL gradient, section 1) and converges to the forward-KL optimum (section 4); k1 in the loss and k3 in the
 #   reward are biased, and k3 in the reward even *increases* the KL from a start near a corner (section 3). *Adds:*
-#   off-policy, the frozen k1 reward that PPO-style trainers use is biased too (section 6), consistent with their §3
-#   remark. Their downstream accuracy on 4B–8B models cannot be tested here.
+#   off-policy, the frozen k1 reward that PPO-style trainers use is biased too (section 6); the results quoted above are stated for on-policy settings. Their downstream accuracy on 4B–8B models cannot be tested here.
 # - **Liu et al., "Rethinking KL Regularization in RLHF: From Value Estimation to Gradient Optimization" (arXiv
 #   2510.01555).** Abstract: "under on-policy conditions, the 'k2 as loss' formulation is, in fact, gradient-equivalent
 #   to 'k1 in reward'"; "'k3 as loss' (like GRPO) is merely a first-order, biased approximation"; "common off-policy

@@ -7,7 +7,7 @@
 # gradient. Here the same choices train a real (tiny) language model: a character-level model of about 45k
 # parameters that writes short sentences, a reward that likes positive words, and a REINFORCE/GRPO-style loop with
 # the KL in the reward or in the loss. You watch reward, KL and entropy move, and compare the placements side by
-# side, each over eight seeds: a difference between two runs of one seed is no evidence at all.
+# side, each over sixteen seeds: a difference between two runs of one seed is no evidence at all.
 #
 # **What you will learn**
 # - what one RLHF training step does, in about 80 lines you can read (`klviz.rlhf`);
@@ -322,7 +322,7 @@ policy.requires_grad_(False);
 # $\pi_\text{old}\ne\pi_\theta$, and lesson 05 showed that k1 as a loss then becomes gradient *ascent* on
 # $\mathrm{KL}(\pi_\text{old}\|\pi_\theta)$. `approx_kl` (MiniMind's masked mean of $\tfrac12(\log\pi_\theta-\log\pi_\text{old})^2$) measures
 # how far the inner epochs have moved; early stopping skips the remaining epochs of a batch once it passes a threshold.
-# Four epochs per batch, 20 steps, eight seeds each; seed 0 of the early-stopped run is trained again here:
+# Four epochs per batch, 20 steps, 16 seeds each; seed 0 of the early-stopped run is trained again here:
 
 # %%
 OFF = {"none": "off · none", "k1 in loss": "off · k1 in loss", "k3 in loss": "off · k3 in loss",

@@ -219,8 +219,8 @@ assert same["abs_diff_max"] < 1e-5
 # **Math.** On engine tokens with $\log r=\log\pi_\text{old}-\log\pi_\text{rollout}$ and a response's weight
 # $W=\prod_t r_t$: token-mean k1 and k3 estimate $\mathrm{KL}(\pi_\text{rollout}\|\pi_\text{old})$ per token; their
 # per-sequence sums estimate it per response; $\overline{r^2}-1$ and $\overline{W^2}-1$ estimate
-# $\chi^2(\pi_\text{old}\|\pi_\text{rollout})$ per token and per response; verl's perplexity ratio is
-# $\exp(\text{batch mean of the per-sequence mean }k_1)$; NeMo-RL's `token_mult_prob_error` is the mean of
+# $\chi^2(\pi_\text{old}\|\pi_\text{rollout})$ per token and per response; verl's perplexity ratio is the
+# batch mean of $\exp(\text{per-sequence mean }k_1)$; NeMo-RL's `token_mult_prob_error` is the mean of
 # $e^{|\log r|}$, 1 only without any mismatch. `klviz.mismatch.mismatch_metrics` computes them all:
 
 # %%
@@ -460,7 +460,7 @@ print(f"panel update: {panel.last_compute_ms:.1f} ms")
 # sampling mask on $\pi_\text{old}$ and $\pi_\theta$, in the policy-gradient term and in the KL term alike ($\pi_\text{ref}$
 # stays untruncated).
 #
-# Every setting is trained with 16 seeds, twice lesson 07's, because the differences between corrections are small.
+# Every setting is trained with 16 seeds, as in lesson 07: the differences between corrections are small.
 # Within one engine every correction starts from the same first batch, so those differences pair tightly by seed.
 # Different engines share a seed but not their batches (they sample differently from the first token), so comparisons
 # across engines, and with "trainer samples itself" (lesson 07's own k3-in-loss run, the same 16 seeds number for number),
@@ -743,7 +743,7 @@ print(f"panel update: {training.last_compute_ms:.1f} ms")
 # | | `gen_kl_error` | `calculate_kl(generation, prev)`: KL(π_rollout ‖ π_old) with the configured estimator |
 # | | `policy_kl_error` | the same with the arguments swapped: on the engine's tokens that is the inverted ratio of lesson [06](06_pitfalls_and_your_rollouts.ipynb), not KL(π_old ‖ π_rollout) |
 # | | `use_importance_sampling_correction`, `truncated_importance_sampling_type` `tis` / `icepop` / `seq-mask-tis`, `…_ratio`, `…_ratio_min` | token IS, TIS, masking, geometric-mean rejection |
-# | | `use_on_policy_kl_approximation` (default False) | the reference KL's weight: π_θ/π_generation, the **engine** in the denominator; by default `exp(curr − curr.detach())`, 1 in value (lesson [04](04_worked_tokens.ipynb) §6) |
+# | | `use_on_policy_kl_approximation` (default False) | the reference KL's weight: π_θ/π_generation, the **engine** in the denominator; by default `exp(curr - curr.detach())`, 1 in value (lesson [04](04_worked_tokens.ipynb) §6) |
 # | open-instruct (`open_instruct/grpo_utils.py`) | `debug/vllm_vs_local_logprob_diff_mean`, `_max`, `_std` | mean, max, std of $\lvert\log r\rvert$ |
 # | | `debug/vllm_local_reverse_kl` | mean of $\pi_\text{rollout}(y)\,(\log\pi_\text{rollout}-\log\pi_\text{old})$ over sampled tokens: the $q(y)$ factor counted a second time (lesson [01](01_sampling_as_weighting.ipynb)), not a KL estimate |
 # | | `use_rho_correction` (default True), `rho_clamp_upper_bound` (2.0), `rho_mask_*_bound`, `rho_mask_sequence_level`, `use_vllm_logprobs` | ρ = π_old/π_rollout truncated, masked (per token or on the geometric mean); or skip the recompute |
