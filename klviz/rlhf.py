@@ -383,11 +383,11 @@ class TrainingRun:
                     if weights is not None:
                         pg = pg * weights  # the rollout correction, on the policy-gradient term only
                     loss_tok = pg
-                    if loss_use is not None and kind is not None and cfg.beta > 0:
+                    if loss_use is not None and cfg.beta > 0:
                         if loss_use.weighting == "rho":  # TRL / DeepSeek-V3.2: unclamped k3 times rho
                             pen = ratio * k3(ref_logp - logp)  # rho = pi / sg(pi_old), differentiated
-                        else:
-                            pen = kl_penalty(logp, ref_logp, kind)  # verl's kinds, with verl's clamps for k3
+                        else:  # verl's kinds, with verl's clamps for k3
+                            pen = kl_penalty(logp, ref_logp, _verl_kind(loss_use))
                         loss_tok = loss_tok + cfg.beta * pen
                     loss = _masked_row_sum(loss_tok, mask).mean()
                     opt.zero_grad(set_to_none=True)
