@@ -4,7 +4,7 @@
 #   make test   run every test: unit, property, panels, notebooks (nbval), real browser
 #   make test-hub   a real JupyterHub with two students (root, npm, network; CI runs it after make test)
 #   make test-themes   every lesson's own figures in both themes (CI runs it)
-#   make lint   ruff (lint and format), mypy on the core modules, notebooks clean and paired (CI runs it first)
+#   make lint   ruff (lint and format), mypy on the whole package, notebooks clean and paired (CI runs it first)
 #   make sync-notebooks   clean the notebooks and rewrite their percent scripts (after editing a lesson)
 #
 # Torch: by default a CPU build (no multi-GB CUDA download). GPU users:

@@ -9,7 +9,7 @@ at once): every public name below, and every submodule, loads on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -89,7 +89,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """Public names and submodules load on first use: ``klviz.k3``, ``klviz.check.lesson02`` and
     ``klviz.widgets.StartHerePanel`` all work after a plain ``import klviz``."""
     import importlib

@@ -20,8 +20,15 @@ import contextlib
 import os
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # types only: a subcommand imports what it needs when it runs
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from .diagnose import Diagnosis
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -248,7 +255,7 @@ def _run_diagnose(args: argparse.Namespace) -> int:
         logged = [dg.parse_logged_text(x) for x in args.logged if x not in histories]
         if len(histories) > 1:
             raise ValueError("--logged: give at most one log history file")
-        history = dg.read_history(histories[0]) if histories else _folder_history(dg, args.file)
+        history = dg.read_history(histories[0]) if histories else _folder_history(args.file)
     except ValueError as err:
         _error(str(err))
         return EXIT_BAD_INPUT
@@ -273,7 +280,7 @@ def _run_diagnose(args: argparse.Namespace) -> int:
         _error(f"cannot read {err.filename}: {err.strerror or err}")
         return EXIT_BAD_INPUT
     if len(paths) > 1 or history is not None:
-        return _run_series(args, dg, paths, open_kwargs, vocab, logged, history)
+        return _run_series(args, paths, open_kwargs, vocab, logged, history)
     path = paths[0]
     try:
         with dg.open_dump(path, **open_kwargs) as f:
@@ -300,7 +307,7 @@ def _run_diagnose(args: argparse.Namespace) -> int:
 
 
 def _emit(
-    args: argparse.Namespace, as_json: Callable[[], object], as_text: Callable[[], str], draw: Callable[[str], object]
+    args: argparse.Namespace, as_json: Callable[[], object], as_text: Callable[[], str], draw: Callable[[str], Figure]
 ) -> int:
     """Print the report (``--json`` or text) and write ``--plot``; a non-zero status if the plot failed."""
     if args.json:
@@ -312,7 +319,7 @@ def _emit(
     return _plot(draw, args.plot, quiet=args.json) if args.plot else EXIT_OK
 
 
-def _plot(draw: Callable[[str], object], out: str, quiet: bool) -> int:
+def _plot(draw: Callable[[str], Figure], out: str, quiet: bool) -> int:
     try:
         import matplotlib
 
@@ -339,9 +346,11 @@ def _fail_on(args: argparse.Namespace, severities: list[str]) -> int:
     return EXIT_OK
 
 
-def _folder_history(dg: object, files: list[str]) -> object:
+def _folder_history(files: list[str]) -> dict[float, dict[str, float]] | None:
     """The log history a run folder holds (``log_history.jsonl`` from the TRL integration, or
     ``trainer_state.json``), or None."""
+    from . import diagnose as dg
+
     for f in files:
         for name in dg.HISTORY_FILES:
             candidate = Path(f) / name
@@ -352,16 +361,17 @@ def _folder_history(dg: object, files: list[str]) -> object:
 
 def _run_series(
     args: argparse.Namespace,
-    dg: object,
-    paths: list,
-    open_kwargs: dict,
-    vocab: object,
-    logged: list,
-    history: object = None,
+    paths: list[Path],
+    open_kwargs: dict[str, Any],
+    vocab: Callable[[np.ndarray], list[str]] | None,
+    logged: list[tuple[str, float, str]],
+    history: dict[float, dict[str, float]] | None = None,
 ) -> int:
+    from . import diagnose as dg
+
     names = [x[0] for x in logged] + (dg.history_names(history) if history else [])
 
-    def each(_p: object, d: object) -> None:
+    def each(_p: Path, d: Diagnosis) -> None:
         d.logged = dg.match_logged(d, logged) if logged else []
 
     try:
@@ -393,7 +403,7 @@ def _run_series(
                 parts.append(f"{len(names)} of {len(items)} dumps {what} ({shown})")
         _error("; ".join(parts) + " (see the report above)")
         return EXIT_BAD_INPUT
-    return _fail_on(args, [t.severity for _n, _s, d in items for t in d.trouble])
+    return _fail_on(args, [t.severity for _n, _s, d in items if not isinstance(d, str) for t in d.trouble])
 
 
 # -- klviz audit ------------------------------------------------------------------------------
@@ -484,14 +494,14 @@ def _run_audit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _deadline(seconds: float) -> object:
+def _deadline(seconds: float) -> contextlib.AbstractContextManager[None]:
     """A context that raises _AuditTimeout after ``seconds`` (SIGALRM; no limit where there is none)."""
     import contextlib
     import signal
     import threading
 
     @contextlib.contextmanager
-    def ctx():  # noqa: ANN202
+    def ctx() -> Iterator[None]:
         usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
         if not usable:
             yield

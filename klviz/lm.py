@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib.abc import Traversable
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from torch import nn
@@ -110,9 +112,13 @@ EMBED_DIM = 12
 HIDDEN_DIM = 192
 
 
-def _single_threaded(fn):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _single_threaded(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with single_thread():
             return fn(*args, **kwargs)
 
@@ -190,11 +196,12 @@ class TinyLM(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # loading the shipped states
 # ---------------------------------------------------------------------------------------------
-def _data_file(name: str):
-    return importlib.resources.files("klviz").joinpath("data", name)
+def _data_file(name: str) -> Traversable:
+    # one name per joinpath: Traversable.joinpath takes a single one before Python 3.11
+    return importlib.resources.files("klviz").joinpath("data").joinpath(name)
 
 
-def _load_state_dict(name: str) -> dict:
+def _load_state_dict(name: str) -> dict[str, Any]:
     ref = _data_file(name)
     if not ref.is_file():
         raise FileNotFoundError(f"klviz/data/{name} is missing: reinstall klviz or run scripts/train_tiny_lm.py")
@@ -305,18 +312,13 @@ class Rollouts:
     def to(self, device: str | torch.device) -> Rollouts:
         dev = torch.device(device)
         return Rollouts(
-            *(
-                getattr(self, n).to(dev)
-                for n in (
-                    "input_ids",
-                    "attention_mask",
-                    "response_mask",
-                    "logprobs",
-                    "prompt_lengths",
-                    "response_lengths",
-                    "finished",
-                )
-            ),
+            self.input_ids.to(dev),
+            self.attention_mask.to(dev),
+            self.response_mask.to(dev),
+            self.logprobs.to(dev),
+            self.prompt_lengths.to(dev),
+            self.response_lengths.to(dev),
+            self.finished.to(dev),
             prompts=list(self.prompts),
         )
 

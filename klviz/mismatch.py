@@ -485,7 +485,16 @@ def correction_weights(
     return torch.where(m, w, torch.zeros_like(w))
 
 
-def corrected_estimates(values: Tensor, log_r: Tensor, mask: Tensor, method: str, **kwargs: float) -> Tensor:
+def corrected_estimates(
+    values: Tensor,
+    log_r: Tensor,
+    mask: Tensor,
+    method: str,
+    *,
+    cap: float = 2.0,
+    band: tuple[float, float] = (0.5, 2.0),
+    log_clamp: float = SAFETY_BOUND,
+) -> Tensor:
     """Per-response estimates ``[B]`` of J = E_{π_train}[Σ_t g_t] from responses sampled by the engine.
 
     ``values [B, T]`` holds the per-token g_t of the sampled tokens; each response contributes
@@ -494,7 +503,7 @@ def corrected_estimates(values: Tensor, log_r: Tensor, mask: Tensor, method: str
     π_old = π_rollout. (The policy gradient is the same sum with g_t = A · ∇ log π(y_t).)
     """
     v = as_float_tensor(values, "values", check_finite=False)
-    w = correction_weights(log_r, mask, method, **kwargs)
+    w = correction_weights(log_r, mask, method, cap=cap, band=band, log_clamp=log_clamp)
     if v.shape != w.shape:
         raise ValueError(f"values has shape {tuple(v.shape)} but log_r has shape {tuple(w.shape)}")
     return torch.where(w != 0, w * v, torch.zeros_like(v)).sum(-1)
@@ -551,7 +560,15 @@ class MarkovPair:
         return self.train_logp[prev, seqs], self.engine_logp[prev, seqs], self.g[seqs]
 
 
-def exact_correction_stats(pair: MarkovPair, length: int, method: str, **kwargs: float) -> dict[str, float]:
+def exact_correction_stats(
+    pair: MarkovPair,
+    length: int,
+    method: str,
+    *,
+    cap: float = 2.0,
+    band: tuple[float, float] = (0.5, 2.0),
+    log_clamp: float = SAFETY_BOUND,
+) -> dict[str, float]:
     """Exact bias and single-response variance of a correction on every response of ``length`` tokens.
 
     Responses are drawn from the engine; the estimate of J = E_train[Σ_t g(y_t)] is
@@ -566,10 +583,10 @@ def exact_correction_stats(pair: MarkovPair, length: int, method: str, **kwargs:
     support = q > 0
     lr = torch.where(support[:, None], tr - en, torch.zeros_like(tr))
     m = support[:, None].expand_as(lr)
-    est = corrected_estimates(g, lr, m, method, **kwargs)
+    est = corrected_estimates(g, lr, m, method, cap=cap, band=band, log_clamp=log_clamp)
     mean = float((q * est).sum())
     var = float((q * est.square()).sum()) - mean**2
-    w = correction_weights(lr, m, method, **kwargs)
+    w = correction_weights(lr, m, method, cap=cap, band=band, log_clamp=log_clamp)
     kept = float((q * (w != 0).any(-1)).sum())
     return {"truth": truth, "mean": mean, "bias": mean - truth, "std": math.sqrt(max(var, 0.0)), "kept": kept}
 

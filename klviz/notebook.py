@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +61,7 @@ def setup_notebook(interactive: bool | None = None, quiet: bool = False) -> torc
     return device
 
 
-def show_source(obj: object) -> None:
+def show_source(obj: Callable[..., Any] | ModuleType) -> None:
     """Display the source code of a klviz function or class, highlighted, so a lesson can show the
     library's one copy of the code instead of pasting a second one."""
     import inspect

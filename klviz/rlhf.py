@@ -42,7 +42,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-from torch import nn
 
 from . import kernel, lm
 from . import mismatch as mm
@@ -180,7 +179,7 @@ class TrainingHistory:
     metrics: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in METRICS})
     samples: list[list[str]] = field(default_factory=list)
     seconds: float = 0.0
-    policy: nn.Module | None = None
+    policy: lm.TinyLM | None = None
 
     def last(self, name: str, window: int = 5) -> float:
         """Mean of the last ``window`` recorded values of a metric."""
@@ -218,8 +217,8 @@ def _batch_prompts(cfg: LabConfig) -> list[str]:
 def train_policy(
     config: LabConfig,
     *,
-    policy: nn.Module | None = None,
-    reference: nn.Module | None = None,
+    policy: lm.TinyLM | None = None,
+    reference: lm.TinyLM | None = None,
     reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None = None,
     device: str | torch.device | None = "cpu",
     callback: Callable[[int, TrainingHistory], None] | None = None,
@@ -252,8 +251,8 @@ class TrainingRun:
         self,
         config: LabConfig,
         *,
-        policy: nn.Module | None = None,
-        reference: nn.Module | None = None,
+        policy: lm.TinyLM | None = None,
+        reference: lm.TinyLM | None = None,
         reward_fn: Callable[[Sequence[str], torch.Tensor], torch.Tensor] | None = None,
         device: str | torch.device | None = "cpu",
     ) -> None:
@@ -304,8 +303,8 @@ class TrainingRun:
         reward_fn, opt, gen, hist = self.reward_fn, self.optimizer, self.generator, self.history
         prompts = _batch_prompts(cfg)
         use = None if cfg.placement == "none" else parse_use(cfg.placement)
-        in_loss = use is not None and use.placement == "loss"
-        kind = _verl_kind(use) if in_loss else None
+        loss_use = use if use is not None and use.placement == "loss" else None  # the KL term is in the loss
+        kind = None if loss_use is None else _verl_kind(loss_use)
         spec = ENGINES[cfg.engine]
         eval_gen = self.eval_generator
         pol.train().requires_grad_(True)
@@ -384,11 +383,11 @@ class TrainingRun:
                     if weights is not None:
                         pg = pg * weights  # the rollout correction, on the policy-gradient term only
                     loss_tok = pg
-                    if kind is not None and cfg.beta > 0:
-                        if use.weighting == "rho":  # TRL / DeepSeek-V3.2: unclamped k3 times rho
+                    if loss_use is not None and cfg.beta > 0:
+                        if loss_use.weighting == "rho":  # TRL / DeepSeek-V3.2: unclamped k3 times rho
                             pen = ratio * k3(ref_logp - logp)  # rho = pi / sg(pi_old), differentiated
-                        else:
-                            pen = kl_penalty(logp, ref_logp, kind)  # verl's kinds, with verl's clamps for k3
+                        else:  # verl's kinds, with verl's clamps for k3
+                            pen = kl_penalty(logp, ref_logp, _verl_kind(loss_use))
                         loss_tok = loss_tok + cfg.beta * pen
                     loss = _masked_row_sum(loss_tok, mask).mean()
                     opt.zero_grad(set_to_none=True)
@@ -557,19 +556,17 @@ LAB_SEED_METRICS: tuple[str, ...] = ("reward", "true_kl", "reported_kl", "entrop
 
 
 def _lab_seed_configs() -> dict[str, LabConfig]:
-    on = {"beta": 0.2, "steps": 40}  # on-policy: one gradient step per batch
-    off = {"beta": 0.2, "steps": 20, "epochs": 4}  # PPO-style: four epochs per batch
-    big = {"beta": 1.0, "steps": 20, "epochs": 4}  # a strong penalty, four epochs
+    on = LabConfig(beta=0.2, steps=40)  # on-policy: one gradient step per batch
+    off = LabConfig(beta=0.2, steps=20, epochs=4)  # PPO-style: four epochs per batch
+    big = LabConfig(beta=1.0, steps=20, epochs=4)  # a strong penalty, four epochs
     cfgs = {
-        f"on · {p}": LabConfig(placement=p, **on)
+        f"on · {p}": replace(on, placement=p)
         for p in ("none", "k1 in loss", "k1 in reward", "k2 in loss", "k3 in loss")
     }
-    cfgs.update(
-        {f"off · {p}": LabConfig(placement=p, **off) for p in ("none", "k1 in loss", "k3 in loss", "k3·ρ in loss")}
-    )
-    cfgs["off · k3 in loss, early stop 0.01"] = LabConfig(placement="k3 in loss", early_stop_kl=0.01, **off)
-    cfgs.update({f"β=1 · {p}": LabConfig(placement=p, **big) for p in ("k1 in loss", "k3·ρ in loss")})
-    cfgs["β=1 · k1 in loss, clip 0.2"] = LabConfig(placement="k1 in loss", clip=0.2, **big)
+    cfgs.update({f"off · {p}": replace(off, placement=p) for p in ("none", "k1 in loss", "k3 in loss", "k3·ρ in loss")})
+    cfgs["off · k3 in loss, early stop 0.01"] = replace(off, placement="k3 in loss", early_stop_kl=0.01)
+    cfgs.update({f"β=1 · {p}": replace(big, placement=p) for p in ("k1 in loss", "k3·ρ in loss")})
+    cfgs["β=1 · k1 in loss, clip 0.2"] = replace(big, placement="k1 in loss", clip=0.2)
     return cfgs
 
 
@@ -764,7 +761,7 @@ def save_lab_seeds(data: LabSeeds, path: str | Path = LAB_SEEDS_PATH) -> Path:
         arrays[f"run{i}_samples"] = np.asarray(data.samples[n])
         arrays[f"run{i}_seconds"] = data.seconds[n]
     out = Path(path)
-    np.savez_compressed(out, **arrays)
+    np.savez_compressed(out, **arrays)  # type: ignore[arg-type]  # the stubs type every keyword as allow_pickle
     return out
 
 

@@ -32,13 +32,17 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nbformat
+
+if TYPE_CHECKING:
+    from nbconvert import HTMLExporter
 
 from .labcmd import lesson_paths
 from .notebook_format import CHECK_TAG, clean_text
@@ -389,7 +393,7 @@ def rewrite_links(page_html: str) -> str:
     return _HREF_IPYNB.sub(lambda m: f'href="{m.group(1)}.html{m.group(2)}"', page_html)
 
 
-def _exporter(mathjax_url: str):
+def _exporter(mathjax_url: str) -> HTMLExporter:
     """nbconvert's HTML exporter with the site's template, sanitising Markdown cells and outputs
     (``sanitize_html``: its ``clean_html`` filter is :func:`clean_html`; JavaScript outputs are dropped)."""
     import jinja2
@@ -774,7 +778,7 @@ def _checkout_root() -> Path | None:
     return None
 
 
-def build_wheel(dest: Path, source: Path | None = None, *, log=print) -> Path | None:
+def build_wheel(dest: Path, source: Path | None = None, *, log: Callable[[str], object] = print) -> Path | None:
     """Build klviz's wheel from ``source`` (default: the checkout klviz runs from) into ``dest``.
 
     Returns its path, or None (said in the log) where klviz is not running from a checkout or the
@@ -809,7 +813,9 @@ def lesson_download(path: Path) -> str:
     return "data:application/x-ipynb+json;base64," + base64.b64encode(text.encode("utf-8")).decode("ascii")
 
 
-def write_downloads(notebooks: list[Path], out: Path, *, wheel: Path | None, log=print) -> dict[str, str]:
+def write_downloads(
+    notebooks: list[Path], out: Path, *, wheel: Path | None, log: Callable[[str], object] = print
+) -> dict[str, str]:
     """Put the wheel and a zip of every lesson (in its stored form, no outputs), the claims page and the
     wheel, with a README, in ``out/downloads/``; returns their paths relative to ``out`` (``"zip"``,
     ``"wheel"``). Each lesson's own page offers the lesson itself (:func:`lesson_download`)."""
@@ -855,7 +861,7 @@ def build_site(
     keep_going: bool = False,
     jobs: int = 2,
     wheel: str | os.PathLike[str] | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> list[LessonPage]:
     """Execute ``notebooks`` (default: every lesson) and write ``out/index.html`` and one page each.
 
@@ -895,28 +901,29 @@ def build_site(
 
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
-    def run(page: LessonPage):
+    def run(page: LessonPage) -> nbformat.NotebookNode | str:
+        """The executed lesson, or the message that says why it failed."""
         t0 = time.perf_counter()
         log(f"klviz site: running {page.source.name} ...")
         try:
             executed = execute_notebook(page.source, timeout=timeout)
         except (CellExecutionError, CellTimeoutError) as err:
-            return None, f"{page.source.name} failed:\n{err}"
+            return f"{page.source.name} failed:\n{err}"
         page.seconds = time.perf_counter() - t0
-        return executed, None
+        return executed
 
     failures: list[str] = []
     built: list[LessonPage] = []
     with _static_environment(), ThreadPoolExecutor(max_workers=jobs) as pool:
         results = [pool.submit(run, page) for page in pages]
         for i, (page, future) in enumerate(zip(pages, results)):
-            executed, message = future.result()
-            if message is not None:
+            executed = future.result()
+            if isinstance(executed, str):  # the lesson failed: this is why
                 if not keep_going:
                     for later in results[i + 1 :]:
                         later.cancel()
-                    raise RuntimeError(message)
-                failures.append(message)
+                    raise RuntimeError(executed)
+                failures.append(executed)
                 continue
             frame_bytes, panels = precomputed_panels(executed, out)
             prev = pages[i - 1] if i > 0 else None

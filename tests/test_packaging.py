@@ -119,6 +119,39 @@ def test_every_panel_class_is_listed_in_klviz_widgets():
         assert getattr(w, name) is getattr(importlib.import_module(f"klviz.widgets.{w.PANELS[name]}"), name)
 
 
+def test_mypy_checks_every_module_of_the_package():
+    """`make lint` type-checks all of klviz, strictly: every module lies under ``[tool.mypy] files`` and
+    outside its ``exclude``, which leaves out only the lessons' percent scripts (``klviz/notebooks`` is a
+    link to the lessons). A module added anywhere in klviz is checked from its first commit."""
+    import os
+
+    cfg = _pyproject()["tool"]["mypy"]
+    files = [Path(f) for f in cfg["files"]]
+    excludes = [re.compile(x) for x in ([cfg["exclude"]] if isinstance(cfg.get("exclude"), str) else cfg["exclude"])]
+    modules = [
+        (Path(folder) / name).relative_to(ROOT)
+        for folder, _dirs, names in os.walk(ROOT / "klviz")  # links to folders are not followed
+        for name in names
+        if name.endswith(".py")
+    ]
+    assert len(modules) > 50
+    unchecked = [
+        m.as_posix()
+        for m in modules
+        if not any(f == m or f in m.parents for f in files) or any(x.search(m.as_posix()) for x in excludes)
+    ]
+    assert not unchecked, f"modules mypy does not check: {unchecked}"
+    assert any(x.search("klviz/notebooks/scripts/00_start_here.py") for x in excludes)
+    assert cfg["disallow_untyped_defs"] is True and cfg.get("ignore_errors") is not True
+    overrides = cfg.get("overrides", [])
+    loosened = [o["module"] for o in overrides if any(str(m).startswith("klviz") for m in _as_list(o["module"]))]
+    assert not loosened, f"[[tool.mypy.overrides]] must not loosen klviz's own modules: {loosened}"
+
+
+def _as_list(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
+
+
 def test_license_and_citation_agree_with_pyproject():
     proj = _pyproject()["project"]
     assert proj["license"] == "MIT" and (ROOT / "LICENSE").read_text().startswith("MIT License")

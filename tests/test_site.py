@@ -271,6 +271,17 @@ def test_failing_lesson_stops_the_build_with_its_name(tmp_path):
         site.build_site([tmp_path / "09_bad.ipynb"], tmp_path / "out", timeout=60, log=lambda *_: None)
 
 
+def test_keep_going_writes_the_other_lessons_and_raises_the_failures_at_the_end(tmp_path):
+    bad, good = tmp_path / "08_bad.ipynb", tmp_path / "09_good.ipynb"
+    nbformat.write(_notebook([nbformat.v4.new_code_cell("raise RuntimeError('boom in lesson')")]), bad)
+    nbformat.write(_notebook([nbformat.v4.new_markdown_cell("# 09 · Good"), nbformat.v4.new_code_cell("1 + 1")]), good)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="08_bad.ipynb failed(.|\n)*boom in lesson"):
+        site.build_site([bad, good], out, timeout=60, keep_going=True, log=lambda *_: None)
+    assert (out / "09_good.html").is_file() and not (out / "08_bad.html").exists()
+    assert (out / "index.html").is_file()
+
+
 def test_panel_shows_precomputed_slider_in_static_mode(monkeypatch):
     import IPython.display
 

@@ -6,6 +6,7 @@ what is wrong (inverted ratio, swapped direction, lost precision, a forgotten te
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -146,7 +147,7 @@ def best_lambda(fn: Callable[[float], Any]) -> CheckResult:
     got = []
     for mu in mus:
         value = learner_answer(
-            fn, mu, convert=lambda v, mu=mu: as_answer_number(v, f"your best_lambda({mu})", finite=True)
+            fn, mu, convert=functools.partial(as_answer_number, what=f"your best_lambda({mu})", finite=True)
         )
         if isinstance(value, CheckResult):
             return value

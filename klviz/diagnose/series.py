@@ -50,10 +50,10 @@ def diagnose_series(
     vocab: Callable | None = None,
     on_each: Callable[[Path, Diagnosis], None] | None = None,
     identify: list[str] | None = None,
-) -> list[tuple[str, float | None, Any]]:
+) -> list[tuple[str, float | None, Diagnosis | str]]:
     """``[(name, step, Diagnosis or error message)]`` ordered by step (dumps without one by name, after).
     ``identify``: logged names whose formulas each dump accumulates (:func:`klviz.diagnose.diagnose`)."""
-    items = []
+    items: list[tuple[int, str, float | None, Diagnosis | str]] = []
     for i, p in enumerate(paths):
         try:
             with open_dump(p, **open_kwargs) as f:

@@ -373,7 +373,7 @@ class DrawAhead:
             url: bytes | None = None
             if not self._finishing:
                 # a copy: the figure is drawn on while the encoder works
-                rgba = timed(1, lambda: np.array(panel.fig.canvas.buffer_rgba()))
+                rgba = timed(1, lambda: np.array(panel._frames.canvas.buffer_rgba()))
                 encoding: Future[tuple[bytes, float]] = _encoder().submit(_timed_frame_url, rgba, png)
                 while not (encoding.done() or self._finishing):
                     yield

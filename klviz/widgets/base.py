@@ -140,8 +140,11 @@ class Panel:
         """Build the figure and its artists once (keep references to the artists on ``self``)."""
         raise NotImplementedError
 
-    def compute(self, **values: Any) -> dict[str, Any]:
-        """Pure function from control values to the data drawn and shown."""
+    def compute(self, *args: Any, **values: Any) -> dict[str, Any]:
+        """Pure function from control values to the data drawn and shown.
+
+        Called with keyword arguments only; each panel declares its own (its controls' names):
+        ``*args: Any`` beside ``**values: Any`` tells the type checker that any signature overrides this."""
         raise NotImplementedError
 
     def draw(self, data: dict[str, Any]) -> None:
@@ -217,7 +220,7 @@ class Panel:
         """The name of the first control that steps (a slider, else any control with neighbours)."""
         stepping = [name for name, w in self.controls.items() if neighbours(w)]
         sliders = [name for name in stepping if "Slider" in type(self.controls[name]).__name__]
-        return (sliders or stepping or [None])[0]
+        return next(iter(sliders or stepping), None)
 
     def close(self) -> None:
         """Close the panel: its background run stops at its next check (the thread ends, nothing more is
@@ -585,12 +588,12 @@ def _stop_background_runs(timeout: float = 5.0) -> None:
     ("terminate called without an active exception"); a kernel shut down while a panel trains would
     end that way.
     """
-    runs = [run for run in list(_RUNNING) if run.thread is not None and run.thread.is_alive()]
-    for run in runs:
+    threads = [(run, run.thread) for run in list(_RUNNING) if run.thread is not None and run.thread.is_alive()]
+    for run, _ in threads:
         run.panel._generation += 1  # the run is out of date: its next check() raises Cancelled
     deadline = time.perf_counter() + timeout
-    for run in runs:
-        run.thread.join(max(0.0, deadline - time.perf_counter()))
+    for _, thread in threads:
+        thread.join(max(0.0, deadline - time.perf_counter()))
 
 
 class Cancelled(Exception):

@@ -11,10 +11,13 @@ owns one composer per figure.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 __all__ = [
     "FrameComposer",
@@ -97,7 +100,8 @@ class FrameComposer:
                         id(loc),
                         id(fmt),
                         axis.label.get_text(),
-                        tuple(loc.locs) if isinstance(loc, FixedLocator) else (),
+                        # set in FixedLocator.__init__, missing from matplotlib's stubs
+                        tuple(loc.locs) if isinstance(loc, FixedLocator) else (),  # type: ignore[attr-defined]
                         tuple(fmt.seq) if isinstance(fmt, FixedFormatter) else (),
                     )
                 )
@@ -118,11 +122,21 @@ class FrameComposer:
     def _legends(self) -> list[Any]:
         return [ax.get_legend() for ax in self.fig.axes if ax.get_legend() is not None]
 
+    @property
+    def canvas(self) -> FigureCanvasAgg:
+        """The figure's canvas: Agg (``klviz.plotting.panel_figure``) or a backend built on it."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        canvas = self.fig.canvas
+        if not isinstance(canvas, FigureCanvasAgg):
+            raise TypeError(f"frames are composed in an Agg buffer; this figure's canvas is a {type(canvas).__name__}")
+        return canvas
+
     def render(self, blit: bool = True) -> None:
         """Bring the Agg buffer up to date with the figure."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-        canvas = self.fig.canvas
+        canvas = self.canvas
         state = self._axes_state()
         if self.state is None or not blit:  # first frame: render everything, learn what changes later
             FigureCanvasAgg.draw(canvas)
@@ -153,7 +167,7 @@ class FrameComposer:
             ax.stale = False
         self.state, self.last_was_blit = state, cached is not None
 
-    def _render_background(self, canvas: Any, dynamic: list[Any], state: Any) -> None:
+    def _render_background(self, canvas: FigureCanvasAgg, dynamic: list[Any], state: Any) -> None:
         """Full Agg render without the dynamic artists and legends; keep it as this view's background."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -252,7 +266,7 @@ class FrameComposer:
         change since the last frame keep their compressed bytes."""
         if self._encoder is None:
             self._encoder = PngEncoder()
-        return self._encoder.encode(np.asarray(self.fig.canvas.buffer_rgba()))
+        return self._encoder.encode(np.asarray(self.canvas.buffer_rgba()))
 
 
 class LegendLayer:
@@ -327,13 +341,13 @@ def text_signature(text: Any, renderer: Any) -> tuple | None:
         text.get_transform_rotates_text(),
         text.get_horizontalalignment(),
         text.get_verticalalignment(),
-        text._multialignment,
-        text._linespacing,
+        text._multialignment,  # type: ignore[attr-defined]  # private: no public getter before matplotlib 3.10
+        text._linespacing,  # type: ignore[attr-defined]  # private: no public getter before matplotlib 3.10
         text.get_fontproperties(),
         to_rgba(text.get_color()),
         text.get_alpha(),
         text.get_antialiased(),
-        text._parse_math,
+        text.get_parse_math(),
         tuple(getattr(text, "get_fontfeatures", lambda: None)() or ()),
         getattr(text, "get_language", lambda: None)(),
         None if clip is None else tuple(clip.bounds),
@@ -396,7 +410,7 @@ def encode_png(rgba: np.ndarray) -> bytes:
     height, width = rgba.shape[:2]
     rows = np.zeros((height, 1 + 4 * width), dtype=np.uint8)  # filter byte 0 ("none") per row
     rows[:, 1:] = rgba.reshape(height, 4 * width)
-    return _png(width, height, 6, zlib.compress(memoryview(rows).cast("B"), 1))  # 8-bit RGBA
+    return _png(width, height, 6, zlib.compress(rows.data.cast("B"), 1))  # 8-bit RGBA
 
 
 #: libwebp's effort for frames drawn ahead (``method``; 0 fastest): see :func:`frame_url`
@@ -496,7 +510,7 @@ class PngEncoder:
             r0, r1 = i * band, min(i * band + band, height)
             self._last[r0:r1] = rgba[r0:r1]
             rows[r0:r1, 1:] = rgba[r0:r1].reshape(r1 - r0, 4 * width)
-            data = memoryview(rows[r0:r1]).cast("B")
+            data = rows[r0:r1].data.cast("B")
             comp = zlib.compressobj(1, zlib.DEFLATED, -15)  # raw deflate, no dictionary carried over
             self._pieces[i] = comp.compress(data) + comp.flush(zlib.Z_FULL_FLUSH)
             self._checksums[i] = zlib.adler32(data)

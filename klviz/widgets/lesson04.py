@@ -263,6 +263,7 @@ class WorkedTokensPanel(Panel):
     # -- HTML ---------------------------------------------------------------------------------------
     def _colour(self, q: str, values: np.ndarray) -> list[str]:
         span = self.colour_span[q]
+        norm: Normalize
         if q == "k1":
             norm = TwoSlopeNorm(vcenter=0.0, vmin=-span, vmax=span)
             cmap = colormaps["RdBu_r"]

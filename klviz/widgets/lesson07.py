@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import ipywidgets as widgets
 import numpy as np
@@ -31,6 +31,15 @@ from .base import BackgroundRun, Panel
 __all__ = ["RLHFLabPanel"]
 
 _STYLE = {"description_width": "initial"}
+
+
+class _FixedSettings(TypedDict):
+    """The lab's settings that no control moves (given to the panel, passed to every LabConfig)."""
+
+    lr: float
+    prompts: int
+    group_size: int
+    max_new_tokens: int
 
 
 class RLHFLabPanel(Panel):
@@ -54,7 +63,12 @@ class RLHFLabPanel(Panel):
         group_size: int = 8,
         max_new_tokens: int = 24,
     ) -> None:
-        self.fixed = {"lr": lr, "prompts": prompts, "group_size": group_size, "max_new_tokens": max_new_tokens}
+        self.fixed: _FixedSettings = {
+            "lr": lr,
+            "prompts": prompts,
+            "group_size": group_size,
+            "max_new_tokens": max_new_tokens,
+        }
         self.default_steps = steps
         super().__init__(device)
 

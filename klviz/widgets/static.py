@@ -143,7 +143,7 @@ def static_frames(panel: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     if unknown:
         raise ValueError(f"STATIC_CONTROLS[{type(panel).__name__!r}]: no control(s) {sorted(unknown)}")
     original = panel.values()
-    axes = []
+    axes: list[dict[str, Any]] = []
     for name, positions in spec.items():
         w = panel.controls[name]
         values, labels = control_positions(w, positions)
@@ -215,7 +215,8 @@ def static_panel_data(panel: Any) -> dict[str, Any]:
             label = getattr(w, "label", None)
             shown = label if isinstance(label, str) else values[name]
             others.append(f"{w.description or name} = {shown}")
-    index, rest = [], start
+    index: list[int] = []
+    rest = start
     for axis in reversed(axes):
         index.insert(0, rest % len(axis["values"]))
         rest //= len(axis["values"])
