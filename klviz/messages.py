@@ -223,7 +223,7 @@ def update(lang: str = "zh", package: Path | None = None) -> str:
     after = {(m.context, m.id) for m in catalog if m.id}
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as fh:
-        write_po(fh, catalog, width=0, include_lineno=False, omit_header=False, sort_output=False)
+        write_po(fh, catalog, width=0, include_lineno=False, sort_output=False, ignore_obsolete=True)
     _strip_dates(path)
     _LOADED.pop(lang, None)
     untranslated = sum(1 for m in catalog if m.id and (not m.string or m.fuzzy))
@@ -239,7 +239,7 @@ def _strip_dates(path: Path) -> None:
 
 _FIELD = re.compile(r"(?<!\{)\{([^{}]*)\}(?!\})")
 _TAG = re.compile(r"</?([a-zA-Z]+)")
-_CJK = re.compile(r"[\u3400-\u9fff]")
+_CJK = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]")  # ideographs, CJK and full-width punctuation
 
 
 def _fields(text: str) -> list[str]:
@@ -249,17 +249,18 @@ def _fields(text: str) -> list[str]:
 def problems(lang: str = "zh", package: Path | None = None) -> list[str]:
     """Everything that keeps the library's words in ``lang`` from being current, one line each:
     a marked string with no entry or no translation, a fuzzy entry, an entry the code no longer has,
-    a translation whose ``{fields}`` or HTML tags differ from its English, or one with no Chinese."""
+    a translation whose ``{fields}`` or HTML tags differ from its English, or one with no Chinese
+    (unless flagged ``#, same``: a formula that reads the same in both languages)."""
     path = catalogue_file(lang, package)
     found, errors = extract(package)
     out = list(errors)
-    table: dict[tuple[str | None, str], tuple[str, bool]] = {}
+    table: dict[tuple[str | None, str], tuple[str, bool, bool]] = {}
     if path.is_file():
         from babel.messages.pofile import read_po
 
         with path.open("rb") as fh:
             catalog = read_po(fh, locale=_LOCALES[lang], domain=DOMAIN)
-        table = {(m.context, str(m.id)): (str(m.string or ""), m.fuzzy) for m in catalog if m.id}
+        table = {(m.context, str(m.id)): (str(m.string or ""), m.fuzzy, "same" in m.flags) for m in catalog if m.id}
     rel = path.relative_to(path.parents[4]).as_posix() if len(path.parents) > 4 else str(path)
     seen: set[tuple[str | None, str]] = set()
     for item in found:
@@ -271,7 +272,7 @@ def problems(lang: str = "zh", package: Path | None = None) -> list[str]:
         if key not in table:
             out.append(f"{where}: not in {rel} (run update, then translate it)")
             continue
-        string, fuzzy = table[key]
+        string, fuzzy, same = table[key]
         if not string:
             out.append(f"{where}: not translated yet")
         elif fuzzy:
@@ -280,8 +281,8 @@ def problems(lang: str = "zh", package: Path | None = None) -> list[str]:
             out.append(f"{where}: the translation's fields {_fields(string)} differ from {_fields(item.text)}")
         elif sorted(_TAG.findall(string)) != sorted(_TAG.findall(item.text)):
             out.append(f"{where}: the translation's HTML tags differ from the English's")
-        elif not _CJK.search(string):
-            out.append(f"{where}: the translation has no Chinese")
+        elif not _CJK.search(string) and not (same and string == item.text):
+            out.append(f"{where}: the translation has no Chinese (flag it `#, same` if it is the same in Chinese)")
     for key in table:
         if key not in seen:
             out.append(f"{rel}: {key[1][:70]!r} is no longer in the code (run update)")

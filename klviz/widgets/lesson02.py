@@ -176,7 +176,7 @@ class GaussianEstimatorsPanel(Panel):
         ax = axes[1]
         self.hist, self.outline, self.mean_lines = {}, {}, {}
         edges = np.linspace(0, 1, _BINS + 1)
-        labels = {"k1": tr("k1 = −log r"), "k2": tr("k2 = ½(log r)² ≥ 0"), "k3": tr("k3 = (r − 1) − log r ≥ 0")}
+        labels = {"k1": "k1 = −log r", "k2": "k2 = ½(log r)² ≥ 0", "k3": "k3 = (r − 1) − log r ≥ 0"}
         for name in ESTIMATORS:
             # a light fill and a solid outline per estimator: the three overlap, and each stays visible
             self.hist[name] = ax.stairs(

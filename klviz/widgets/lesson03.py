@@ -28,11 +28,11 @@ __all__ = ["BregmanPanel", "F_CHOICES"]
 
 #: The generators offered by the panel, as (label, name) pairs.
 F_CHOICES = (
-    (N_("−log t  → KL(q‖p)"), "-log t"),
-    (N_("t log t  → KL(p‖q)"), "t log t"),
-    (N_("½(log t)²  (k2)"), "k2"),
+    ("−log t  → KL(q‖p)", "-log t"),
+    ("t log t  → KL(p‖q)", "t log t"),
+    ("½(log t)²  (k2)", "k2"),
     ("(t − 1)²  → χ²", "chi2"),
-    (N_("(√t − 1)²  → Hellinger"), "hellinger"),
+    ("(√t − 1)²  → Hellinger", "hellinger"),
 )
 _R_MIN, _R_MAX = 10**-1.5, 10**1.3
 _GRID_LOG = np.linspace(math.log(_R_MIN), math.log(_R_MAX), 400)
@@ -47,7 +47,7 @@ class BregmanPanel(Panel):
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
             "f": widgets.ToggleButtons(
-                options=[(tr(label), name) for label, name in F_CHOICES],
+                options=list(F_CHOICES),
                 value="-log t",
                 description="f(t)",
                 style={"button_width": "165px"},

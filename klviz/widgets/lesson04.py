@@ -127,7 +127,7 @@ class WorkedTokensPanel(Panel):
                 tooltips=[
                     tr("k1 = −log r (signed)"),
                     tr("k2 = ½(log r)², MiniMind's approx_kl"),
-                    tr("k3 = (r − 1) − log r"),
+                    "k3 = (r − 1) − log r",
                     tr("exact KL(π_old‖π_θ) at the position"),
                 ],
             ),

@@ -177,7 +177,7 @@ class SimplexFlowPanel(Panel):
         (self.kl_fwd,) = ax_kl.plot([], [], ":", color=CHOICE_COLORS["forward KL"], lw=2.2, label=tr("forward-KL path"))
         (self.kl_sel,) = ax_kl.plot([], [], "-", lw=2.0, label=tr("selected choice"))
         ax_kl.set_xlabel(tr("gradient-descent step t"))
-        ax_kl.set_ylabel(tr("KL(π_t ‖ π_ref)  [nats]"))
+        ax_kl.set_ylabel("KL(π_t ‖ π_ref)  [nats]")
         ax_kl.set_title(tr("the KL a penalty is meant to shrink"))
         self.legend_kl = ax_kl.legend(loc="upper right")
         self.ax_kl = ax_kl

@@ -130,7 +130,7 @@ class EngineMismatchPanel(Panel):
         ax_tok.set_yscale("log")
         ax_tok.set_ylim(0.8, 1e4)
         ax_tok.set_xlim(_BINS[0], _BINS[-1])
-        ax_tok.set_xlabel(tr("log r = log π_old − log π_rollout  [nats]"))
+        ax_tok.set_xlabel("log r = log π_old − log π_rollout  [nats]")
         ax_tok.set_ylabel(tr("tokens (log scale)"))
         ax_tok.legend(loc="upper left")
         self.ax_tok = ax_tok
@@ -233,7 +233,7 @@ class EngineMismatchPanel(Panel):
             ],
             [tr("χ² token / sequence"), f"{m['chi2_token']:+.2e} / {m['chi2_seq']:+.2e}"],
             [tr("token_mult_prob_error · ppl ratio"), f"{m['token_mult_prob_error']:.4f} · {m['ppl_ratio']:.4f}"],
-            [tr("max |log r|"), f"{m['abs_diff_max']:.3f}"],
+            ["max |log r|", f"{m['abs_diff_max']:.3f}"],
             [
                 tr("{corr}: tokens / responses changed", corr=corr),
                 f"{100 * data['token_changed_fraction']:.1f}% / {100 * data['seq_changed_fraction']:.1f}%",
