@@ -210,20 +210,27 @@ def update(lang: str = "zh", package: Path | None = None) -> str:
     found, _errors = extract(package)
     template = Catalog(domain=DOMAIN, project="klviz", fuzzy=False)
     for item in found:
-        template.add(item.text, locations=[(item.path, None)], context=item.context)
+        template.add(item.text, locations=[(item.path, None)], context=item.context)  # type: ignore[list-item]
     if path.is_file():
         with path.open("rb") as fh:
             catalog = read_po(fh, locale=_LOCALES[lang], domain=DOMAIN)
     else:
         catalog = Catalog(locale=_LOCALES[lang], domain=DOMAIN, project="klviz", fuzzy=False)
     before = {(m.context, m.id) for m in catalog if m.id}
+    english_of = {(m.context, str(m.string)): str(m.id) for m in catalog if m.id and m.string}
     catalog.update(template, update_header_comment=False)
+    for m in catalog:  # a changed string keeps its old translation, fuzzy, with the English it was made from
+        old = english_of.get((m.context, str(m.string)))
+        if m.id and m.fuzzy and not m.previous_id and old is not None:
+            m.previous_id = [old]
     catalog.header_comment = _HEADER
     catalog.fuzzy = False
     after = {(m.context, m.id) for m in catalog if m.id}
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as fh:
-        write_po(fh, catalog, width=0, include_lineno=False, sort_output=False, ignore_obsolete=True)
+        write_po(
+            fh, catalog, width=0, include_lineno=False, sort_output=False, ignore_obsolete=True, include_previous=True
+        )
     _strip_dates(path)
     _LOADED.pop(lang, None)
     untranslated = sum(1 for m in catalog if m.id and (not m.string or m.fuzzy))

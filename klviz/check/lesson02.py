@@ -77,7 +77,7 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
         )
     # precision: float32 inputs with tiny |log r|, where exp(x) - 1 - x cancels catastrophically
     tiny = torch.tensor([1e-3, -2e-3, 5e-4, -4e-4, 3e-4, -1e-4], dtype=torch.float32)
-    small = learner_tensor(fn, (tiny.clone(),), tiny.shape, tr("your k3 on float32 input"), when="on float32 input")
+    small = learner_tensor(fn, (tiny.clone(),), tiny.shape, tr("your k3 on float32 input"), when=tr("on float32 input"))
     if isinstance(small, CheckResult):
         return small
     truth = _k3(tiny.double())
@@ -90,7 +90,7 @@ def k3_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
             )
         )
     big = torch.tensor([30.0, -30.0], dtype=torch.float64)
-    large = learner_tensor(fn, (big.clone(),), big.shape, tr("your k3 for |log r| = 30"), when="for |log r| = 30")
+    large = learner_tensor(fn, (big.clone(),), big.shape, tr("your k3 for |log r| = 30"), when=tr("for |log r| = 30"))
     if isinstance(large, CheckResult):
         return large
     if not _close(large, _k3(big), rtol=1e-9):

@@ -152,7 +152,7 @@ class SamplingPanel(Panel):
         self.legend_run = ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
         # one legend per axes for every mode: a mode changes an entry's text or hides the last entry,
         # so switching modes redraws the legend and the data but not the axes
-        self._freq_entry = [t.get_text() for t in self.legend_pol.get_texts()].index("counts / N")
+        self._freq_entry = [t.get_text() for t in self.legend_pol.get_texts()].index(tr("counts / N"))
         self._run_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.run_line.get_label())
         self._biased_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.biased_line.get_label())
         assert self._biased_entry == len(self.legend_run.get_texts()) - 1  # hidden, it leaves no gap

@@ -278,7 +278,7 @@ _SERIES: tuple[tuple[str, str], ...] = (
     ("true_kl", N_("true KL(π_θ‖π_ref), along the engine's batch")),
     ("trainer_true_kl", N_("true KL(π_θ‖π_ref), trainer's own")),
     ("score", N_("score R − β·KL, trainer's own")),
-    (N_("served score"), N_("score R − β·KL, the policy the engine serves")),
+    ("served score", N_("score R − β·KL, the policy the engine serves")),
     ("mismatch_kl", N_("mismatch k3 per token")),
     ("rejected_tokens", N_("tokens given weight 0")),
 )
