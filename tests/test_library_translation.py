@@ -328,3 +328,13 @@ def test_a_chinese_figure_draws_chinese_glyphs(chinese, tmp_path):
         warnings.simplefilter("ignore", UserWarning)
         tofu = ink(boxes, tmp_path / "boxes.png")
     assert drawn.sum() > 0 and (drawn != tofu).sum() > 0.1 * drawn.sum()
+
+
+def test_the_catalogue_ships_in_the_wheel():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["klviz"]
+    shipped = {p.resolve() for pattern in patterns for p in (ROOT / "klviz").glob(pattern)}
+    assert messages.catalogue_file("zh").resolve() in shipped
