@@ -34,6 +34,7 @@ anything: a string without a translation, a fuzzy or stale entry, a translation 
 from __future__ import annotations
 
 import ast
+import io
 import os
 import re
 from collections.abc import Iterable
@@ -226,22 +227,22 @@ def update(lang: str = "zh", package: Path | None = None) -> str:
     catalog.header_comment = _HEADER
     catalog.fuzzy = False
     after = {(m.context, m.id) for m in catalog if m.id}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as fh:
-        write_po(
-            fh, catalog, width=0, include_lineno=False, sort_output=False, ignore_obsolete=True, include_previous=True
-        )
-    _strip_dates(path)
+    buffer = io.BytesIO()
+    write_po(
+        buffer, catalog, width=0, include_lineno=False, sort_output=False, ignore_obsolete=True, include_previous=True
+    )
+    text = _strip_dates(buffer.getvalue().decode("utf-8"))
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:  # a current catalogue is left untouched
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
     _LOADED.pop(lang, None)
     untranslated = sum(1 for m in catalog if m.id and (not m.string or m.fuzzy))
     return f"{len(after)} strings, {len(after - before)} new, {len(before - after)} gone, {untranslated} to translate"
 
 
-def _strip_dates(path: Path) -> None:
+def _strip_dates(text: str) -> str:
     """Drop the header fields that change on every write (the file then changes only when its entries do)."""
-    text = path.read_text(encoding="utf-8")
-    text = re.sub(r'^"(POT-Creation-Date|PO-Revision-Date|Generated-By): .*\\n"\n', "", text, flags=re.M)
-    path.write_text(text, encoding="utf-8")
+    return re.sub(r'^"(POT-Creation-Date|PO-Revision-Date|Generated-By): .*\\n"\n', "", text, flags=re.M)
 
 
 _FIELD = re.compile(r"(?<!\{)\{([^{}]*)\}(?!\})")
