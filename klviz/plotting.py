@@ -9,6 +9,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from .messages import N_, tr
 from .palette import FIGURE_BACKGROUND, colour
 from .palette import theme as _palette_theme
 
@@ -37,12 +38,23 @@ __all__ = ["COLORS", "LABELS", "apply_style", "theme", "new_figure", "panel_figu
 #: figures are drawn for (:func:`apply_style` sets them from :data:`klviz.palette.NAMED`). ``"ink"`` is
 #: what a figure would draw in black (dark grey on a light page, light grey on a dark one).
 COLORS: dict[str, str] = {name: colour(name, "light") for name in _FIGURE_COLOURS}
-LABELS: dict[str, str] = {
-    "k1": r"$k_1=-\log r$",
-    "k2": r"$k_2=\frac{1}{2}(\log r)^2$",
-    "k3": r"$k_3=(r-1)-\log r$",
-    "exact": "exact KL",
-}
+
+
+class _Labels(dict[str, str]):
+    """Labels that come out in the reader's language (:func:`klviz.messages.tr`) when they are read."""
+
+    def __getitem__(self, key: str) -> str:
+        return tr(super().__getitem__(key))
+
+
+LABELS: dict[str, str] = _Labels(
+    {
+        "k1": r"$k_1=-\log r$",
+        "k2": r"$k_2=\frac{1}{2}(\log r)^2$",
+        "k3": r"$k_3=(r-1)-\log r$",
+        "exact": N_("exact KL"),
+    }
+)
 
 _STYLE: dict[Any, Any] = {  # keys: rcParams names
     "figure.dpi": 100,

@@ -33,6 +33,7 @@ from torch.distributions import Categorical, Normal
 
 from .divergences import categorical_kl, gaussian_kl, target_favours
 from .estimators import k1, k2, k3
+from .messages import tr
 from .montecarlo import ESTIMATORS, _relative, estimator_stats
 from .statistics import RunningMoments, batch_means_se, control_variate_lambda
 from .validation import as_float_tensor, check_positive_int
@@ -178,18 +179,21 @@ def gaussian_moments(mu_q: float, sigma_q: float, mu_p: float, sigma_p: float) -
     s = 1.0 - 4.0 * c  # = 2 sigma_q² / sigma_p² - 1
     if s <= 0:
         var_r = math.inf
-        notes["k3"] = (
-            f"Var k3 = inf: sigma_p² = {sp * sp:.3g} ≥ 2 sigma_q² = {2 * sq * sq:.3g}, so r² = (p/q)² "
-            "grows faster in q's tails than q decays and E_q[r²] diverges; a sample std of k3 "
-            "keeps growing with N instead of settling."
+        notes["k3"] = tr(
+            "Var k3 = inf: sigma_p² = {var_p:.3g} ≥ 2 sigma_q² = {twice_var_q:.3g}, so r² = (p/q)² grows faster "
+            "in q's tails than q decays and E_q[r²] diverges; a sample std of k3 keeps growing with "
+            "N instead of settling.",
+            var_p=sp * sp,
+            twice_var_q=2 * sq * sq,
         )
     else:
         log_er2 = 2 * a - 0.5 * math.log(s) + 2 * b * b / s
         if log_er2 > 709.0:
             var_r = math.inf
-            notes["k3"] = (
-                f"Var k3 overflows float64: E_q[r²] = e^{log_er2:.0f} is finite but beyond 1e308; "
-                "in practice no sample size estimates it."
+            notes["k3"] = tr(
+                "Var k3 overflows float64: E_q[r²] = e^{log_er2:.0f} is finite but beyond 1e308; in "
+                "practice no sample size estimates it.",
+                log_er2=log_er2,
             )
         else:
             var_r = math.expm1(log_er2) if abs(log_er2) < 1 else math.exp(log_er2) - 1.0
@@ -402,10 +406,14 @@ def table_html(rows: list[dict[str, Any]], label: str = "mu") -> str:
     ``"mc"`` (a :func:`monte_carlo_row` result), ``label`` and optionally ``"published"``).
     """
     head = (
-        "<tr><th rowspan=2>" + html.escape(label) + "</th><th rowspan=2>true KL</th><th rowspan=2>"
-        "estimator</th><th colspan=3>bias / true</th><th colspan=3>std / true (one sample)</th></tr>"
-        "<tr><th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th>"
-        "<th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th></tr>"
+        "<tr><th rowspan=2>"
+        + html.escape(label)
+        + tr(
+            "</th><th rowspan=2>true KL</th><th rowspan=2>"
+            "estimator</th><th colspan=3>bias / true</th><th colspan=3>std / true (one sample)</th></tr>"
+            "<tr><th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th>"
+            "<th>Monte Carlo ± 2 SE</th><th>exact</th><th>published</th></tr>"
+        )
     )
     body = []
     for row in rows:

@@ -14,6 +14,11 @@ Chinese glossary cell from ``notebooks/locale/glossary.csv`` and the list of cla
 translation with its English: the same claim markers (``[在 2,000 对随机词元分布上检验](claims.md#id)``),
 formulas, code names, links and numbers, and the same headings, table rows and list items.
 
+The words the library itself shows (panel controls and readouts, check messages, figure labels,
+tables) are marked in the code with ``klviz.messages.tr``; ``update`` also extracts them into
+``klviz/locale/zh_CN/LC_MESSAGES/klviz.po`` and ``--check`` fails while one has no current
+translation (see ``klviz/messages.py``).
+
 See ``klviz/i18n.py`` for the format and the choices behind it.
 """
 
@@ -27,10 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from klviz import i18n  # noqa: E402
+from klviz import i18n, messages  # noqa: E402
 from klviz.notebook_format import dumps  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
+PACKAGE = ROOT / "klviz"
 _ENGLISH_UNIT = i18n._ENGLISH_MARKER  # "checked on 2,000 random token pairs"
 
 
@@ -46,7 +52,7 @@ def _units_in(notebooks: Path) -> set[str]:
     return units
 
 
-def update(notebooks: Path, lang: str) -> int:
+def update(notebooks: Path, lang: str, package: Path = PACKAGE) -> int:
     glossary = i18n.render_glossary(lang, i18n.read_glossary(i18n.glossary_path(notebooks)))
     for nb_path in i18n.lesson_notebooks(notebooks):
         po = i18n.catalogue_path(nb_path.stem, lang, notebooks)
@@ -58,18 +64,23 @@ def update(notebooks: Path, lang: str) -> int:
     units = i18n.units_path(lang, notebooks)
     old = i18n.read_catalogue(units, lang) if units.is_file() else None
     i18n.write_catalogue(i18n.update_units(_units_in(notebooks), old, lang), units)
+    summary = messages.update(lang, package)  # the library's own words: klviz/locale/<lang>/LC_MESSAGES/klviz.po
+    print(f"{messages.catalogue_file(lang, package).relative_to(package.parent)}: {summary}")
     return 0
 
 
-def check(notebooks: Path, lang: str) -> int:
-    found = i18n.problems(lang, notebooks)
+def check(notebooks: Path, lang: str, package: Path = PACKAGE) -> int:
+    found = i18n.problems(lang, notebooks) + messages.problems(lang, package)
     if found:
         print(f"the {lang} edition is not current ({len(found)}):")
         for line in found:
             print(f"  {line}")
         print("fix: `python scripts/translations.py update`, then translate each entry named above")
         return 1
-    print(f"the {lang} edition is current: every markdown cell of every lesson has an up-to-date translation")
+    print(
+        f"the {lang} edition is current: every markdown cell of every lesson, and every string the library shows, "
+        "has an up-to-date translation"
+    )
     return 0
 
 
@@ -111,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="build: the folder to write (default build/LANG)")
     parser.add_argument("--write", action="store_true", help="glossary: rewrite lesson 00's English glossary cell")
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, help="the English lessons (default notebooks/)")
+    parser.add_argument("--package", type=Path, default=PACKAGE, help="the package whose strings to check (klviz/)")
     args = parser.parse_args(argv)
     command = "check" if args.check else args.command
     if command is None:
@@ -122,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     if lang == "en" and command != "build":
         parser.error("the English lessons are the source: nothing to update or check")
     notebooks = args.notebooks.resolve()
+    package = args.package.resolve()
     if command == "update":
-        return update(notebooks, lang)
+        return update(notebooks, lang, package)
     if command == "check":
-        return check(notebooks, lang)
+        return check(notebooks, lang, package)
     if command == "build":
         return build(notebooks, lang, args.out or ROOT / "build" / lang)
     return glossary(notebooks, args.write)

@@ -20,6 +20,7 @@ ABSENT = "\u9f98"  # 龘
 
 def translated_text() -> str:
     files = sorted((ROOT / "notebooks" / "locale").rglob("*.po")) + [ROOT / "notebooks" / "locale" / "glossary.csv"]
+    files += sorted((ROOT / "klviz" / "locale").rglob("*.po"))  # the library's own words (klviz.messages)
     return "".join(p.read_text(encoding="utf-8") for p in files)
 
 

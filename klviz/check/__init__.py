@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..messages import N_, tr
+
 __all__ = [
     "CheckResult",
     "passed",
@@ -44,29 +46,32 @@ class CheckResult:
         return self.ok
 
     def __repr__(self) -> str:
-        mark = "correct" if self.ok else ("not attempted yet" if not self.attempted else "not yet")
+        mark = tr("correct") if self.ok else (tr("not attempted yet") if not self.attempted else tr("not yet"))
         return f"[{mark}] {_CODE.sub(_plain, self._shown())}"
 
     def _repr_html_(self) -> str:
         from ..palette import PAGE_CSS, css
 
         colour = css("good") if self.ok else (css("muted") if not self.attempted else css("bad"))
-        mark = "✔ correct" if self.ok else ("… not attempted yet" if not self.attempted else "✘ not yet")
-        if self._shown() is STATIC_NOT_ATTEMPTED:
-            mark = "… not run on this page"
+        mark = tr("✔ correct") if self.ok else (tr("… not attempted yet") if not self.attempted else tr("✘ not yet"))
+        if self._static():
+            mark = tr("… not run on this page")
         message = _CODE.sub(_code, html.escape(self._shown()))  # `x` in a message is code
-        return f"{PAGE_CSS}<div class='klviz-check' style='color:{colour}'><b>{mark}:</b> {message}</div>"
+        head = tr("{mark}:", mark=mark)
+        return f"{PAGE_CSS}<div class='klviz-check' style='color:{colour}'><b>{head}</b> {message}</div>"
+
+    def _static(self) -> bool:
+        """Whether this is an exercise not attempted on a page that cannot run code (the static site)."""
+        return not self.attempted and os.environ.get("KLVIZ_STATIC", "").strip().lower() in ("1", "true", "yes")
 
     def _shown(self) -> str:
         """The message, or for an exercise not attempted on a page that cannot run (the static site,
         ``KLVIZ_STATIC=1``), how to run it."""
-        if not self.attempted and os.environ.get("KLVIZ_STATIC", "").strip().lower() in ("1", "true", "yes"):
-            return STATIC_NOT_ATTEMPTED
-        return self.message
+        return tr(STATIC_NOT_ATTEMPTED) if self._static() else self.message
 
 
 #: What a check that was not attempted says on a page that cannot run code (the static site).
-STATIC_NOT_ATTEMPTED = (
+STATIC_NOT_ATTEMPTED = N_(
     "this page is a copy that cannot run code. To try the exercise, download the lesson (link at the top of the "
     "page) and open it with `klviz lab`, or run `make lab` in a checkout; complete the function and run its cell."
 )
@@ -90,7 +95,10 @@ def failed(message: str) -> CheckResult:
     return CheckResult(False, message)
 
 
-def not_attempted(what: str = "Replace the `...` with your answer and run the cell again.") -> CheckResult:
+def not_attempted(what: str | None = None) -> CheckResult:
+    """An exercise not attempted yet: ``what`` to do (by default: replace the ``...`` and run the cell)."""
+    if what is None:
+        what = tr("Replace the `...` with your answer and run the cell again.")
     return CheckResult(False, what, attempted=False)
 
 
@@ -119,19 +127,28 @@ def as_answer_tensor(value: Any, shape: tuple[int, ...], what: str, *, finite: b
     import torch
 
     if isinstance(value, (str, bytes, dict)) or callable(value):
-        raise WrongAnswer(f"{what} should be a tensor of numbers, got {type(value).__name__}")
+        raise WrongAnswer(tr("{what} should be a tensor of numbers, got {name}", what=what, name=type(value).__name__))
     if not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(value, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError):
-            raise WrongAnswer(f"{what} should be a tensor of numbers, got {type(value).__name__}") from None
+            raise WrongAnswer(
+                tr("{what} should be a tensor of numbers, got {name}", what=what, name=type(value).__name__)
+            ) from None
     if value.is_complex() or value.dtype == torch.bool:
-        raise WrongAnswer(f"{what} should be real numbers, got a tensor of {value.dtype}")
+        raise WrongAnswer(tr("{what} should be real numbers, got a tensor of {dtype}", what=what, dtype=value.dtype))
     if value.shape != shape:
-        raise WrongAnswer(f"{what} should have shape {tuple(shape)} (one value per input), got {tuple(value.shape)}")
+        raise WrongAnswer(
+            tr(
+                "{what} should have shape {tuple} (one value per input), got {tuple2}",
+                what=what,
+                tuple=tuple(shape),
+                tuple2=tuple(value.shape),
+            )
+        )
     value = value.detach().to(torch.float64)
     if finite and not bool(torch.isfinite(value).all()):
-        raise WrongAnswer(f"{what} returned NaN or inf values")
+        raise WrongAnswer(tr("{what} returned NaN or inf values", what=what))
     return value
 
 
@@ -143,18 +160,22 @@ def as_answer_number(value: Any, what: str, *, finite: bool = False) -> float:
 
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise WrongAnswer(f"{what} should be one number, got a tensor of shape {tuple(value.shape)}")
+            raise WrongAnswer(
+                tr("{what} should be one number, got a tensor of shape {tuple}", what=what, tuple=tuple(value.shape))
+            )
         if value.is_complex():
-            raise WrongAnswer(f"{what} should be a real number, got a complex tensor")
+            raise WrongAnswer(tr("{what} should be a real number, got a complex tensor", what=what))
         value = value.detach().double().item()
     if isinstance(value, (str, bytes, bool)):
-        raise WrongAnswer(f"{what} should be a number, got {type(value).__name__} {value!r}")
+        raise WrongAnswer(
+            tr("{what} should be a number, got {name} {value!r}", what=what, name=type(value).__name__, value=value)
+        )
     try:
         number = float(value)
     except (TypeError, ValueError, RuntimeError):
-        raise WrongAnswer(f"{what} should be a number, got {type(value).__name__}") from None
+        raise WrongAnswer(tr("{what} should be a number, got {name}", what=what, name=type(value).__name__)) from None
     if finite and not math.isfinite(number):
-        raise WrongAnswer(f"{what} is {number}; it should be a finite number")
+        raise WrongAnswer(tr("{what} is {number}; it should be a finite number", what=what, number=number))
     return number
 
 
@@ -174,7 +195,9 @@ def learner_answer(
         return out if convert is None else convert(out)
     except _NotAttempted:
         if when:
-            return failed(f"Your function returned no value {when} (None or ...): it must return one there too.")
+            return failed(
+                tr("Your function returned no value {when} (None or ...): it must return one there too.", when=when)
+            )
         return not_attempted()
     except WrongAnswer as err:
         return failed(f"{err} ({when})" if when else str(err))
@@ -189,7 +212,7 @@ def raised_message(err: BaseException, when: str = "") -> str:
     where = f" {when}" if when else ""
     hint = ""
     if isinstance(err, TypeError) and "must be Tensor" in text:
-        hint = (
+        hint = tr(
             " (a torch function got a plain Python number: use math.exp/math.log/math.expm1 on numbers, "
             "or wrap the number with torch.tensor(...))"
         )
@@ -198,11 +221,17 @@ def raised_message(err: BaseException, when: str = "") -> str:
         or "converted to Python scalars" in text
         or "must be real number, not Tensor" in text
     ):
-        hint = (
+        hint = tr(
             " (a math-module function got a tensor: your function receives tensors here, so use "
             "torch.exp, torch.log, torch.expm1, which work elementwise)"
         )
-    return f"Your function raised {type(err).__name__}{where}: {text}{hint}."
+    return tr(
+        "Your function raised {name}{where}: {text_}{hint}.",
+        name=type(err).__name__,
+        where=where,
+        text_=text,
+        hint=hint,
+    )
 
 
 def clamp_hint(got: Any, right: Any, formula: Callable[[Any], Any], log_r: Any) -> str | None:
@@ -221,10 +250,11 @@ def clamp_hint(got: Any, right: Any, formula: Callable[[Any], Any], log_r: Any) 
     for bound in (5.0, 10.0, 20.0, 40.0):
         clamped = formula(log_r.clamp(-bound, bound))
         if bool(torch.allclose(got, clamped, rtol=1e-6, atol=1e-9)):
-            return (
-                f"Your function clamps log r to [-{bound:g}, {bound:g}] (as verl's low_var_kl clamps to ±20): "
-                "right formula, but the exercise asks for the unclamped value, and a clamp changes the "
-                "estimate for large |log r|."
+            return tr(
+                "Your function clamps log r to [-{bound:g}, {bound:g}] (as verl's low_var_kl clamps to "
+                "±20): right formula, but the exercise asks for the unclamped value, and a clamp changes "
+                "the estimate for large |log r|.",
+                bound=bound,
             )
     wrong = ~close
     cap_hi, cap_lo = float(got[wrong].max()), float(got[wrong].min())
@@ -232,9 +262,10 @@ def clamp_hint(got: Any, right: Any, formula: Callable[[Any], Any], log_r: Any) 
         below = cap == cap_hi and bool((got[wrong] <= right[wrong]).all())
         capped = right.clamp(max=cap) if below else right.clamp(min=cap)
         if bool(torch.allclose(got, capped, rtol=1e-6, atol=1e-9)):
-            return (
-                f"Your function clamps its result at {cap:g} (verl clamps low_var_kl to [-10, 10], OpenRLHF "
-                "every estimator): right formula, but the exercise asks for the unclamped value."
+            return tr(
+                "Your function clamps its result at {cap:g} (verl clamps low_var_kl to [-10, 10], "
+                "OpenRLHF every estimator): right formula, but the exercise asks for the unclamped value.",
+                cap=cap,
             )
     return None
 
@@ -259,8 +290,12 @@ def never_raises(check: _Check) -> _Check:
         except Exception as err:  # noqa: BLE001 - a check must answer, whatever it was given
             kind = type(args[0]).__name__ if args else "nothing"
             return failed(
-                f"The check could not use your answer (a {kind}): {type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''}. See the exercise for what to return."
+                tr(
+                    "The check could not use your answer (a {kind}): {name}: {v}. See the exercise for what to return.",
+                    kind=kind,
+                    name=type(err).__name__,
+                    v=str(err).splitlines()[0] if str(err) else "",
+                )
             )
 
     return wrapper  # type: ignore[return-value]

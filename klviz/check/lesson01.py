@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..messages import tr
 from . import CheckResult, as_answer_number, failed, learner_answer, never_raises, passed
 
 __all__ = ["estimate_from_draws", "weighted_estimate", "effective_sample_size"]
@@ -51,13 +52,13 @@ def estimate_from_draws(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
     The right answer is the plain mean of g over the draws; q is passed only as a trap.
     """
     cases = _cases_same_sampler()
-    got = _run(fn, cases, "the estimate")
+    got = _run(fn, cases, tr("the estimate"))
     if isinstance(got, CheckResult):
         return got
     right = [float(g[t].double().mean()) for t, g, _ in cases]
     if all(_close(a, b) for a, b in zip(got, right)):
         return passed(
-            "The plain mean of g over the draws: the factor q(x) is already in how often each token was drawn."
+            tr("The plain mean of g over the draws: the factor q(x) is already in how often each token was drawn.")
         )
     wrong = {
         "q_twice": [float((q[t] * g[t]).double().mean()) for t, g, q in cases],
@@ -66,19 +67,29 @@ def estimate_from_draws(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
         "exact": [float((q.double() * g.double()).sum()) for _, g, q in cases],
     }
     messages = {
-        "q_twice": "You multiplied by q(x_i): the draws already carry the weight q, so now it counts twice "
-        "(this estimates sum_x q(x)^2 g(x)).",
-        "vocab_mean": "You averaged g over the vocabulary: that gives every token the same weight, as if q were "
-        "uniform; average over the draws instead.",
-        "sum": "You summed g over the draws: divide by the number of draws N.",
-        "exact": "That is the exact sum over the vocabulary, the quantity itself; the exercise is to estimate it "
-        "from the draws without touching q, as RL code must.",
+        "q_twice": tr(
+            "You multiplied by q(x_i): the draws already carry the weight q, so now it counts twice "
+            "(this estimates sum_x q(x)^2 g(x))."
+        ),
+        "vocab_mean": tr(
+            "You averaged g over the vocabulary: that gives every token the same weight, as if q were "
+            "uniform; average over the draws instead."
+        ),
+        "sum": tr("You summed g over the draws: divide by the number of draws N."),
+        "exact": tr(
+            "That is the exact sum over the vocabulary, the quantity itself; the exercise is to estimate it "
+            "from the draws without touching q, as RL code must."
+        ),
     }
     for key, values in wrong.items():
         if all(_close(a, b) for a, b in zip(got, values)):
             return failed(messages[key])
     return failed(
-        f"Not the plain mean of g over the drawn tokens (first case: expected {right[0]:.6f}, got {got[0]:.6f})."
+        tr(
+            "Not the plain mean of g over the drawn tokens (first case: expected {right_0:.6f}, got {got_0:.6f}).",
+            right_0=right[0],
+            got_0=got[0],
+        )
     )
 
 
@@ -99,7 +110,7 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
     """Exercise 2: ``fn(tokens, g, log_pi, log_mu)`` with tokens drawn from mu must estimate
     sum_x pi(x) g(x) without bias: the mean of (pi/mu)(x_i) g(x_i) (pi: the expectation's policy)."""
     cases = _cases_other_sampler()
-    got = _run(fn, cases, "the weighted estimate")
+    got = _run(fn, cases, tr("the weighted estimate"))
     if isinstance(got, CheckResult):
         return got
 
@@ -113,8 +124,10 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
     right = mean_of(lambda lq, lm: (lq - lm).exp())
     if all(_close(a, b) for a, b in zip(got, right)):
         return passed(
-            "Each draw weighted by pi(x)/mu(x), the expectation's policy over the sampler: "
-            "unbiased for sum_x pi(x) g(x)."
+            tr(
+                "Each draw weighted by pi(x)/mu(x), the expectation's policy over the sampler: "
+                "unbiased for sum_x pi(x) g(x)."
+            )
         )
     wrong = {
         "inverted": mean_of(lambda lq, lm: (lm - lq).exp()),
@@ -123,17 +136,29 @@ def weighted_estimate(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, to
         "log_weight": mean_of(lambda lq, lm: lq - lm),
     }
     messages = {
-        "inverted": "The weights are upside down: use pi(x)/mu(x), the distribution in the expectation over the "
-        "one that drew the tokens.",
-        "none": "No weights: a plain mean over mu's tokens converges to E_mu[g], not E_pi[g]; it is biased.",
-        "self_normalised": "That is the self-normalised estimate, sum(w g)/sum(w): consistent, but biased for finite "
-        "N; the exercise asks for the unbiased (1/N) sum(w g).",
-        "log_weight": "You used log pi - log mu as the weight; the weight is the ratio itself, exp(log pi - log mu).",
+        "inverted": tr(
+            "The weights are upside down: use pi(x)/mu(x), the distribution in the expectation over the "
+            "one that drew the tokens."
+        ),
+        "none": tr("No weights: a plain mean over mu's tokens converges to E_mu[g], not E_pi[g]; it is biased."),
+        "self_normalised": tr(
+            "That is the self-normalised estimate, sum(w g)/sum(w): consistent, but biased for finite "
+            "N; the exercise asks for the unbiased (1/N) sum(w g)."
+        ),
+        "log_weight": tr(
+            "You used log pi - log mu as the weight; the weight is the ratio itself, exp(log pi - log mu)."
+        ),
     }
     for key, values in wrong.items():
         if all(_close(a, b) for a, b in zip(got, values)):
             return failed(messages[key])
-    return failed(f"Not the importance-weighted mean (first case: expected {right[0]:.6f}, got {got[0]:.6f}).")
+    return failed(
+        tr(
+            "Not the importance-weighted mean (first case: expected {right_0:.6f}, got {got_0:.6f}).",
+            right_0=right[0],
+            got_0=got[0],
+        )
+    )
 
 
 @never_raises
@@ -147,21 +172,23 @@ def effective_sample_size(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
         torch.tensor([100.0, 0.01, 0.01, 0.01, 0.01]),
     ]
     cases = [(w,) for w in base] + [(w * 7.5,) for w in base]
-    got = _run(fn, cases, "the effective sample size")
+    got = _run(fn, cases, tr("the effective sample size"))
     if isinstance(got, CheckResult):
         return got
     kish = [float(w.double().sum() ** 2 / (w.double() ** 2).sum()) for (w,) in cases]
     if all(_close(a, b) for a, b in zip(got, kish)):
         return passed(
-            "(sum w)^2 / sum w^2: N for equal weights, about 1 when one weight dominates, and the same "
-            "whatever the scale of the weights."
+            tr(
+                "(sum w)^2 / sum w^2: N for equal weights, about 1 when one weight dominates, and the same "
+                "whatever the scale of the weights."
+            )
         )
     n = [w.numel() for (w,) in cases]
     if all(_close(a, 1.0 / b) for a, b in zip(got, kish)):
-        return failed("Upside down: you returned sum w^2 / (sum w)^2; equal weights must give N, not 1/N.")
+        return failed(tr("Upside down: you returned sum w^2 / (sum w)^2; equal weights must give N, not 1/N."))
     if all(_close(a, b / m) for a, b, m in zip(got, kish, n)):
         return failed(
-            "That is the fraction ESS/N; the exercise asks for the effective number of samples, multiply by N."
+            tr("That is the fraction ESS/N; the exercise asks for the effective number of samples, multiply by N.")
         )
     half = len(base)
     unscaled_ok = all(_close(a, b) for a, b in zip(got[:half], kish[:half]))
@@ -170,7 +197,15 @@ def effective_sample_size(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
         unscaled_ok and not all(_close(a, b) for a, b in zip(got[half:], kish[half:]))
     ):
         return failed(
-            "Your answer changes when every weight is multiplied by the same constant; N / mean(w^2) "
-            "assumes the weights average 1. Use (sum w)^2 / sum w^2, which is scale-free."
+            tr(
+                "Your answer changes when every weight is multiplied by the same constant; N / mean(w^2) "
+                "assumes the weights average 1. Use (sum w)^2 / sum w^2, which is scale-free."
+            )
         )
-    return failed(f"Not Kish's effective sample size (for weights {base[2].tolist()} expected 4, got {got[2]:.4g}).")
+    return failed(
+        tr(
+            "Not Kish's effective sample size (for weights {tolist} expected 4, got {got_2:.4g}).",
+            tolist=base[2].tolist(),
+            got_2=got[2],
+        )
+    )

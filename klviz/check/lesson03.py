@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .. import kernel
+from ..messages import tr
 from . import (
     CheckResult,
     WrongAnswer,
@@ -39,7 +40,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 1: ``fn(log_r)`` (log_r = log p - log q, x ~ q) must return r log r - (r - 1),
     the non-negative unbiased per-sample estimator of KL(p || q)."""
-    got = learner_tensor(fn, (_LOG_R.clone(),), _LOG_R.shape, "the estimate")
+    got = learner_tensor(fn, (_LOG_R.clone(),), _LOG_R.shape, tr("the estimate"))
     if isinstance(got, CheckResult):
         return got
     lr = _LOG_R
@@ -47,29 +48,40 @@ def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     right = kernel.kl_to_target(lr)
     if _close(got, right):
         return passed(
-            "r log r − (r − 1): the gap between t log t and its tangent at 1, never negative, and its "
-            "mean under q is KL(p‖q)."
+            tr(
+                "r log r − (r − 1): the gap between t log t and its tangent at 1, never negative, and its "
+                "mean under q is KL(p‖q)."
+            )
         )
     wrong = {
         "k3": (
             kernel.k3(lr),
-            "That is k3 = (r − 1) − log r, which estimates KL(q‖p), the other direction; "
-            "for KL(p‖q) start from f(t) = t log t.",
+            tr(
+                "That is k3 = (r − 1) − log r, which estimates KL(q‖p), the other direction; "
+                "for KL(p‖q) start from f(t) = t log t."
+            ),
         ),
         "naive": (
             r * lr,
-            "r log r alone is unbiased for KL(p‖q) but negative whenever r < 1; subtract the tangent "
-            "f′(1)(r − 1) = r − 1, whose mean under q is zero.",
+            tr(
+                "r log r alone is unbiased for KL(p‖q) but negative whenever r < 1; subtract the tangent "
+                "f′(1)(r − 1) = r − 1, whose mean under q is zero."
+            ),
         ),
-        "sign": (-right, "The sign is flipped: the gap f(r) − f′(1)(r − 1) is curve minus tangent, never negative."),
+        "sign": (
+            -right,
+            tr("The sign is flipped: the gap f(r) − f′(1)(r − 1) is curve minus tangent, never negative."),
+        ),
         "inverted": (
             torch.exp(-lr) * (-lr) - torch.expm1(-lr),
-            "The ratio is upside down: r = p(x)/q(x) = exp(log_r), target over sampler.",
+            tr("The ratio is upside down: r = p(x)/q(x) = exp(log_r), target over sampler."),
         ),
         "plus": (
             r * lr + torch.expm1(lr),
-            "You added r − 1; subtract it: the tangent of t log t at 1 is t − 1, "
-            "and the estimator is the curve minus the tangent.",
+            tr(
+                "You added r − 1; subtract it: the tangent of t log t at 1 is t − 1, "
+                "and the estimator is the curve minus the tangent."
+            ),
         ),
     }
     for value, message in wrong.values():
@@ -79,8 +91,14 @@ def kl_pq_estimator(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     if hint:
         return failed(hint)
     if bool((got < -1e-12).any()):
-        return failed("Some estimates are negative; r log r − (r − 1) never is.")
-    return failed(f"Not r log r − (r − 1) (at log r = 1 expected {float(right[8]):.6f}, got {float(got[8]):.6f}).")
+        return failed(tr("Some estimates are negative; r log r − (r − 1) never is."))
+    return failed(
+        tr(
+            "Not r log r − (r − 1) (at log r = 1 expected {right_8:.6f}, got {got_8:.6f}).",
+            right_8=float(right[8]),
+            got_8=float(got[8]),
+        )
+    )
 
 
 _T = torch.tensor([0.05, 0.3, 1.0, 2.0, math.e, 4.0, 10.0, 50.0], dtype=torch.float64)
@@ -89,41 +107,47 @@ _T = torch.tensor([0.05, 0.3, 1.0, 2.0, math.e, 4.0, 10.0, 50.0], dtype=torch.fl
 @never_raises
 def k2_curvature(fn: Callable[[torch.Tensor], Any]) -> CheckResult:
     """Exercise 2a: ``fn(t)`` must return f''(t) for k2's generator f(t) = ½ (log t)²."""
-    got = learner_tensor(fn, (_T.clone(),), _T.shape, "the curvature")
+    got = learner_tensor(fn, (_T.clone(),), _T.shape, tr("the curvature"))
     if isinstance(got, CheckResult):
         # two checks share the exercise's cell: say which part is still a skeleton
         return (
             got
             if got.attempted
-            else not_attempted("(a) Replace the `...` in k2_curvature with f″(t) and run the cell again.")
+            else not_attempted(tr("(a) Replace the `...` in k2_curvature with f″(t) and run the cell again."))
         )
     lt = torch.log(_T)
     right = (1 - lt) / _T**2
     if _close(got, right):
-        return passed("f″(t) = (1 − log t)/t²: positive up to t = e, negative beyond, so ½(log t)² is not convex.")
+        return passed(tr("f″(t) = (1 − log t)/t²: positive up to t = e, negative beyond, so ½(log t)² is not convex."))
     wrong = {
-        "sign": (-right, "The sign is flipped: f″(1) must be +1, like the curvature of −log t and t log t at 1."),
+        "sign": (-right, tr("The sign is flipped: f″(1) must be +1, like the curvature of −log t and t log t at 1.")),
         "one_t": (
             (1 - lt) / _T,
-            "Missing a factor 1/t: f′(t) = log t / t, and differentiating it gives (1 − log t)/t².",
+            tr("Missing a factor 1/t: f′(t) = log t / t, and differentiating it gives (1 − log t)/t²."),
         ),
-        "first": (lt / _T, "That is the first derivative f′(t) = log t / t; differentiate once more."),
+        "first": (lt / _T, tr("That is the first derivative f′(t) = log t / t; differentiate once more.")),
         "minus_log": (
             1 / _T**2,
-            "That is the curvature of −log t (1/t²), which is never negative; ½(log t)² has (1 − log t)/t².",
+            tr("That is the curvature of −log t (1/t²), which is never negative; ½(log t)² has (1 − log t)/t²."),
         ),
     }
     for value, message in wrong.values():
         if _close(got, value):
             return failed(message)
-    return failed(f"Not f″ of ½(log t)² (at t = 4 expected {float(right[5]):.6f}, got {float(got[5]):.6f}).")
+    return failed(
+        tr(
+            "Not f″ of ½(log t)² (at t = 4 expected {right_5:.6f}, got {got_5:.6f}).",
+            right_5=float(right[5]),
+            got_5=float(got[5]),
+        )
+    )
 
 
 def concave_from(answer: Any) -> CheckResult:
     """Exercise 2b: the ratio t beyond which ½ (log t)² bends the wrong way (f'' < 0): e, to two decimals at least."""
     if answer is Ellipsis or answer is None:
         # two checks share the exercise's cell: say which part is still a skeleton
-        return not_attempted("(b) Set CONCAVE_FROM to the ratio t beyond which f″ < 0 and run the cell again.")
+        return not_attempted(tr("(b) Set CONCAVE_FROM to the ratio t beyond which f″ < 0 and run the cell again."))
     return _concave_from(answer)
 
 
@@ -134,15 +158,21 @@ def _concave_from(answer: Any) -> CheckResult:
     except WrongAnswer as err:
         return failed(str(err) + ".")
     if abs(value - math.e) <= 0.005:  # the exercise asks for two decimals at least: 2.72 is e to two decimals
-        exact = "" if abs(value - math.e) < 1e-9 else f" (you gave {value:g}; exactly, it is e = {math.e:.6f}…)"
-        return passed(f"t = e ≈ 2.718{exact}: a sample with p(x)/q(x) > e lands where k2's generator is concave.")
+        exact = (
+            ""
+            if abs(value - math.e) < 1e-9
+            else tr(" (you gave {value:g}; exactly, it is e = {e:.6f}…)", value=value, e=math.e)
+        )
+        return passed(
+            tr("t = e ≈ 2.718{exact}: a sample with p(x)/q(x) > e lands where k2's generator is concave.", exact=exact)
+        )
     if abs(value - math.e) < 0.05:
-        return failed(f"Close ({value:g}), but not to two decimals: solve (1 − log t)/t² = 0 exactly.")
+        return failed(tr("Close ({value:g}), but not to two decimals: solve (1 − log t)/t² = 0 exactly.", value=value))
     if abs(value - 1.0) < 1e-3:
-        return failed("At t = 1 the curvature is +1 (the second-order match with KL); it turns negative later.")
+        return failed(tr("At t = 1 the curvature is +1 (the second-order match with KL); it turns negative later."))
     if abs(value - math.exp(2)) < 1e-2 or abs(value - 2.0) < 1e-3:
-        return failed("Solve f″(t) = (1 − log t)/t² = 0: log t = 1.")
-    return failed(f"Not where (1 − log t)/t² changes sign (got {value:.4g}).")
+        return failed(tr("Solve f″(t) = (1 − log t)/t² = 0: log t = 1."))
+    return failed(tr("Not where (1 − log t)/t² changes sign (got {value:.4g}).", value=value))
 
 
 def _generators() -> list[tuple[Callable, Callable]]:
@@ -169,31 +199,38 @@ def bregman_estimator(fn: Callable[[Callable, Callable, torch.Tensor], Any]) -> 
     one = torch.ones((), dtype=torch.float64)
     results = []
     for f, df in _generators():
-        got = learner_tensor(fn, (f, df, lr.clone()), lr.shape, "the estimate")
+        got = learner_tensor(fn, (f, df, lr.clone()), lr.shape, tr("the estimate"))
         if isinstance(got, CheckResult):
             return got
         results.append((got, f, df))
     if all(_close(got, f(r) - df(one) * (r - 1)) for got, f, df in results):
         return passed(
-            "f(r) − f′(1)(r − 1): unbiased for D_f because E_q[r − 1] = 0, and never negative when f is "
-            "convex, for every generator, including the Jensen–Shannon and power ones you had not seen."
+            tr(
+                "f(r) − f′(1)(r − 1): unbiased for D_f because E_q[r − 1] = 0, and never negative when f is "
+                "convex, for every generator, including the Jensen–Shannon and power ones you had not seen."
+            )
         )
     checks = [
         (
             lambda f, df: f(r) - df(r) * (r - 1),
-            "The tangent is taken at the sample (f′(r)); take it at r = 1, where E_q[r − 1] = 0 makes the correction "
-            "vanish on average.",
+            tr(
+                "The tangent is taken at the sample (f′(r)); take it at r = 1, where E_q[r − 1] = 0 "
+                "makes the correction "
+                "vanish on average."
+            ),
         ),
-        (lambda f, df: f(r) + df(one) * (r - 1), "Sign: subtract f′(1)(r − 1), the tangent, from f(r)."),
-        (lambda f, df: f(lr) - df(one) * (lr - 1), "You evaluated f at log r; r = exp(log_r)."),
-        (lambda f, df: f(r), "You returned f(r) alone: unbiased, but not the Bregman gap; subtract f′(1)(r − 1)."),
+        (lambda f, df: f(r) + df(one) * (r - 1), tr("Sign: subtract f′(1)(r − 1), the tangent, from f(r).")),
+        (lambda f, df: f(lr) - df(one) * (lr - 1), tr("You evaluated f at log r; r = exp(log_r).")),
+        (lambda f, df: f(r), tr("You returned f(r) alone: unbiased, but not the Bregman gap; subtract f′(1)(r − 1).")),
         (
             lambda f, df: f(r) - (r - 1),
-            "You subtracted (r − 1) with slope 1 for every f; the slope is f′(1), "
-            "which depends on f (−1 for −log t, +1 for t log t).",
+            tr(
+                "You subtracted (r − 1) with slope 1 for every f; the slope is f′(1), "
+                "which depends on f (−1 for −log t, +1 for t log t)."
+            ),
         ),
     ]
     for formula, message in checks:
         if all(_close(got, formula(f, df)) for got, f, df in results):
             return failed(message)
-    return failed("Not f(r) − f′(1)(r − 1) for every generator (the Jensen–Shannon case may help you debug).")
+    return failed(tr("Not f(r) − f′(1)(r − 1) for every generator (the Jensen–Shannon case may help you debug)."))

@@ -13,6 +13,7 @@ import torch
 
 from .. import kernel
 from ..framework_rules import VERL_LOW_VAR_KL
+from ..messages import tr
 from . import CheckResult, WrongAnswer, failed, learner_answer, passed
 
 __all__ = ["approx_kl", "response_mask", "low_var_kl"]
@@ -20,7 +21,7 @@ __all__ = ["approx_kl", "response_mask", "low_var_kl"]
 
 def _as_tensor(out: object, what: str) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
-        raise WrongAnswer(f"{what} should return a torch tensor, got {type(out).__name__}")
+        raise WrongAnswer(tr("{what} should return a torch tensor, got {name}", what=what, name=type(out).__name__))
     return out
 
 
@@ -44,24 +45,28 @@ def approx_kl(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
     if isinstance(empty, CheckResult):
         return empty
     if got.numel() != 1:
-        return failed(f"approx_kl should be one number for the whole batch, got shape {tuple(got.shape)}.")
+        return failed(
+            tr("approx_kl should be one number for the whole batch, got shape {tuple}.", tuple=tuple(got.shape))
+        )
     g = float(got)
     if math.isclose(g, float(right), rel_tol=1e-5):
         if not math.isfinite(float(empty)) or float(empty) != 0.0:
-            return failed("An all-zero mask gives NaN (0/0): clamp the denominator to at least 1, as MiniMind does.")
-        return passed("approx_kl matches MiniMind: ½Δ² averaged over the response tokens only.")
+            return failed(
+                tr("An all-zero mask gives NaN (0/0): clamp the denominator to at least 1, as MiniMind does.")
+            )
+        return passed(tr("approx_kl matches MiniMind: ½Δ² averaged over the response tokens only."))
     d = new_padded - old
     if math.isclose(g, float((0.5 * d**2).mean()), rel_tol=1e-5):
-        return failed("You averaged over every position: padding and tokens after EOS must be masked out.")
+        return failed(tr("You averaged over every position: padding and tokens after EOS must be masked out."))
     if math.isclose(g, float((0.5 * d**2 * mask).sum() / mask.numel()), rel_tol=1e-5):
-        return failed("You masked the numerator but divided by all positions: divide by mask.sum() instead.")
+        return failed(tr("You masked the numerator but divided by all positions: divide by mask.sum() instead."))
     if math.isclose(g, float((d**2 * mask).sum() / mask.sum()), rel_tol=1e-5):
-        return failed("The ½ is missing: approx_kl is ½(log r)², the k2 estimator.")
+        return failed(tr("The ½ is missing: approx_kl is ½(log r)², the k2 estimator."))
     if math.isclose(g, float((-d * mask).sum() / mask.sum()), rel_tol=1e-5):
-        return failed("That is k1 (verl's ppo_kl), not MiniMind's ½(log r)².")
+        return failed(tr("That is k1 (verl's ppo_kl), not MiniMind's ½(log r)²."))
     if math.isclose(g, float((0.5 * d**2 * mask).sum()), rel_tol=1e-5):
-        return failed("You summed over tokens; approx_kl is a mean over the response tokens.")
-    return failed(f"Expected {float(right):.6f} on a test batch, got {g:.6f}.")
+        return failed(tr("You summed over tokens; approx_kl is a mean over the response tokens."))
+    return failed(tr("Expected {right:.6f} on a test batch, got {g:.6f}.", right=float(right), g=g))
 
 
 def response_mask(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]) -> CheckResult:
@@ -99,19 +104,29 @@ def response_mask(fn: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor])
     if isinstance(got, CheckResult):
         return got
     if got.shape != right.shape:
-        return failed(f"The mask should have the shape of completion_ids {tuple(right.shape)}, got {tuple(got.shape)}.")
+        return failed(
+            tr(
+                "The mask should have the shape of completion_ids {tuple}, got {tuple2}.",
+                tuple=tuple(right.shape),
+                tuple2=tuple(got.shape),
+            )
+        )
     g = got.float()
     if torch.equal(g, right):
-        return passed("The mask keeps each response up to and including its first EOS and drops padding.")
+        return passed(tr("The mask keeps each response up to and including its first EOS and drops padding."))
     if torch.equal(g, cmask.float()):
-        return failed("Tokens generated after the first EOS are still counted (row 2): cut each row at its first EOS.")
+        return failed(
+            tr("Tokens generated after the first EOS are still counted (row 2): cut each row at its first EOS.")
+        )
     if g[0, 3] == 0 and g[3, 0] == 0:
-        return failed("The EOS token itself is dropped: keep it, since choosing to stop is an action the policy took.")
+        return failed(
+            tr("The EOS token itself is dropped: keep it, since choosing to stop is an action the policy took.")
+        )
     if g[2].sum() < 7:
-        return failed("A row without any EOS (truncated) must keep all its generated tokens.")
+        return failed(tr("A row without any EOS (truncated) must keep all its generated tokens."))
     if g[0, 4:].sum() > 0 or g[4, 2:].sum() > 0:
-        return failed("Padding positions are counted: multiply by completion_mask.")
-    return failed(f"Expected {right.int().tolist()}, got {g.int().tolist()}.")
+        return failed(tr("Padding positions are counted: multiply by completion_mask."))
+    return failed(tr("Expected {tolist}, got {tolist2}.", tolist=right.int().tolist(), tolist2=g.int().tolist()))
 
 
 def low_var_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> CheckResult:
@@ -123,7 +138,13 @@ def low_var_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Chec
     if isinstance(got, CheckResult):
         return got
     if got.shape != right.shape:
-        return failed(f"low_var_kl is per token: expected shape {tuple(right.shape)}, got {tuple(got.shape)}.")
+        return failed(
+            tr(
+                "low_var_kl is per token: expected shape {tuple}, got {tuple2}.",
+                tuple=tuple(right.shape),
+                tuple2=tuple(got.shape),
+            )
+        )
     finite = torch.isfinite(got.detach())
     inverted = VERL_LOW_VAR_KL.apply(logprob.detach() - ref, "k3")  # the log-ratio upside down
     if (
@@ -132,7 +153,7 @@ def low_var_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Chec
         and not torch.allclose(got.detach(), right, rtol=1e-4, atol=1e-6)
     ):
         return failed(
-            "The log-ratio is inverted: verl uses log r = ref_logprob - logprob (tokens come from the policy)."
+            tr("The log-ratio is inverted: verl uses log r = ref_logprob - logprob (tokens come from the policy).")
         )
     unclamped = kernel.k3(ref - logprob.detach())
     if (
@@ -140,16 +161,26 @@ def low_var_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Chec
         or torch.allclose(got.detach()[:4], unclamped[:4], rtol=1e-4)
         and float(got.detach()[3]) > 10
     ):
-        return failed("The result is not clamped to [-10, 10]: one token with a huge ratio then dominates the mean.")
+        return failed(
+            tr("The result is not clamped to [-10, 10]: one token with a huge ratio then dominates the mean.")
+        )
     if not torch.allclose(got.detach(), right, rtol=1e-4, atol=1e-6):
         return failed(
-            f"Expected {[round(v, 4) for v in right.tolist()]}, got {[round(v, 4) for v in got.detach().tolist()]}."
+            tr(
+                "Expected {v}, got {v2}.",
+                v=[round(v, 4) for v in right.tolist()],
+                v2=[round(v, 4) for v in got.detach().tolist()],
+            )
         )
     if got.requires_grad:
         (grad,) = torch.autograd.grad(got.sum(), logprob)
         if not bool(torch.isfinite(grad).all()):
             return failed(
-                "The values are right but the gradient is NaN at log r = 119.9: clamp log r to [-20, 20] "
-                "before exp, so the output clamp never multiplies 0 by inf."
+                tr(
+                    "The values are right but the gradient is NaN at log r = 119.9: clamp log r to [-20, 20] "
+                    "before exp, so the output clamp never multiplies 0 by inf."
+                )
             )
-    return passed("low_var_kl matches verl: k3 with log r = ref - logprob, clamped inside to ±20 and outside to ±10.")
+    return passed(
+        tr("low_var_kl matches verl: k3 with log r = ref - logprob, clamped inside to ±20 and outside to ±10.")
+    )

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from .. import kernel
+from ..messages import tr
 from . import CheckResult, WrongAnswer, failed, learner_answer, never_raises, passed
 
 
@@ -19,13 +20,15 @@ def _call(fn: Callable[..., Any], *args: Any, convert: Callable[[Any], Any] | No
 def _as64(out: Any) -> torch.Tensor:
     """A learner's answer as a float64 tensor, or :class:`WrongAnswer` saying it is not numbers."""
     if isinstance(out, (str, bytes, dict)) or callable(out):
-        raise WrongAnswer(f"Return a tensor of numbers, not a {type(out).__name__}.")
+        raise WrongAnswer(tr("Return a tensor of numbers, not a {name}.", name=type(out).__name__))
     if isinstance(out, torch.Tensor) and (out.is_complex() or out.dtype == torch.bool):
-        raise WrongAnswer(f"Return real numbers, not a tensor of {out.dtype}.")
+        raise WrongAnswer(tr("Return real numbers, not a tensor of {dtype}.", dtype=out.dtype))
     try:
         return out.detach().double() if isinstance(out, torch.Tensor) else torch.as_tensor(out, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
-        raise WrongAnswer(f"Return a tensor of numbers; got a {type(out).__name__} that is not one.") from None
+        raise WrongAnswer(
+            tr("Return a tensor of numbers; got a {name} that is not one.", name=type(out).__name__)
+        ) from None
 
 
 @never_raises
@@ -43,37 +46,51 @@ def fixed_compute_kl(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -
     if isinstance(out, CheckResult):
         return out
     if out.shape != expected.shape:
-        return failed(f"Return one value per token: expected shape {tuple(expected.shape)}, got {tuple(out.shape)}.")
+        return failed(
+            tr(
+                "Return one value per token: expected shape {tuple}, got {tuple2}.",
+                tuple=tuple(expected.shape),
+                tuple2=tuple(out.shape),
+            )
+        )
     if not bool(torch.isfinite(out).all()):
         return failed(
-            "Your function returns inf or NaN for a token whose log-ratio is 30: compute in a way that "
-            "stays finite (k3 is e^30 - 31 there, large but finite in float64)."
+            tr(
+                "Your function returns inf or NaN for a token whose log-ratio is 30: compute in a way that "
+                "stays finite (k3 is e^30 - 31 there, large but finite in float64)."
+            )
         )
     inverted = kernel.k3(-log_r)  # the same estimator fed the ratio upside down
     if torch.allclose(out, inverted, rtol=1e-6, atol=1e-12):
         return failed(
-            "Ratio inverted: that is the often-copied exp(logp_old - logp_new), sampler over target. With tokens "
-            "from old, r must be new/old (target over sampler); the inverted version averages to "
-            "chi²(old||new) - KL(old||new)."
+            tr(
+                "Ratio inverted: that is the often-copied exp(logp_old - logp_new), sampler over target. With tokens "
+                "from old, r must be new/old (target over sampler); the inverted version averages to "
+                "chi²(old||new) - KL(old||new)."
+            )
         )
     if torch.allclose(out, old - new, atol=1e-9):
         return failed(
-            "That is k1 = log old - log new: unbiased but noisy and sometimes negative; the exercise asks for k3."
+            tr("That is k1 = log old - log new: unbiased but noisy and sometimes negative; the exercise asks for k3.")
         )
     body = slice(4, None)
     if not torch.allclose(out[body], expected[body], rtol=1e-6, atol=1e-9):
-        return failed("Not k3 of KL(old || new): use log r = logp_new - logp_old and return (r - 1) - log r.")
+        return failed(tr("Not k3 of KL(old || new): use log r = logp_new - logp_old and return (r - 1) - log r."))
     rel = ((out[:3] - expected[:3]).abs() / expected[:3]).max()
     if float(rel) > 1e-3:
         return failed(
-            "Right formula, but for nearly equal policies (log r ≈ 1e-9) it loses every digit to "
-            "cancellation: compute r - 1 as torch.expm1(log_r)."
+            tr(
+                "Right formula, but for nearly equal policies (log r ≈ 1e-9) it loses every digit to "
+                "cancellation: compute r - 1 as torch.expm1(log_r)."
+            )
         )
     if not torch.allclose(out, expected, rtol=1e-6):
-        return failed("Close, but the token with log r = 30 is off: compute it as expm1(log_r) - log_r in float64.")
+        return failed(tr("Close, but the token with log r = 30 is off: compute it as expm1(log_r) - log_r in float64."))
     return passed(
-        "k3 with r = new/old (target over sampler), computed as expm1(log r) - log r: unbiased for "
-        "KL(old || new), never negative, accurate for tiny log-ratios."
+        tr(
+            "k3 with r = new/old (target over sampler), computed as expm1(log r) - log r: unbiased for "
+            "KL(old || new), never negative, accurate for tiny log-ratios."
+        )
     )
 
 
@@ -98,34 +115,43 @@ def importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     try:
         value = float(_as64(out).reshape(()))
     except (RuntimeError, ValueError, TypeError):
-        return failed("Return one number: the token-mean over the mask.")
+        return failed(tr("Return one number: the token-mean over the mask."))
     close = lambda v: abs(value - v) <= 1e-6 * max(1.0, abs(v))  # noqa: E731
     if close(expected):
         return passed(
-            "rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi || pi_ref) at every "
-            "position, given its prefix, although pi_old sampled the tokens (part (b): whole responses)."
+            tr(
+                "rho · k1 with rho = pi/pi_old, averaged over the masked tokens: unbiased for KL(pi "
+                "|| pi_ref) at every "
+                "position, given its prefix, although pi_old sampled the tokens (part (b): whole responses)."
+            )
         )
     m = mask
     if close(float(((lp - ref) * m).sum() / m.sum())):
         return failed(
-            "No importance weight: on pi_old's tokens, log pi - log pi_ref averages to KL(old||ref) - "
-            "KL(old||pi), not KL(pi||ref). Multiply each token by rho = exp(logprob - old_logprob)."
+            tr(
+                "No importance weight: on pi_old's tokens, log pi - log pi_ref averages to KL(old||ref) - "
+                "KL(old||pi), not KL(pi||ref). Multiply each token by rho = exp(logprob - old_logprob)."
+            )
         )
     if close(float((torch.exp(old - lp) * (lp - ref) * m).sum() / m.sum())):
-        return failed("Weight inverted: rho must be pi/pi_old = exp(logprob - old_logprob), target over sampler.")
+        return failed(tr("Weight inverted: rho must be pi/pi_old = exp(logprob - old_logprob), target over sampler."))
     k3 = kernel.k3(ref - lp)
     if close(float((rho * k3 * m).sum() / m.sum())):
-        return passed("rho · k3, averaged over the mask: also unbiased for KL(pi || pi_ref), and never negative.")
+        return passed(tr("rho · k3, averaged over the mask: also unbiased for KL(pi || pi_ref), and never negative."))
     if close(float(((rho * (lp - ref) * m).sum(-1) / m.sum(-1)).mean())):
         return failed(
-            "Right weights, wrong aggregation: that is seq-mean-token-mean; the exercise asks for the token-mean "
-            "(sum over all counted tokens / number of counted tokens)."
+            tr(
+                "Right weights, wrong aggregation: that is seq-mean-token-mean; the exercise asks for the token-mean "
+                "(sum over all counted tokens / number of counted tokens)."
+            )
         )
     if close(float((rho * (lp - ref)).mean())) or close(float((torch.exp(lp_pad - old) * (lp_pad - ref)).mean())):
-        return failed("The padding was counted: average only where mask is 1.")
+        return failed(tr("The padding was counted: average only where mask is 1."))
     return failed(
-        "Not the importance-weighted estimate: per token rho · (logprob - ref_logprob) with "
-        "rho = exp(logprob - old_logprob), then the mean over the counted tokens."
+        tr(
+            "Not the importance-weighted estimate: per token rho · (logprob - ref_logprob) with "
+            "rho = exp(logprob - old_logprob), then the mean over the counted tokens."
+        )
     )
 
 
@@ -157,7 +183,7 @@ def sequence_importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
         try:
             values.append(float(_as64(out).reshape(())))
         except (RuntimeError, ValueError, TypeError):
-            return failed("Return one number: the mean over the responses of each response's estimate.")
+            return failed(tr("Return one number: the mean over the responses of each response's estimate."))
     v = torch.tensor(values, dtype=torch.float64)
     mean = float((q * v).sum())
     close = lambda a, b: abs(a - b) <= 1e-8 * max(1.0, abs(b))  # noqa: E731
@@ -167,20 +193,34 @@ def sequence_importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     if not close(mean, target):
         if close(mean, per_token) or close(mean, float((q * (rho * kernel.k3(ref - lp)).sum(-1)).sum())):
             return failed(
-                "Per-token rho corrects the choice of each token, not its prefix, which pi_old drew too: its mean is "
-                f"{mean:.4f}, the sequence KL {target:.4f}. Weight token t by the product of rho over the tokens up to "
-                "and including t (exp of the cumulative sum of logprob - old_logprob)."
+                tr(
+                    "Per-token rho corrects the choice of each token, not its prefix, which pi_old drew too: "
+                    "its mean is {mean:.4f}, the sequence KL {target:.4f}. Weight token t by the product of "
+                    "rho over the tokens up to and including t (exp of the cumulative sum of logprob - "
+                    "old_logprob).",
+                    mean=mean,
+                    target=target,
+                )
             )
         if close(mean, float((q * k1.sum(-1)).sum())):
             return failed(
-                "No importance weight: pi_old drew the responses, so the plain sum of log pi - log pi_ref averages "
-                f"to {mean:.4f}, not the sequence KL {target:.4f}."
+                tr(
+                    "No importance weight: pi_old drew the responses, so the plain sum of log pi - log "
+                    "pi_ref averages to {mean:.4f}, not the sequence KL {target:.4f}.",
+                    mean=mean,
+                    target=target,
+                )
             )
         if close(mean, target / toy.length):
-            return failed("A token mean: the sequence KL is the sum over a response's tokens (the chain rule).")
+            return failed(tr("A token mean: the sequence KL is the sum over a response's tokens (the chain rule)."))
         return failed(
-            f"Its pi_old-weighted mean over all 27 responses is {mean:.4f}, the sequence KL(pi || pi_ref) is "
-            f"{target:.4f}: per response, sum_t (prod_(u<=t) rho_u) · (logprob_t - ref_logprob_t)."
+            tr(
+                "Its pi_old-weighted mean over all 27 responses is {mean:.4f}, the sequence KL(pi || "
+                "pi_ref) is {target:.4f}: per response, sum_t (prod_(u<=t) rho_u) · (logprob_t - "
+                "ref_logprob_t).",
+                mean=mean,
+                target=target,
+            )
         )
     # a padded batch: the mean over its responses, padding ignored
     b_lp, b_ref, b_old = lp[:4].clone(), ref[:4].clone(), old[:4].clone()
@@ -193,7 +233,7 @@ def sequence_importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     try:
         got = float(_as64(out).reshape(()))
     except (RuntimeError, ValueError, TypeError):
-        return failed("Return one number: the mean over the responses.")
+        return failed(tr("Return one number: the mean over the responses."))
     singles = []  # the learner's own value of each response alone, without padding
     for b in range(4):
         n = int(mask[b].sum())
@@ -204,13 +244,19 @@ def sequence_importance_weighted_kl(fn: Callable[..., Any]) -> CheckResult:
     want = sum(singles) / len(singles)
     if not close(got, want):
         return failed(
-            f"Unbiased over whole responses, but on a padded batch it gives {got:.4f} instead of {want:.4f}: "
-            "sum each response over its own tokens only (mask the padding before the cumulative sum), then "
-            "average over responses."
+            tr(
+                "Unbiased over whole responses, but on a padded batch it gives {got:.4f} instead of "
+                "{want:.4f}: sum each response over its own tokens only (mask the padding before the "
+                "cumulative sum), then average over responses.",
+                got=got,
+                want=want,
+            )
         )
     return passed(
-        "Each token weighted by the product of rho up to it: the prefix is corrected too, and the mean over "
-        "pi_old's responses is the sequence KL(pi || pi_ref) exactly (checked over all 27 responses)."
+        tr(
+            "Each token weighted by the product of rho up to it: the prefix is corrected too, and the mean over "
+            "pi_old's responses is the sequence KL(pi || pi_ref) exactly (checked over all 27 responses)."
+        )
     )
 
 
@@ -229,25 +275,35 @@ def kl_term_with_gradient(fn: Callable[..., Any]) -> CheckResult:
         return out
     if not isinstance(out, torch.Tensor) or out.numel() != 1:
         return failed(
-            "Return a one-element torch tensor (the loss term), not a Python number: a float has no gradient."
+            tr("Return a one-element torch tensor (the loss term), not a Python number: a float has no gradient.")
         )
     if abs(float(out.detach()) - expected) > 1e-8 * max(1.0, expected):
         return failed(
-            f"The value is off: expected the masked token-mean of k3 = {expected:.6f}, got {float(out.detach()):.6f}."
+            tr(
+                "The value is off: expected the masked token-mean of k3 = {expected:.6f}, got {detach:.6f}.",
+                expected=expected,
+                detach=float(out.detach()),
+            )
         )
     if not out.requires_grad:
         return failed(
-            "Right value, but no gradient: the term was computed under torch.no_grad() or detached, so "
-            "adding it to the loss changes the logged number and nothing else (open-instruct#530)."
+            tr(
+                "Right value, but no gradient: the term was computed under torch.no_grad() or detached, so "
+                "adding it to the loss changes the logged number and nothing else (open-instruct#530)."
+            )
         )
     (grad,) = torch.autograd.grad(out.sum(), lp)
     expected_grad = (1 - torch.exp(d)) * mask / mask.sum()
     if not torch.allclose(grad, expected_grad, atol=1e-10):
         return failed(
-            "The gradient is not that of k3 with respect to logprob: keep logprob in the graph and "
-            "detach nothing inside the formula."
+            tr(
+                "The gradient is not that of k3 with respect to logprob: keep logprob in the graph and "
+                "detach nothing inside the formula."
+            )
         )
     return passed(
-        "A loss term with a gradient: its expected gradient follows KL(pi_ref || pi) (lesson 05), "
-        "and it does reach the optimizer."
+        tr(
+            "A loss term with a gradient: its expected gradient follows KL(pi_ref || pi) (lesson 05), "
+            "and it does reach the optimizer."
+        )
     )

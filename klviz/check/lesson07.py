@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..messages import tr
 from . import CheckResult, as_answer_number, as_answer_tensor, failed, learner_answer, never_raises, passed
 
 __all__ = ["kl_returns", "approx_kl_stop"]
@@ -37,7 +38,7 @@ def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], A
         k1.clone(),
         mask.clone(),
         beta,
-        convert=lambda v: as_answer_tensor(v, tuple(k1.shape), "your returns (one value per token)"),
+        convert=lambda v: as_answer_tensor(v, tuple(k1.shape), tr("your returns (one value per token)")),
     )
     if isinstance(out, CheckResult):
         return out
@@ -46,28 +47,38 @@ def kl_returns(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], A
     right = (rewards[:, None] - beta * togo) * mask
     if _close(out, right):
         return passed(
-            "Right: each token's return is the reward minus beta times the KL of itself and every later "
-            "response token, which gives the full sequence-KL gradient."
+            tr(
+                "Right: each token's return is the reward minus beta times the KL of itself and every later "
+                "response token, which gives the full sequence-KL gradient."
+            )
         )
     if _close(out, (rewards[:, None] + beta * togo) * mask):
-        return failed("Sign: the KL is a penalty, so subtract beta · (k1 to go) from the reward.")
+        return failed(tr("Sign: the KL is a penalty, so subtract beta · (k1 to go) from the reward."))
     if _close(out, (rewards[:, None] - beta * km) * mask):
         return failed(
-            "That uses only the token's own k1 (the partial gradient); sum k1 over this and all later tokens."
+            tr("That uses only the token's own k1 (the partial gradient); sum k1 over this and all later tokens.")
         )
     if _close(out, (rewards[:, None] - beta * km.cumsum(-1)) * mask):
-        return failed("That sums the past tokens; a token can only affect the ones after it: sum over u ≥ t.")
+        return failed(tr("That sums the past tokens; a token can only affect the ones after it: sum over u ≥ t."))
     if _close(out, (rewards[:, None] - beta * k1.flip(-1).cumsum(-1).flip(-1)) * mask) or _close(
         out, rewards[:, None] - beta * togo
     ):
         return failed(
-            "Use the mask: k1 of padding and prompt positions must not count, and returns outside the response are 0."
+            tr(
+                "Use the mask: k1 of padding and prompt positions must not count, and returns "
+                "outside the response are 0."
+            )
         )
     if _close(out, (rewards[:, None] - beta * km.sum(-1, keepdim=True)) * mask):
-        return failed("The whole-sequence KL on every token is unbiased but not reward-to-go; drop the earlier tokens.")
+        return failed(
+            tr("The whole-sequence KL on every token is unbiased but not reward-to-go; drop the earlier tokens.")
+        )
     return failed(
-        f"For row 0 the returns should be {[round(v, 4) for v in right[0].tolist()]}, "
-        f"yours are {[round(v, 4) for v in out[0].tolist()]}."
+        tr(
+            "For row 0 the returns should be {v}, yours are {v2}.",
+            v=[round(v, 4) for v in right[0].tolist()],
+            v2=[round(v, 4) for v in out[0].tolist()],
+        )
     )
 
 
@@ -85,32 +96,43 @@ def approx_kl_stop(fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float
         if isinstance(out, CheckResult):
             return out
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            return failed("Return a pair (approx_kl, stop).")
-        value = as_answer_number(out[0], "approx_kl (the first item of the pair)", finite=True)
+            return failed(tr("Return a pair (approx_kl, stop)."))
+        value = as_answer_number(out[0], tr("approx_kl (the first item of the pair)"), finite=True)
         if isinstance(out[1], torch.Tensor) and out[1].numel() != 1:
-            return failed("stop (the second item of the pair) should be one True/False, not a tensor of several.")
+            return failed(tr("stop (the second item of the pair) should be one True/False, not a tensor of several."))
         if isinstance(out[1], (str, bytes, dict, list, tuple)):
-            return failed(f"stop (the second item of the pair) should be True or False, got {type(out[1]).__name__}.")
+            return failed(
+                tr(
+                    "stop (the second item of the pair) should be True or False, got {name}.",
+                    name=type(out[1]).__name__,
+                )
+            )
         stop = bool(out[1])
         if abs(value - right) > 1e-9:
             if abs(value - float((0.5 * d * d).mean())) < 1e-9:
-                return failed("Use the mask: positions outside the response (here the last column) must not count.")
+                return failed(tr("Use the mask: positions outside the response (here the last column) must not count."))
             if abs(value - float((d * d * mask).sum() / mask.sum())) < 1e-9:
-                return failed("MiniMind's approx_kl is ½ (Δ)²: you dropped the ½.")
+                return failed(tr("MiniMind's approx_kl is ½ (Δ)²: you dropped the ½."))
             if (
                 abs(value - float((-d * mask).sum() / mask.sum())) < 1e-9
                 or abs(value - float((d * mask).sum() / mask.sum())) < 1e-9
             ):
                 return failed(
-                    "That is k1 (the plain log-ratio mean); this exercise asks for ½ (new - old)², "
-                    "which is never negative."
+                    tr(
+                        "That is k1 (the plain log-ratio mean); this exercise asks for ½ (new - old)², "
+                        "which is never negative."
+                    )
                 )
             if abs(value - float((0.5 * d * d * mask).sum() / mask.numel())) < 1e-9:
-                return failed("Divide by the number of response tokens (mask.sum()), not by every position.")
-            return failed(f"approx_kl should be {right:.6f} here, yours is {value:.6f}.")
+                return failed(tr("Divide by the number of response tokens (mask.sum()), not by every position."))
+            return failed(tr("approx_kl should be {right:.6f} here, yours is {value:.6f}.", right=right, value=value))
         if stop != expect:
-            return failed("Stop when approx_kl is *greater* than the threshold (the policy moved too far from pi_old).")
+            return failed(
+                tr("Stop when approx_kl is *greater* than the threshold (the policy moved too far from pi_old).")
+            )
     return passed(
-        "Right: ½ (log pi - log pi_old)² averaged over response tokens estimates KL(pi_old || pi) to second "
-        "order; once it exceeds the threshold the remaining epochs on this batch are skipped."
+        tr(
+            "Right: ½ (log pi - log pi_old)² averaged over response tokens estimates KL(pi_old || pi) to second "
+            "order; once it exceeds the threshold the remaining epochs on this batch are skipped."
+        )
     )

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..messages import tr
 from . import CheckResult, WrongAnswer, as_answer_number, as_answer_tensor, failed, learner_answer, passed
 
 __all__ = ["policy_pairs", "kept_mass", "tis_weights", "paired_difference", "LOGGED_NUMBERS", "POLICY_NAMES"]
@@ -30,45 +31,75 @@ def policy_pairs(fn: Callable[[], Any]) -> CheckResult:
     if isinstance(out, CheckResult):
         return out
     if not isinstance(out, dict):
-        return failed(f"Return a dict {{logged name: (sampler, other policy)}}, got {type(out).__name__}.")
+        return failed(
+            tr("Return a dict {{logged name: (sampler, other policy)}}, got {name}.", name=type(out).__name__)
+        )
     missing = [k for k in LOGGED_NUMBERS if k not in out]
     if missing:
-        return failed(f"Give a pair for every logged number; missing: {', '.join(missing)}.")
+        return failed(tr("Give a pair for every logged number; missing: {join}.", join=", ".join(missing)))
     for name, want in LOGGED_NUMBERS.items():
         got = out[name]
         if got is Ellipsis or (isinstance(got, tuple) and Ellipsis in got):
-            return failed(f"{name}: replace the `...` with two of {', '.join(POLICY_NAMES)}.")
+            return failed(tr("{name}: replace the `...` with two of {join}.", name=name, join=", ".join(POLICY_NAMES)))
         if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(g, str) for g in got)):
-            return failed(f"{name}: give a pair of two policy names such as ('rollout', 'old'), got {got!r}.")
+            return failed(
+                tr(
+                    "{name}: give a pair of two policy names such as ('rollout', 'old'), got {got!r}.",
+                    name=name,
+                    got=got,
+                )
+            )
         got = (got[0].strip().lower(), got[1].strip().lower())
         unknown = [g for g in got if g not in POLICY_NAMES]
         if unknown:
-            return failed(f"{name}: {unknown[0]!r} is not one of {', '.join(POLICY_NAMES)}.")
+            return failed(
+                tr(
+                    "{name}: {unknown_0!r} is not one of {join}.",
+                    name=name,
+                    unknown_0=unknown[0],
+                    join=", ".join(POLICY_NAMES),
+                )
+            )
         if got == want:
             continue
         if got == want[::-1]:
             return failed(
-                f"{name}: direction swapped. The first policy is the one whose tokens are averaged over "
-                f"(the sampler), so {name} estimates KL({want[0]} || {want[1]})."
+                tr(
+                    "{name}: direction swapped. The first policy is the one whose tokens are averaged over "
+                    "(the sampler), so {name} estimates KL({want_0} || {want_1}).",
+                    name=name,
+                    want_0=want[0],
+                    want_1=want[1],
+                )
             )
         if set(got) == {"old", "theta"} or set(want) == {"old", "theta"}:
             return failed(
-                f"{name}: not that pair. actor/ppo_kl compares the trainer's recompute before the "
-                "update (old) with the current policy (theta); the engine's log-probs (rollout) "
-                "never enter it."
+                tr(
+                    "{name}: not that pair. actor/ppo_kl compares the trainer's recompute before the update "
+                    "(old) with the current policy (theta); the engine's log-probs (rollout) never enter it.",
+                    name=name,
+                )
             )
         if "rollout" in want:
             return failed(
-                f"{name}: this number compares the engine's log-probs (rollout, the sampler) with the "
-                "trainer's recompute (old): it measures the mismatch, before any update."
+                tr(
+                    "{name}: this number compares the engine's log-probs (rollout, the sampler) with the "
+                    "trainer's recompute (old): it measures the mismatch, before any update.",
+                    name=name,
+                )
             )
         return failed(
-            f"{name}: not that pair; it is the KL penalty of the current policy (theta) against the "
-            "reference (ref), on the policy's tokens."
+            tr(
+                "{name}: not that pair; it is the KL penalty of the current policy (theta) against the "
+                "reference (ref), on the policy's tokens.",
+                name=name,
+            )
         )
     return passed(
-        "Every logged number matched with its pair. Only rollout_corr/kl and gen_kl_error see the engine: "
-        "ppo_kl treats pi_old as the sampler, which holds only if pi_old = pi_rollout."
+        tr(
+            "Every logged number matched with its pair. Only rollout_corr/kl and gen_kl_error see the engine: "
+            "ppo_kl treats pi_old as the sampler, which holds only if pi_old = pi_rollout."
+        )
     )
 
 
@@ -95,30 +126,44 @@ def kept_mass(fn: Callable[[torch.Tensor, float], Any]) -> CheckResult:
             continue
         if abs(out - top_p) <= 1e-9:
             return failed(
-                "S is not top_p: the sampler keeps whole tokens until their mass reaches top_p, so S is at "
-                "least top_p and usually more (the last token kept crosses the threshold)."
+                tr(
+                    "S is not top_p: the sampler keeps whole tokens until their mass reaches top_p, so S is at "
+                    "least top_p and usually more (the last token kept crosses the threshold)."
+                )
             )
         if want > 0 and abs(out - 1 / want) <= 1e-6:
             return failed(
-                "That is 1/S, the factor by which the engine scales up the kept tokens; the exercise asks "
-                "for S itself, the kept mass (at most 1)."
+                tr(
+                    "That is 1/S, the factor by which the engine scales up the kept tokens; the exercise asks "
+                    "for S itself, the kept mass (at most 1)."
+                )
             )
         if abs(out - (1 - want)) <= 1e-6:
-            return failed("That is the dropped mass 1 − S; return the kept mass S.")
+            return failed(tr("That is the dropped mass 1 − S; return the kept mass S."))
         p = logp.exp().sort(descending=True).values
         strict = float(p[p.cumsum(0) <= top_p + 1e-12].sum())
         if abs(out - strict) <= 1e-6:
             return failed(
-                "You stopped one token early: keep the token that makes the cumulative mass reach top_p "
-                "(keep a token while the mass of the tokens ranked above it is below top_p)."
+                tr(
+                    "You stopped one token early: keep the token that makes the cumulative mass reach top_p "
+                    "(keep a token while the mass of the tokens ranked above it is below top_p)."
+                )
             )
         return failed(
-            f"Not the kept mass: for top_p = {top_p} expected S = {want:.6f}, got {out:.6f}. Sort the "
-            "probabilities, keep a token while the mass above it is below top_p, and sum the kept ones."
+            tr(
+                "Not the kept mass: for top_p = {top_p} expected S = {want:.6f}, got {out:.6f}. Sort the "
+                "probabilities, keep a token while the mass above it is below top_p, and sum the kept "
+                "ones.",
+                top_p=top_p,
+                want=want,
+                out=out,
+            )
         )
     return passed(
-        "S computed right: the engine samples p(x)/S on the kept set, so every ratio "
-        "pi_train/pi_engine of a sampled token carries the factor S."
+        tr(
+            "S computed right: the engine samples p(x)/S on the kept set, so every ratio "
+            "pi_train/pi_engine of a sampled token carries the factor S."
+        )
     )
 
 
@@ -136,32 +181,39 @@ def tis_weights(fn: Callable[[torch.Tensor, torch.Tensor, float], Any]) -> Check
         train.clone(),
         rollout.clone(),
         cap,
-        convert=lambda o: as_answer_tensor(o, tuple(train.shape), "your weights"),
+        convert=lambda o: as_answer_tensor(o, tuple(train.shape), tr("your weights")),
     )
     if isinstance(out, CheckResult):
         return out
     if not bool(torch.isfinite(out).all()):
         return failed(
-            "Your weights hold inf or NaN: cap the ratio (clamp(max=cap)) so that a token with a huge "
-            "log-ratio gets weight cap."
+            tr(
+                "Your weights hold inf or NaN: cap the ratio (clamp(max=cap)) so that a token with a huge "
+                "log-ratio gets weight cap."
+            )
         )
     if torch.allclose(out, want, atol=1e-9):
         return passed(
-            "Truncated IS: min(pi_train/pi_rollout, C) per token (verl rollout_is='token', TRL token_truncate)."
+            tr("Truncated IS: min(pi_train/pi_rollout, C) per token (verl rollout_is='token', TRL token_truncate).")
         )
     inv = torch.exp(rollout - train).clamp(max=cap)
     if torch.allclose(out, inv, atol=1e-9):
-        return failed("Ratio inverted: the weight is target over sampler, pi_train/pi_rollout = exp(train − rollout).")
+        return failed(
+            tr("Ratio inverted: the weight is target over sampler, pi_train/pi_rollout = exp(train − rollout).")
+        )
     if torch.allclose(out, want.clamp(min=1 / cap), atol=1e-9):
-        return failed("You also clipped from below at 1/C: TIS only truncates from above (small weights are kept).")
+        return failed(tr("You also clipped from below at 1/C: TIS only truncates from above (small weights are kept)."))
     seq = torch.exp((train - rollout).sum(-1, keepdim=True)).clamp(max=cap).expand_as(want)
     if torch.allclose(out, seq, atol=1e-9):
         return failed(
-            "That is the sequence-level weight (product over the response); the exercise asks for one weight per token."
+            tr(
+                "That is the sequence-level weight (product over the response); the exercise asks "
+                "for one weight per token."
+            )
         )
     if torch.allclose(out[1:], torch.exp(train - rollout)[1:], atol=1e-9):
-        return failed(f"No truncation: weights above C = {cap} must be cut to C.")
-    return failed("Not the TIS weights: per token exp(train_logprob − rollout_logprob), then clamp(max=cap).")
+        return failed(tr("No truncation: weights above C = {cap} must be cut to C.", cap=cap))
+    return failed(tr("Not the TIS weights: per token exp(train_logprob − rollout_logprob), then clamp(max=cap)."))
 
 
 def paired_difference(fn: Callable[[Any, Any], Any]) -> CheckResult:
@@ -180,8 +232,8 @@ def paired_difference(fn: Callable[[Any, Any], Any]) -> CheckResult:
 
     def convert(o: Any) -> tuple[float, float]:
         if not (isinstance(o, (tuple, list)) and len(o) == 2):
-            raise WrongAnswer(f"return two numbers (mean, se), got {type(o).__name__}")
-        return as_answer_number(o[0], "your mean"), as_answer_number(o[1], "your standard error")
+            raise WrongAnswer(tr("return two numbers (mean, se), got {name}", name=type(o).__name__))
+        return as_answer_number(o[0], tr("your mean")), as_answer_number(o[1], tr("your standard error"))
 
     out = learner_answer(fn, a.clone(), b.clone(), convert=convert)
     if isinstance(out, CheckResult):
@@ -189,21 +241,36 @@ def paired_difference(fn: Callable[[Any, Any], Any]) -> CheckResult:
     mean, se = out
     if abs(mean - want_mean) > 1e-9:
         if abs(mean + want_mean) < 1e-9:
-            return failed("Sign swapped: the difference is a − b.")
-        return failed(f"The mean difference is the mean of a − b over the seeds ({want_mean:.4f}); got {mean:.4f}.")
+            return failed(tr("Sign swapped: the difference is a − b."))
+        return failed(
+            tr(
+                "The mean difference is the mean of a − b over the seeds ({want_mean:.4f}); got {mean:.4f}.",
+                want_mean=want_mean,
+                mean=mean,
+            )
+        )
     if abs(se - want_se) < 1e-9:
         return passed(
-            f"Paired: {want_mean:.3f} ± {want_se:.3f}. The seed's shared part cancels in a − b, so the paired SE "
-            "is far smaller than the runs' own spreads suggest."
+            tr(
+                "Paired: {want_mean:.3f} ± {want_se:.3f}. The seed's shared part cancels in a − b, so "
+                "the paired SE is far smaller than the runs' own spreads suggest.",
+                want_mean=want_mean,
+                want_se=want_se,
+            )
         )
     unpaired = math.sqrt(float(a.var()) / n + float(b.var()) / n)
     if abs(se - unpaired) < 1e-9:
         return failed(
-            f"That SE ({se:.3f}) treats the runs as independent: sqrt(se_a² + se_b²). Runs with the same seed share "
-            f"their first batch; take the SE of the per-seed differences instead ({want_se:.3f})."
+            tr(
+                "That SE ({se:.3f}) treats the runs as independent: sqrt(se_a² + se_b²). Runs with the "
+                "same seed share their first batch; take the SE of the per-seed differences instead "
+                "({want_se:.3f}).",
+                se=se,
+                want_se=want_se,
+            )
         )
     if abs(se - float(d.std(unbiased=False)) / math.sqrt(n)) < 1e-9:
-        return failed("Use the sample standard deviation (ddof = 1) of the differences.")
+        return failed(tr("Use the sample standard deviation (ddof = 1) of the differences."))
     if abs(se - float(d.std())) < 1e-9:
-        return failed("That is the spread of the differences; the standard error divides it by sqrt(n).")
-    return failed("Not the paired SE: std(a − b, ddof=1) / sqrt(number of seeds).")
+        return failed(tr("That is the spread of the differences; the standard error divides it by sqrt(n)."))
+    return failed(tr("Not the paired SE: std(a − b, ddof=1) / sqrt(number of seeds)."))

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..messages import N_, tr
 from .frames import frame_url, png_url
 
 if TYPE_CHECKING:
@@ -169,14 +170,14 @@ class Prepared:
     @property
     def note(self) -> str:
         """What the status line says of a position shown this way (see :data:`NOTES`)."""
-        return NOTES[self.how]
+        return tr(NOTES[self.how])
 
 
 #: the status line's note for each way a shown position was prepared (:attr:`Prepared.how`)
 NOTES = {
-    "drawn ahead": "drawn ahead while idle",
-    "finished": "drawn ahead in part, finished now",
-    "kept": "shown before, kept",
+    "drawn ahead": N_("drawn ahead while idle"),
+    "finished": N_("drawn ahead in part, finished now"),
+    "kept": N_("shown before, kept"),
 }
 
 

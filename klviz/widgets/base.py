@@ -43,6 +43,7 @@ import traitlets
 from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
+from ..messages import tr
 from ..palette import PAGE_CSS, css
 from .ahead import KEEP, DrawAhead, Prepared, neighbours
 from .frames import FrameComposer, pixel_ratio, png_url
@@ -114,7 +115,9 @@ class Panel:
         self.widget = (
             widgets.VBox(
                 [
-                    widgets.HTML(f"{PAGE_CSS}<b>{html.escape(self.title)}</b>"),  # PAGE_CSS: the colours of both themes
+                    widgets.HTML(
+                        f"{PAGE_CSS}<b>{html.escape(tr(self.title))}</b>"
+                    ),  # PAGE_CSS: the colours of both themes
                     self.layout_controls(),
                     self._canvas,
                     self.text,
@@ -341,9 +344,9 @@ class Panel:
         """Show ``err`` (being handled) in the panel and keep it in ``last_error``."""
         self.last_error = err
         self.error.value = (
-            f"<div style='color:{css('bad')}'><b>This setting could not be computed:</b> "
+            f"<div style='color:{css('bad')}'><b>{tr('This setting could not be computed:')}</b> "
             f"{html.escape(type(err).__name__)}: {html.escape(str(err))}</div>"
-            f"<details><summary>details</summary><pre>{html.escape(traceback.format_exc(limit=4))}</pre></details>"
+            f"<details><summary>{tr('details')}</summary><pre>{html.escape(traceback.format_exc(limit=4))}</pre></details>"
         )
         self.last_compute_ms = (time.perf_counter() - t0) * 1e3
         self._show_status()
@@ -488,14 +491,12 @@ class Panel:
 
     def _show_status(self, note: str = "", blitted: bool | None = None) -> None:
         """Device and timing of the last update, then ``note`` (HTML, e.g. the progress of a run)."""
-        draw = "" if self.last_draw_ms != self.last_draw_ms else f" · redraw {self.last_draw_ms:.0f} ms"
+        draw = "" if self.last_draw_ms != self.last_draw_ms else tr(" · redraw {ms:.0f} ms", ms=self.last_draw_ms)
         if self._frames.last_was_blit if blitted is None else blitted:
-            draw += " (blitted)"
+            draw += tr(" (blitted)")
         device = describe_device(self.device)
-        self.status.value = (
-            f"<span style='color:{css('muted')};font-size:85%'>device {html.escape(device)}"
-            f" · compute {self.last_compute_ms:.1f} ms{draw}{note}</span>"
-        )
+        line = tr("device {device} · compute {ms:.1f} ms", device=html.escape(device), ms=self.last_compute_ms)
+        self.status.value = f"<span style='color:{css('muted')};font-size:85%'>{line}{draw}{note}</span>"
 
     def _prime_frames(self) -> None:
         """Keep a background of the first view before the reader touches anything.
@@ -560,10 +561,15 @@ class Panel:
             settings.append(f"{html.escape(w.description or name)} = {html.escape(str(shown))}")
         display(
             HTML(
-                f"{PAGE_CSS}<div class='klviz-snapshot'><b>{html.escape(self.title)}</b><br>"
-                f"<span style='color:{css('muted')};font-size:90%'>Snapshot at {'; '.join(settings)} "
-                f"(no precomputed positions: {html.escape(failure)}). "
-                "Run the lesson (<code>klviz lab</code> or <code>make lab</code>) to move the controls.</span>"
+                f"{PAGE_CSS}<div class='klviz-snapshot'><b>{html.escape(tr(self.title))}</b><br>"
+                f"<span style='color:{css('muted')};font-size:90%'>"
+                + tr(
+                    "Snapshot at {settings} (no precomputed positions: {failure}). "
+                    "Run the lesson (<code>klviz lab</code> or <code>make lab</code>) to move the controls.",
+                    settings="; ".join(settings),
+                    failure=html.escape(failure),
+                )
+                + "</span>"
                 f"<div>{self.readout.value}</div>{self.error.value}</div>"
             )
         )
@@ -661,21 +667,27 @@ def move_policy_controls(*, push: float, push_range: float, token: int) -> dict[
     names = [t.strip() for t in TOY_VOCAB]
     return {
         "temperature": widgets.FloatSlider(
-            value=1.0, min=0.25, max=4.0, step=0.05, description="p temperature", style=style, continuous_update=True
+            value=1.0,
+            min=0.25,
+            max=4.0,
+            step=0.05,
+            description=tr("p temperature"),
+            style=style,
+            continuous_update=True,
         ),
         "push": widgets.FloatSlider(
             value=push,
             min=-push_range,
             max=push_range,
             step=0.1,
-            description="push p toward",
+            description=tr("push p toward"),
             style=style,
             continuous_update=True,
         ),
         "push_token": widgets.Dropdown(
             options=list(zip(names, range(len(names)))),
             value=token,
-            description="token",
+            description=tr("token"),
             layout=widgets.Layout(width="160px"),
         ),
     }

@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from ..devices import make_generator
 from ..divergences import categorical_kl
+from ..messages import N_, tr
 from ..palette import css
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
@@ -38,7 +39,7 @@ from .base import Panel
 __all__ = ["SamplingPanel", "MODES"]
 
 #: The three ways of drawing and averaging, as (label, value) pairs for the toggle.
-MODES = (("samples from π", "q"), ("samples from μ", "mu"), ("with importance weights", "weighted"))
+MODES = ((N_("samples from π"), "q"), (N_("samples from μ"), "mu"), (N_("with importance weights"), "weighted"))
 _SAMPLE_COUNTS = (100, 300, 1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 _PUSH_TOKEN = 1  # " sofa": the token fine-tuning made pi prefer
 _MU_PUSH_TOKEN = 0  # " mat": the token the stale sampler mu can over- or under-weight
@@ -52,7 +53,7 @@ class SamplingPanel(Panel):
     value a plain mean over mu's tokens converges to, and the effective sample size.
     """
 
-    title = "Sampling as weighting: tokens from π, from μ, or from μ with weights π/μ"
+    title = N_("Sampling as weighting: tokens from π, from μ, or from μ with weights π/μ")
     css_class = "klviz-sampling"
 
     def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
@@ -65,30 +66,33 @@ class SamplingPanel(Panel):
         slider = dict(style=style, continuous_update=True, layout=widgets.Layout(width="340px"))
         return {
             "mode": widgets.ToggleButtons(
-                options=list(MODES), value="q", description="tokens", style={"button_width": "190px"}
+                options=[(tr(label), mode) for label, mode in MODES],
+                value="q",
+                description=tr("tokens"),
+                style={"button_width": "190px"},
             ),
             "q_push": widgets.FloatSlider(
-                value=1.5, min=-4.0, max=4.0, step=0.1, description="π: push ' sofa'", **slider
+                value=1.5, min=-4.0, max=4.0, step=0.1, description=tr("π: push ' sofa'"), **slider
             ),
             "q_temperature": widgets.FloatSlider(
-                value=0.8, min=0.25, max=4.0, step=0.05, description="π: temperature", **slider
+                value=0.8, min=0.25, max=4.0, step=0.05, description=tr("π: temperature"), **slider
             ),
             "mu_temperature": widgets.FloatSlider(
-                value=2.0, min=0.25, max=4.0, step=0.05, description="μ: temperature", **slider
+                value=2.0, min=0.25, max=4.0, step=0.05, description=tr("μ: temperature"), **slider
             ),
             "mu_push": widgets.FloatSlider(
-                value=0.0, min=-4.0, max=4.0, step=0.1, description="μ: push ' mat'", **slider
+                value=0.0, min=-4.0, max=4.0, step=0.1, description=tr("μ: push ' mat'"), **slider
             ),
             "num_samples": widgets.SelectionSlider(
                 options=list(_SAMPLE_COUNTS),
                 value=10_000,
-                description="tokens N",
+                description=tr("tokens N"),
                 style=style,
                 continuous_update=False,
                 layout=widgets.Layout(width="340px"),
             ),
             "seed": widgets.BoundedIntText(
-                value=self.seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+                value=self.seed, min=0, max=2**31 - 1, description=tr("seed"), layout=widgets.Layout(width="140px")
             ),
         }
 
@@ -108,41 +112,47 @@ class SamplingPanel(Panel):
         fig, (ax_pol, ax_run) = panel_figure(8.4, 3.9, ncols=2, gridspec_kw={"width_ratios": [1.35, 1]})
         x = np.arange(len(TOY_VOCAB))
         zeros = np.zeros(len(TOY_VOCAB))
-        self.bars_q = ax_pol.bar(x - 0.2, zeros, width=0.4, color=COLORS["q"], label="π(x): the expectation's weights")
-        self.bars_mu = ax_pol.bar(x + 0.2, zeros, width=0.4, color=COLORS["mu"], alpha=0.55, label="μ(x): the sampler")
-        (self.p_line,) = ax_pol.plot(
-            x, self.ref_logp.exp().numpy(), "o", color=COLORS["p"], ms=4, label="p(x): reference (fixed)"
+        self.bars_q = ax_pol.bar(
+            x - 0.2, zeros, width=0.4, color=COLORS["q"], label=tr("π(x): the expectation's weights")
         )
-        (self.freq_line,) = ax_pol.plot(x - 0.2, zeros, "_", color=COLORS["ink"], ms=10, mew=2.2, label="counts / N")
+        self.bars_mu = ax_pol.bar(
+            x + 0.2, zeros, width=0.4, color=COLORS["mu"], alpha=0.55, label=tr("μ(x): the sampler")
+        )
+        (self.p_line,) = ax_pol.plot(
+            x, self.ref_logp.exp().numpy(), "o", color=COLORS["p"], ms=4, label=tr("p(x): reference (fixed)")
+        )
+        (self.freq_line,) = ax_pol.plot(
+            x - 0.2, zeros, "_", color=COLORS["ink"], ms=10, mew=2.2, label=tr("counts / N")
+        )
         ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
-        ax_pol.set_ylabel("probability")
-        ax_pol.set_title("draw frequencies vs π(x)")
+        ax_pol.set_ylabel(tr("probability"))
+        ax_pol.set_title(tr("draw frequencies vs π(x)"))
         self.legend_pol = ax_pol.legend(loc="upper right")
         self.ax_pol = ax_pol
 
         self.band = ax_run.fill_between([1, 2], [0, 0], [0, 0], color=COLORS["k1"], alpha=0.2, lw=0, label="± 2 SE")
         self._run_labels = {
-            "q": "running mean of log π/p, x ~ π",
-            "mu": "running mean of log π/p, x ~ μ",
-            "weighted": "running mean of (π/μ)·log π/p, x ~ μ",
+            "q": tr("running mean of log π/p, x ~ π"),
+            "mu": tr("running mean of log π/p, x ~ μ"),
+            "weighted": tr("running mean of (π/μ)·log π/p, x ~ μ"),
         }
         (self.run_line,) = ax_run.plot([1, 2], [0, 0], color=COLORS["k1"], lw=1.4, label=self._run_labels["q"])
-        self.exact_line = ax_run.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.4, label="exact KL(π‖p)")
+        self.exact_line = ax_run.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.4, label=tr("exact KL(π‖p)"))
         self.biased_line = ax_run.axhline(
-            0.0, color=COLORS["mu"], ls=":", lw=1.6, label="E_μ[log π/p] (plain mean over μ's tokens)"
+            0.0, color=COLORS["mu"], ls=":", lw=1.6, label=tr("E_μ[log π/p] (plain mean over μ's tokens)")
         )
         ax_run.set_xscale("log")
         ax_run.minorticks_off()  # dozens of minor ticks cost redraw time and add nothing here
-        ax_run.set_xlabel("number of tokens N")
-        ax_run.set_ylabel("estimate of KL(π‖p)  [nats]")
+        ax_run.set_xlabel(tr("number of tokens N"))
+        ax_run.set_ylabel(tr("estimate of KL(π‖p)  [nats]"))
         # a fixed title: what is averaged, and over which tokens, is the legend's first entry (a changed
         # title would be baked into every kept background and force a full render on each mode change)
-        ax_run.set_title("running mean as N grows")
+        ax_run.set_title(tr("running mean as N grows"))
         # below the axes: the curves use the whole plot, and the legend never hides them
         self.legend_run = ax_run.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
         # one legend per axes for every mode: a mode changes an entry's text or hides the last entry,
         # so switching modes redraws the legend and the data but not the axes
-        self._freq_entry = [t.get_text() for t in self.legend_pol.get_texts()].index("counts / N")
+        self._freq_entry = [t.get_text() for t in self.legend_pol.get_texts()].index(tr("counts / N"))
         self._run_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.run_line.get_label())
         self._biased_entry = [t.get_text() for t in self.legend_run.get_texts()].index(self.biased_line.get_label())
         assert self._biased_entry == len(self.legend_run.get_texts()) - 1  # hidden, it leaves no gap
@@ -224,7 +234,7 @@ class SamplingPanel(Panel):
         self.freq_line.set_data(np.arange(len(TOY_VOCAB)) + offset, freq)
         if mode != self._legend_mode:  # legends list only what is shown
             self.legend_pol.get_texts()[self._freq_entry].set_text(
-                "counts·(π/μ) / N" if mode == "weighted" else "counts / N"
+                tr("counts·(π/μ) / N") if mode == "weighted" else tr("counts / N")
             )
             shown = mode == "mu"
             self.legend_run.get_texts()[self._biased_entry].set_visible(shown)
@@ -258,38 +268,56 @@ class SamplingPanel(Panel):
 
         est, se, exact = data["estimate"], data["se"], data["exact"]
         how = {
-            "q": "plain mean of log π/p over tokens from π",
-            "mu": "plain mean of log π/p over tokens from μ (no weights)",
-            "weighted": "mean of (π/μ)·log π/p over tokens from μ",
+            "q": tr("plain mean of log π/p over tokens from π"),
+            "mu": tr("plain mean of log π/p over tokens from μ (no weights)"),
+            "weighted": tr("mean of (π/μ)·log π/p over tokens from μ"),
         }[mode]
         z = (est - exact) / se if se > 0 else float("inf") if est != exact else 0.0
         ess_share = data["ess"] / data["num_samples"]
         if mode == "weighted" and (ess_share < 0.05 or abs(z) >= 3):
             # the weighted mean is unbiased: a large z here says the SE (computed from the weights seen
             # so far) cannot be trusted, not that the estimator is biased
-            verdict = (
-                f"<b style='color:{css('warn')}'>SE unreliable (ESS {100 * ess_share:.1f} %)</b>: the weighted mean "
-                "is unbiased, but with so few effective tokens its ±2 SE is computed from weights it has "
-                "barely sampled"
+            verdict = tr(
+                "<b style='color:{css}'>SE unreliable (ESS {ess_share:.1f} %)</b>: the weighted mean is "
+                "unbiased, but with so few effective tokens its ±2 SE is computed from weights it has "
+                "barely sampled",
+                css=css("warn"),
+                ess_share=100 * ess_share,
             )
         elif abs(z) < 3:
-            verdict = "consistent with the exact value"
+            verdict = tr("consistent with the exact value")
         else:
-            verdict = f"<b style='color:{css('bad')}'>off by more than 3 standard errors: biased</b>"
+            verdict = tr("<b style='color:{css}'>off by more than 3 standard errors: biased</b>", css=css("bad"))
         ess_line = (
-            f"effective sample size <b class='klviz-ess'>{data['ess']:,.0f}</b> of {data['num_samples']:,} "
-            f"({100 * data['ess'] / data['num_samples']:.1f}%), largest weight π/μ = {data['max_weight']:.3g}"
+            tr(
+                "effective sample size <b class='klviz-ess'>{ess:,.0f}</b> of {num_samples:,} "
+                "({ess2:.1f}%), largest weight π/μ = {max_weight:.3g}",
+                ess=data["ess"],
+                num_samples=data["num_samples"],
+                ess2=100 * data["ess"] / data["num_samples"],
+                max_weight=data["max_weight"],
+            )
             if mode == "weighted"
-            else f"every token counts fully: effective sample size = N = {data['num_samples']:,}"
+            else tr(
+                "every token counts fully: effective sample size = N = {num_samples:,}", num_samples=data["num_samples"]
+            )
         )
-        self.readout.value = (
-            "<style>.klviz-sampling .klviz-table td{padding:1px 14px 1px 0}</style>"
-            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse'>"
-            f"<tr><td><b>exact</b> KL(π‖p) = Σ<sub>x</sub> π(x) log π(x)/p(x)</td>"
-            f"<td class='klviz-exact'>{exact:.4f}</td></tr>"
-            f"<tr><td><b>estimate</b>: {how}</td><td class='klviz-estimate'>{plus_minus(est, se, '.4f')}</td></tr>"
-            f"<tr><td>what a plain mean over μ's tokens converges to, E<sub>μ</sub>[log π/p]</td>"
-            f"<td>{data['biased_limit']:.4f}</td></tr></table>"
-            f"<div style='font-size:90%'>N = {data['num_samples']:,}: {verdict} "
-            f"(estimate − exact = {est - exact:+.4f}, {z:+.1f} SE). {ess_line}.</div>"
+        self.readout.value = tr(
+            "<style>.klviz-sampling .klviz-table td{{padding:1px 14px 1px 0}}</style><table "
+            "class='klviz-table' style='font-size:90%;border-collapse:collapse'><tr><td><b>exact</b> "
+            "KL(π‖p) = Σ<sub>x</sub> π(x) log π(x)/p(x)</td><td "
+            "class='klviz-exact'>{exact:.4f}</td></tr><tr><td><b>estimate</b>: {how}</td><td "
+            "class='klviz-estimate'>{plus_minus}</td></tr><tr><td>what a plain mean over μ's tokens "
+            "converges to, E<sub>μ</sub>[log π/p]</td><td>{biased_limit:.4f}</td></tr></table><div "
+            "style='font-size:90%'>N = {num_samples:,}: {verdict} (estimate − exact = {est:+.4f}, "
+            "{z:+.1f} SE). {ess_line}.</div>",
+            exact=exact,
+            how=how,
+            plus_minus=plus_minus(est, se, ".4f"),
+            biased_limit=data["biased_limit"],
+            num_samples=data["num_samples"],
+            verdict=verdict,
+            est=est - exact,
+            z=z,
+            ess_line=ess_line,
         )

@@ -31,6 +31,7 @@ from .. import kernel
 from ..devices import make_generator, panel_sample_count, resolve_device
 from ..divergences import categorical_kl, target_favours
 from ..estimators import k1, k2, k3
+from ..messages import N_, tr
 from ..montecarlo import ESTIMATORS, categorical_counts
 from ..palette import FIGURE_BACKGROUND, css, theme
 from ..plotting import COLORS, panel_figure, sticky_limits
@@ -115,20 +116,20 @@ def _gaussian_controls(seed: int, device: torch.device) -> dict[str, widgets.Val
     counts = _CUDA_SAMPLE_COUNTS if device.type == "cuda" else _SAMPLE_COUNTS
     return {
         "mu": widgets.FloatSlider(
-            value=1.0, min=-3.0, max=3.0, step=0.05, description="p's mean μ", style=_STYLE, continuous_update=True
+            value=1.0, min=-3.0, max=3.0, step=0.05, description=tr("p's mean μ"), style=_STYLE, continuous_update=True
         ),
         "sigma": widgets.FloatSlider(
-            value=1.0, min=0.3, max=3.0, step=0.05, description="p's scale σ", style=_STYLE, continuous_update=True
+            value=1.0, min=0.3, max=3.0, step=0.05, description=tr("p's scale σ"), style=_STYLE, continuous_update=True
         ),
         "num_samples": widgets.SelectionSlider(
             options=list(counts),
             value=panel_sample_count(device, cpu=100_000, cuda=1_000_000),
-            description="samples N",
+            description=tr("samples N"),
             style=_STYLE,
             continuous_update=False,
         ),
         "seed": widgets.BoundedIntText(
-            value=seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+            value=seed, min=0, max=2**31 - 1, description=tr("seed"), layout=widgets.Layout(width="140px")
         ),
     }
 
@@ -149,7 +150,7 @@ def _kept_draws(panel: GaussianEstimatorsPanel | ControlVariatePanel, seed: int,
 class GaussianEstimatorsPanel(Panel):
     """q = N(0, 1) samples x; p = N(mu, sigma²) is moved; k1, k2, k3 of each sample estimate KL(q || p)."""
 
-    title = "Lesson 02 (a): k1, k2, k3 on Gaussians: q = N(0, 1) samples, p = N(μ, σ²) is the target"
+    title = N_("Lesson 02 (a): k1, k2, k3 on Gaussians: q = N(0, 1) samples, p = N(μ, σ²) is the target")
     css_class = "klviz-lesson02-gaussian"
     _kept_z: tuple[tuple[int, int], torch.Tensor] | None = None  # see _kept_draws
 
@@ -165,12 +166,12 @@ class GaussianEstimatorsPanel(Panel):
         ax_d = axes[0]
         self.xs = np.linspace(-7.0, 7.0, 400)
         q = np.exp(-0.5 * self.xs**2) / math.sqrt(2 * math.pi)
-        ax_d.plot(self.xs, q, color=COLORS["q"], lw=2, label="sampler q = N(0,1)")
-        (self.p_line,) = ax_d.plot(self.xs, q, color=COLORS["p"], lw=2, label="target p = N(μ,σ²)")
+        ax_d.plot(self.xs, q, color=COLORS["q"], lw=2, label=tr("sampler q = N(0,1)"))
+        (self.p_line,) = ax_d.plot(self.xs, q, color=COLORS["p"], lw=2, label=tr("target p = N(μ,σ²)"))
         ax_d.set_xlim(-7, 7)
         ax_d.set_xlabel("x")
-        ax_d.set_ylabel("density")
-        ax_d.set_title("the two policies")
+        ax_d.set_ylabel(tr("density"))
+        ax_d.set_title(tr("the two policies"))
         ax_d.legend(loc="upper left")
         self.ax_d = ax_d
         ax = axes[1]
@@ -187,16 +188,16 @@ class GaussianEstimatorsPanel(Panel):
             )
         for name in ESTIMATORS:
             self.mean_lines[name] = ax.axvline(0.0, color=COLORS[name], lw=1.4, ls=":")
-        self.kl_line = ax.axvline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label="true KL(q‖p)")
+        self.kl_line = ax.axvline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label=tr("true KL(q‖p)"))
         ax.axvline(0.0, color=COLORS["ink"], lw=0.6)
         ax.set_yscale("log")
         ax.set_ylim(_FLOOR, 10.0)  # a decade above the highest bar: room for the legend
-        ax.set_xlabel("value of one sample  [nats]  (central 99.8 % of the samples, one x axis for all three)")
-        ax.set_ylabel("fraction of samples per bin")
-        ax.legend(loc="upper right", title="dotted: sample means", frameon=True, framealpha=0.9, edgecolor="none")
+        ax.set_xlabel(tr("value of one sample  [nats]  (central 99.8 % of the samples, one x axis for all three)"))
+        ax.set_ylabel(tr("fraction of samples per bin"))
+        ax.legend(loc="upper right", title=tr("dotted: sample means"), frameon=True, framealpha=0.9, edgecolor="none")
         # a fixed title (the share of negative k1 is in the readout): a title that changed with every
         # setting would be redrawn on every frame, about a quarter of the redraw time (measured)
-        ax.set_title("one sample of each estimator (k1 < 0 wherever p > q)")
+        ax.set_title(tr("one sample of each estimator (k1 < 0 wherever p > q)"))
         self.ax_h = ax
         return fig
 
@@ -261,18 +262,32 @@ class GaussianEstimatorsPanel(Panel):
             )
         notes = []
         if kl == 0:
-            notes.append("p = q: the KL is 0 and every estimator is exactly 0; relative numbers are undefined (—).")
+            notes.append(tr("p = q: the KL is 0 and every estimator is exactly 0; relative numbers are undefined (—)."))
         if "k3" in exact.notes:
             notes.append(
-                html.escape(exact.notes["k3"]) + " The Monte Carlo std shown for k3 is therefore "
-                "not an estimate of anything: rerun with a larger N and watch it grow."
+                html.escape(exact.notes["k3"])
+                + tr(
+                    " The Monte Carlo std shown for k3 is therefore "
+                    "not an estimate of anything: rerun with a larger N and watch it grow."
+                )
             )
         return (
-            _TABLE + f"<tr>{_TH}</th>{_TH}bias/true: Monte Carlo ± 2 SE</th>{_TH}exact</th>"
-            f"{_TH}std/true: Monte Carlo ± 2 SE</th>{_TH}exact</th></tr>" + "".join(rows) + "</table>"
-            f"<div style='font-size:90%'>true KL(q‖p) = <b class='klviz-exact'>{kl:.5g}</b> nats · N = {data['n']:,} · "
-            f"k1 &lt; 0 for {100 * data['frac_neg_mc']:.1f} % of the samples (exact "
-            f"{100 * data['frac_neg_exact']:.1f} %): wherever p(x) &gt; q(x).</div>"
+            _TABLE
+            + tr(
+                "<tr>{th}</th>{th}bias/true: Monte Carlo ± 2 SE</th>{th}exact</th>{th}std/true: Monte "
+                "Carlo ± 2 SE</th>{th}exact</th></tr>",
+                th=_TH,
+            )
+            + "".join(rows)
+            + tr(
+                "</table><div style='font-size:90%'>true KL(q‖p) = <b class='klviz-exact'>{kl:.5g}</b> "
+                "nats · N = {n:,} · k1 &lt; 0 for {frac_neg_mc:.1f} % of the samples (exact "
+                "{frac_neg_exact:.1f} %): wherever p(x) &gt; q(x).</div>",
+                kl=kl,
+                n=data["n"],
+                frac_neg_mc=100 * data["frac_neg_mc"],
+                frac_neg_exact=100 * data["frac_neg_exact"],
+            )
             + "".join(f"<div style='font-size:90%;color:{css('warn')}'>{n}</div>" for n in notes)
         )
 
@@ -280,7 +295,7 @@ class GaussianEstimatorsPanel(Panel):
 class TokenEstimatorsPanel(Panel):
     """Twelve tokens: q fixed, p moved; each token's k1, k2, k3, and exact moments by enumeration."""
 
-    title = "Lesson 02 (b): k1, k2, k3 on a token distribution (exact values by summing over the vocabulary)"
+    title = N_("Lesson 02 (b): k1, k2, k3 on a token distribution (exact values by summing over the vocabulary)")
     css_class = "klviz-lesson02-tokens"
 
     def __init__(self, seed: int = 0) -> None:
@@ -294,12 +309,12 @@ class TokenEstimatorsPanel(Panel):
             "num_samples": widgets.SelectionSlider(
                 options=list(_SAMPLE_COUNTS),
                 value=10_000,
-                description="tokens N",
+                description=tr("tokens N"),
                 style=_STYLE,
                 continuous_update=False,
             ),
             "seed": widgets.BoundedIntText(
-                value=self.seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+                value=self.seed, min=0, max=2**31 - 1, description=tr("seed"), layout=widgets.Layout(width="140px")
             ),
         }
 
@@ -308,11 +323,11 @@ class TokenEstimatorsPanel(Panel):
         x = np.arange(len(TOY_VOCAB))
         q = self.q_logp.exp().numpy()
         labels = [t.strip() for t in TOY_VOCAB]
-        ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label="sampler q")
-        self.bars_p = ax_pol.bar(x + 0.2, q, width=0.4, color=COLORS["p"], label="target p")
+        ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label=tr("sampler q"))
+        self.bars_p = ax_pol.bar(x + 0.2, q, width=0.4, color=COLORS["p"], label=tr("target p"))
         ax_pol.set_xticks(x, labels, rotation=45, ha="right")
-        ax_pol.set_ylabel("probability")
-        ax_pol.set_title('next token after "The cat sat on the"')
+        ax_pol.set_ylabel(tr("probability"))
+        ax_pol.set_title(tr('next token after "The cat sat on the"'))
         ax_pol.legend(loc="upper right")
         self.ax_pol = ax_pol
         self.est_bars = {}
@@ -320,11 +335,11 @@ class TokenEstimatorsPanel(Panel):
             self.est_bars[name] = ax_est.bar(
                 x + (j - 1) * 0.27, np.zeros(len(x)), width=0.27, color=COLORS[name], label=name
             )
-        self.kl_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.3, label="exact KL(q‖p)")
+        self.kl_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.3, label=tr("exact KL(q‖p)"))
         ax_est.axhline(0.0, color=COLORS["ink"], lw=0.6)
         ax_est.set_xticks(x, labels, rotation=45, ha="right")
-        ax_est.set_ylabel("value if this token is drawn  [nats]")
-        ax_est.set_title("each token's k1, k2, k3 (log r = log p − log q)")
+        ax_est.set_ylabel(tr("value if this token is drawn  [nats]"))
+        ax_est.set_title(tr("each token's k1, k2, k3 (log r = log p − log q)"))
         ax_est.legend(loc="upper left", ncols=2)
         self.ax_est = ax_est
         return fig
@@ -386,13 +401,18 @@ class TokenEstimatorsPanel(Panel):
         quieter = "k3" if s3 < s1 else "k1"
         top = data["max_abs_log_r"]
         why = (
-            "below 1 on every token q can draw, so k3 is the quieter one (lesson 02, section 3)"
+            tr("below 1 on every token q can draw, so k3 is the quieter one (lesson 02, section 3)")
             if top <= 1
-            else "above 1 on some token q can draw: closeness fails there, and either can be the quieter one"
+            else tr("above 1 on some token q can draw: closeness fails there, and either can be the quieter one")
         )
-        return (
-            f"<div style='font-size:90%'>Spread of one draw: k1 {s1:.4g}, k3 {s3:.4g}: <b>{quieter}</b> is the "
-            f"quieter here. Largest |log r| = {top:.2f}, {why}.</div>"
+        return tr(
+            "<div style='font-size:90%'>Spread of one draw: k1 {s1:.4g}, k3 {s3:.4g}: "
+            "<b>{quieter}</b> is the quieter here. Largest |log r| = {top:.2f}, {why}.</div>",
+            s1=s1,
+            s3=s3,
+            quieter=quieter,
+            top=top,
+            why=why,
         )
 
 
@@ -404,7 +424,7 @@ _N_FRAC = 20_000
 class ControlVariatePanel(Panel):
     """The family k1 + lambda (r - 1): every member is unbiased; its spread is a parabola in lambda."""
 
-    title = "Lesson 02 (c): the control-variate family k1 + λ (r − 1), q = N(0, 1), p = N(μ, σ²)"
+    title = N_("Lesson 02 (c): the control-variate family k1 + λ (r − 1), q = N(0, 1), p = N(μ, σ²)")
     css_class = "klviz-lesson02-lambda"
     _kept_z: tuple[tuple[int, int], torch.Tensor] | None = None  # see _kept_draws
 
@@ -417,14 +437,21 @@ class ControlVariatePanel(Panel):
 
     def make_figure(self) -> Figure:
         fig, (ax_v, ax_n) = panel_figure(9.6, 3.7, ncols=2)
-        (self.exact_curve,) = ax_v.plot(_LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["exact"], lw=2, label="exact")
+        (self.exact_curve,) = ax_v.plot(
+            _LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["exact"], lw=2, label=tr("exact")
+        )
         (self.mc_curve,) = ax_v.plot(
-            _LAMBDAS, np.ones_like(_LAMBDAS), color=COLORS["mu"], lw=1.2, ls="--", label="Monte Carlo (same samples)"
+            _LAMBDAS,
+            np.ones_like(_LAMBDAS),
+            color=COLORS["mu"],
+            lw=1.2,
+            ls="--",
+            label=tr("Monte Carlo (same samples)"),
         )
         (self.mark_k1,) = ax_v.plot([0], [1], "o", color=COLORS["k1"], ms=8, label="λ = 0: k1")
         (self.mark_k3,) = ax_v.plot([1], [1], "s", color=COLORS["k3"], ms=8, label="λ = 1: k3")
-        (self.mark_star,) = ax_v.plot([1], [1], "*", color=COLORS["ink"], ms=13, label="λ* exact")
-        self.mark_star_mc = ax_v.axvline(1.0, color=COLORS["mu"], lw=1, ls=":", label="λ* measured")
+        (self.mark_star,) = ax_v.plot([1], [1], "*", color=COLORS["ink"], ms=13, label=tr("λ* exact"))
+        self.mark_star_mc = ax_v.axvline(1.0, color=COLORS["mu"], lw=1, ls=":", label=tr("λ* measured"))
         self.note = ax_v.text(
             0.5,
             0.6,
@@ -437,21 +464,21 @@ class ControlVariatePanel(Panel):
             color=COLORS["warn"],
         )
         ax_v.set_xlabel("λ")
-        ax_v.set_ylabel("std / true KL of one sample")
-        ax_v.set_title("spread of k1 + λ (r − 1)")
+        ax_v.set_ylabel(tr("std / true KL of one sample"))
+        ax_v.set_title(tr("spread of k1 + λ (r − 1)"))
         ax_v.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
         fig.legend(handles=ax_v.get_legend_handles_labels()[0], loc="outside lower left", ncols=6)
         self.ax_v = ax_v
         (self.neg_line,) = ax_n.plot(
-            _LAMBDAS_NEG, np.zeros_like(_LAMBDAS_NEG), "o-", ms=3, color=COLORS["mu"], label="Monte Carlo"
+            _LAMBDAS_NEG, np.zeros_like(_LAMBDAS_NEG), "o-", ms=3, color=COLORS["mu"], label=tr("Monte Carlo")
         )
         (self.neg_exact,) = ax_n.plot(
-            [0, 1], [0.5, 0.0], "D", color=COLORS["exact"], ms=6, label="exact (λ = 0 and λ = 1)"
+            [0, 1], [0.5, 0.0], "D", color=COLORS["exact"], ms=6, label=tr("exact (λ = 0 and λ = 1)")
         )
         ax_n.axvline(1.0, color=COLORS["k3"], lw=0.8)
         ax_n.set_xlabel("λ")
-        ax_n.set_ylabel("fraction of samples < 0")
-        ax_n.set_title("how often k1 + λ (r − 1) is negative")
+        ax_n.set_ylabel(tr("fraction of samples < 0"))
+        ax_n.set_title(tr("how often k1 + λ (r − 1) is negative"))
         ax_n.set_xlim(_LAMBDAS[0], _LAMBDAS[-1])
         ax_n.set_ylim(-0.02, 1.0)
         ax_n.legend(loc="upper right")
@@ -500,27 +527,41 @@ class ControlVariatePanel(Panel):
         shown = np.concatenate([ex_std[finite], mc_std])
         top = float(np.percentile(shown, 90)) if shown.size else 1.0
         sticky_limits(self.ax_v, "y", 0, max(top, 1e-9) * 1.15)
-        self.ax_v.set_ylabel("std / true KL of one sample" if kl > 0 else "std of one sample (KL = 0)")
+        self.ax_v.set_ylabel(tr("std / true KL of one sample") if kl > 0 else tr("std of one sample (KL = 0)"))
         infinite = not math.isfinite(exact.var_r)
         self.note.set_text(
-            "exact variance is infinite for every λ ≠ 0:\nVar(r) diverges (see the note below)" if infinite else ""
+            tr("exact variance is infinite for every λ ≠ 0:\nVar(r) diverges (see the note below)") if infinite else ""
         )
         self.neg_line.set_ydata(data["frac_neg"])
         self.neg_exact.set_ydata([data["frac_neg_k1"], 0.0])
         std_at = {lbl: math.sqrt(exact.cv_variance(v)) * scale for lbl, v in (("0", 0.0), ("star", lam), ("1", 1.0))}
-        rel = "std/true" if kl > 0 else "std"
+        rel = tr("std/true") if kl > 0 else "std"
         note = (
             f"<div style='font-size:90%;color:{css('warn')}'>" + html.escape(exact.notes["k3"]) + "</div>"
             if infinite
             else ""
         )
         self.readout.value = (
-            _TABLE + f"<tr>{_TH}</th>{_TH}λ</th>{_TH}{rel} (exact)</th></tr>"
-            f"<tr>{_TD}k1</td>{_TD}0</td>{_cell(std_at['0'])}</tr>"
-            f"<tr>{_TD}<b>best</b></td><td class='klviz-lambda-star' style='padding-right:12px'>{lam:.4f} (exact) · "
-            f"{data['lambda_mc']:.4f} (measured)</td>{_cell(std_at['star'])}</tr>"
-            f"<tr>{_TD}k3</td>{_TD}1</td>{_cell(std_at['1'])}</tr></table>"
-            "<div style='font-size:90%'>λ* = (KL(q‖p) + KL(p‖q)) / χ²(p‖q) = −Cov(k1, r) / Var(r). "
-            "Only λ = 1 is never negative: −log r + λ (r − 1) &lt; 0 at r = 1/λ for every other λ &gt; 0. "
-            f"N = {data['n']:,} (fraction negative from the first {data['n_frac']:,}).</div>" + note
+            _TABLE
+            + tr(
+                "<tr>{th}</th>{th}λ</th>{th}{rel} "
+                "(exact)</th></tr><tr>{td}k1</td>{td}0</td>{cell}</tr><tr>{td}<b>best</b></td><td "
+                "class='klviz-lambda-star' style='padding-right:12px'>{lam:.4f} (exact) · "
+                "{lambda_mc:.4f} "
+                "(measured)</td>{cell2}</tr><tr>{td}k3</td>{td}1</td>{cell3}</tr></table><div "
+                "style='font-size:90%'>λ* = (KL(q‖p) + KL(p‖q)) / χ²(p‖q) = −Cov(k1, r) / Var(r). Only λ "
+                "= 1 is never negative: −log r + λ (r − 1) &lt; 0 at r = 1/λ for every other λ &gt; 0. N "
+                "= {n:,} (fraction negative from the first {n_frac:,}).</div>",
+                th=_TH,
+                rel=rel,
+                td=_TD,
+                cell=_cell(std_at["0"]),
+                lam=lam,
+                lambda_mc=data["lambda_mc"],
+                cell2=_cell(std_at["star"]),
+                cell3=_cell(std_at["1"]),
+                n=data["n"],
+                n_frac=data["n_frac"],
+            )
+            + note
         )

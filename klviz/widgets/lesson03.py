@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from ..estimators import k3
 from ..fdiv import GENERATORS, bregman_gap, f_second, f_value, generator, tangent_at_one
+from ..messages import N_, tr
 from ..palette import css
 from ..plotting import COLORS, panel_figure, sticky_limits
 from .base import Panel
@@ -40,13 +41,16 @@ _GRID_LOG = np.linspace(math.log(_R_MIN), math.log(_R_MAX), 400)
 class BregmanPanel(Panel):
     """Drag r along the curve of f: the tangent at 1, the gap, and its value as an estimator."""
 
-    title = "Bregman view: the estimator is the gap between f and its tangent at r = 1"
+    title = N_("Bregman view: the estimator is the gap between f and its tangent at r = 1")
     css_class = "klviz-bregman"
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
             "f": widgets.ToggleButtons(
-                options=list(F_CHOICES), value="-log t", description="f(t)", style={"button_width": "165px"}
+                options=list(F_CHOICES),
+                value="-log t",
+                description="f(t)",
+                style={"button_width": "165px"},
             ),
             "r": widgets.FloatLogSlider(
                 value=2.5,
@@ -68,23 +72,25 @@ class BregmanPanel(Panel):
     def make_figure(self) -> Figure:
         fig, (ax_f, ax_g) = panel_figure(8.4, 3.6, ncols=2)
         (self.curve,) = ax_f.plot([], [], color=COLORS["k3"], lw=2.0, label="f(t)")
-        (self.tangent,) = ax_f.plot([], [], color=COLORS["exact"], ls="--", lw=1.2, label="tangent at t = 1")
-        (self.gap_line,) = ax_f.plot([], [], color=COLORS["mu"], lw=3.0, solid_capstyle="butt", label="gap = estimator")
+        (self.tangent,) = ax_f.plot([], [], color=COLORS["exact"], ls="--", lw=1.2, label=tr("tangent at t = 1"))
+        (self.gap_line,) = ax_f.plot(
+            [], [], color=COLORS["mu"], lw=3.0, solid_capstyle="butt", label=tr("gap = estimator")
+        )
         (self.point,) = ax_f.plot([], [], "o", color=COLORS["mu"], ms=6)
         (self.one,) = ax_f.plot([1.0], [0.0], "o", color=COLORS["exact"], ms=5)
         ax_f.axhline(0, color=COLORS["ink"], lw=0.6)
-        ax_f.set_xlabel("t  (a ratio p/q)")
+        ax_f.set_xlabel(tr("t  (a ratio p/q)"))
         ax_f.set_ylabel("f(t)")
         ax_f.legend(loc="upper center", fontsize=8)
         self.ax_f = ax_f
 
         grid = np.exp(_GRID_LOG)
-        self.shade = ax_g.axvspan(math.e, _R_MAX, color=COLORS["mu"], alpha=0.08, lw=0, label="f'' < 0: not convex")
+        self.shade = ax_g.axvspan(math.e, _R_MAX, color=COLORS["mu"], alpha=0.08, lw=0, label=tr("f'' < 0: not convex"))
         (self.est_curve,) = ax_g.plot(
             grid, np.zeros_like(grid), color=COLORS["k3"], lw=2.0, label="f(r) − f′(1)(r − 1)"
         )
         (self.naive_curve,) = ax_g.plot(
-            grid, np.zeros_like(grid), color=COLORS["q"], lw=1.2, ls=":", label="f(r) alone (same mean)"
+            grid, np.zeros_like(grid), color=COLORS["q"], lw=1.2, ls=":", label=tr("f(r) alone (same mean)")
         )
         (self.est_point,) = ax_g.plot([], [], "o", color=COLORS["mu"], ms=6)
         ax_g.axhline(0, color=COLORS["ink"], lw=0.6)
@@ -92,9 +98,9 @@ class BregmanPanel(Panel):
         ax_g.set_xscale("log")
         ax_g.minorticks_off()
         ax_g.set_xlim(_R_MIN, _R_MAX)
-        ax_g.set_xlabel("r = p(x)/q(x)  (log scale)")
-        ax_g.set_ylabel("one sample's estimate")
-        ax_g.set_title("the estimator for every r")
+        ax_g.set_xlabel(tr("r = p(x)/q(x)  (log scale)"))
+        ax_g.set_ylabel(tr("one sample's estimate"))
+        ax_g.set_title(tr("the estimator for every r"))
         ax_g.legend(loc="upper center", fontsize=8)
         self.ax_g = ax_g
         self._legend_f: str | None = None
@@ -135,20 +141,20 @@ class BregmanPanel(Panel):
 
     def draw(self, data: dict[str, Any]) -> None:
         gen = GENERATORS[data["f"]]
-        r, fr, tr, gap = data["r"], data["f_r"], data["tangent_r"], data["gap"]
+        r, fr, tan_r, gap = data["r"], data["f_r"], data["tangent_r"], data["gap"]
         t, curve, tangent = data["t"], data["curve"], data["tangent"]
         self.curve.set_data(t, curve)
         self.tangent.set_data(t, tangent)
-        self.gap_line.set_data([r, r], [tr, fr])
+        self.gap_line.set_data([r, r], [tan_r, fr])
         self.point.set_data([r], [fr])
         sticky_limits(self.ax_f, "x", 0, data["t_max"])
         # y range: the curve where it is visible, both ends of the gap, and a little room for the legend
         visible = t >= min(0.15, r)
-        ys = np.concatenate([curve[visible], tangent[visible], [fr, tr, 0.0]])
+        ys = np.concatenate([curve[visible], tangent[visible], [fr, tan_r, 0.0]])
         lo, hi = float(np.min(ys)), float(np.max(ys))
         pad = 0.08 * (hi - lo) if hi > lo else 0.5
         sticky_limits(self.ax_f, "y", lo - pad, hi + 0.45 * (hi - lo) + pad)
-        self.ax_f.set_title(f"f(t) = {gen.formula}: gap at r = {r:.3g} is {gap:.3g}")
+        self.ax_f.set_title(tr("f(t) = {formula}: gap at r = {r:.3g} is {gap:.3g}", formula=gen.formula, r=r, gap=gap))
 
         est, naive = data["estimator"], data["naive"]
         self.est_curve.set_ydata(est)
@@ -159,8 +165,8 @@ class BregmanPanel(Panel):
         if gen.name != self._legend_f:  # legends list only what is shown: one pair per f
             self.curve.set_label(f"f(t) = {gen.formula}")
             self.show_legend(self.ax_f, gen.name, loc="upper center", fontsize=8)
-            self.shade.set_label("_f'' < 0" if gen.convex else "f'' < 0: not convex")
-            self.naive_curve.set_label("_f(r) alone" if gen.df1 == 0 else "f(r) alone (same mean, can be < 0)")
+            self.shade.set_label("_f'' < 0" if gen.convex else tr("f'' < 0: not convex"))
+            self.naive_curve.set_label("_f(r) alone" if gen.df1 == 0 else tr("f(r) alone (same mean, can be < 0)"))
             self.show_legend(self.ax_g, gen.name, loc="upper center", fontsize=8)
             self._legend_f = gen.name
         # y range: the curves up to a little beyond the current r (the far right may run off the top)
@@ -170,23 +176,37 @@ class BregmanPanel(Panel):
         sticky_limits(self.ax_g, "y", lo - 0.05 * (hi - lo), hi + 0.35 * (hi - lo))
 
         what = {
-            "-log t": f"= k3 = (r − 1) − log r, one sample's estimate of KL(q‖p) (klviz.k3 gives "
-            f"<span class='klviz-k3'>{data['k3']:.6g}</span>)",
-            "t log t": "= r log r − (r − 1), one sample's estimate of KL(p‖q), from q's samples",
-            "k2": "= k2 = ½ (log r)²: f′(1) = 0, the tangent is flat and the gap is f itself",
-            "chi2": "= (r − 1)²: f′(1) = 0, already non-negative",
-            "hellinger": "= (√r − 1)²: f′(1) = 0, already non-negative",
+            "-log t": tr(
+                "= k3 = (r − 1) − log r, one sample's estimate of KL(q‖p) (klviz.k3 gives <span "
+                "class='klviz-k3'>{k3:.6g}</span>)",
+                k3=data["k3"],
+            ),
+            "t log t": tr("= r log r − (r − 1), one sample's estimate of KL(p‖q), from q's samples"),
+            "k2": tr("= k2 = ½ (log r)²: f′(1) = 0, the tangent is flat and the gap is f itself"),
+            "chi2": tr("= (r − 1)²: f′(1) = 0, already non-negative"),
+            "hellinger": tr("= (√r − 1)²: f′(1) = 0, already non-negative"),
         }[gen.name]
         convex_note = (
             ""
             if data["curvature"] >= 0
-            else f"<br><b style='color:{css('bad')}'>f″(r) = {data['curvature']:.3g} &lt; 0:</b> at r &gt; e "
-            "½(log t)² bends the wrong way, so E<sub>q</sub>[k2] is not an f-divergence."
+            else tr(
+                "<br><b style='color:{css}'>f″(r) = {curvature:.3g} &lt; 0:</b> at r &gt; e ½(log t)² "
+                "bends the wrong way, so E<sub>q</sub>[k2] is not an f-divergence.",
+                css=css("bad"),
+                curvature=data["curvature"],
+            )
         )
-        self.readout.value = (
-            f"<div style='font-size:92%'>r = <b>{r:.4g}</b> (log r = {data['log_r']:+.3f}) · "
-            f"f(r) = {fr:.4g} · tangent f′(1)(r − 1) = {tr:.4g} · "
-            f"<b>gap</b> f(r) − f′(1)(r − 1) = <b class='klviz-gap'>{gap:.6g}</b> {what}. "
-            f"Its mean under q is E<sub>q</sub>[f(r)] = {html.escape(gen.divergence)}, because "
-            f"E<sub>q</sub>[r − 1] = 0.{convex_note}</div>"
+        self.readout.value = tr(
+            "<div style='font-size:92%'>r = <b>{r:.4g}</b> (log r = {log_r:+.3f}) · f(r) = {fr:.4g} "
+            "· tangent f′(1)(r − 1) = {tan_r:.4g} · <b>gap</b> f(r) − f′(1)(r − 1) = <b "
+            "class='klviz-gap'>{gap:.6g}</b> {what}. Its mean under q is E<sub>q</sub>[f(r)] = "
+            "{divergence}, because E<sub>q</sub>[r − 1] = 0.{convex_note}</div>",
+            r=r,
+            log_r=data["log_r"],
+            fr=fr,
+            tan_r=tan_r,
+            gap=gap,
+            what=what,
+            divergence=html.escape(gen.divergence),
+            convex_note=convex_note,
         )

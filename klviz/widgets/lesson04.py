@@ -18,6 +18,7 @@ from .. import lm
 from ..devices import single_thread
 from ..divergences import exact_kl
 from ..estimators import k1, k2, k3, masked_mean
+from ..messages import N_, tr
 from ..palette import css, text_on
 from ..plotting import COLORS, panel_figure, snapped_limits, sticky_limits
 from .base import Panel
@@ -25,10 +26,10 @@ from .base import Panel
 __all__ = ["WorkedTokensPanel"]
 
 _QUANTITIES = {
-    "k1": "k1 = −log r (this token's log π_old − log π_θ)",
-    "k2": "k2 = ½(log r)² (MiniMind's approx_kl per token)",
-    "k3": "k3 = (r − 1) − log r",
-    "exact": "exact KL(π_old‖π_θ) at this position (Σ over the vocabulary)",
+    "k1": N_("k1 = −log r (this token's log π_old − log π_θ)"),
+    "k2": N_("k2 = ½(log r)² (MiniMind's approx_kl per token)"),
+    "k3": N_("k3 = (r − 1) − log r"),
+    "exact": N_("exact KL(π_old‖π_θ) at this position (Σ over the vocabulary)"),
 }
 
 
@@ -46,7 +47,7 @@ class WorkedTokensPanel(Panel):
     its numbers.
     """
 
-    title = "Lesson 04: one response, token by token, while π_θ drifts from π_old"
+    title = N_("Lesson 04: one response, token by token, while π_θ drifts from π_old")
     css_class = "klviz-lesson04"
 
     def __init__(self, device: str | torch.device | None = None) -> None:
@@ -114,20 +115,20 @@ class WorkedTokensPanel(Panel):
                 min=0,
                 max=self.num_steps,
                 step=1,
-                description="update step",
+                description=tr("update step"),
                 style=style,
                 continuous_update=True,
             ),
             "color_by": widgets.ToggleButtons(
                 options=[("k1", "k1"), ("k2", "k2"), ("k3", "k3"), ("exact", "exact")],
                 value="k2",
-                description="colour by",
+                description=tr("colour by"),
                 style={"button_width": "72px"},
                 tooltips=[
-                    "k1 = −log r (signed)",
-                    "k2 = ½(log r)², MiniMind's approx_kl",
+                    tr("k1 = −log r (signed)"),
+                    tr("k2 = ½(log r)², MiniMind's approx_kl"),
                     "k3 = (r − 1) − log r",
-                    "exact KL(π_old‖π_θ) at the position",
+                    tr("exact KL(π_old‖π_θ) at the position"),
                 ],
             ),
             "row": widgets.IntSlider(
@@ -135,7 +136,7 @@ class WorkedTokensPanel(Panel):
                 min=0,
                 max=self.rollouts.batch_size - 1,
                 step=1,
-                description="response #",
+                description=tr("response #"),
                 style=style,
                 continuous_update=True,
             ),
@@ -158,10 +159,10 @@ class WorkedTokensPanel(Panel):
         fig, (ax_c, ax_t) = panel_figure(8.4, 3.3, ncols=2, gridspec_kw={"width_ratios": [1, 1.35]})
         steps = np.arange(self.num_steps + 1)
         names = {
-            "k2": "approx_kl: ½Δ² (MiniMind, TRL)",
-            "k1": "ppo_kl: k1 (verl)",
-            "k3": "k3 (CleanRL, SB3)",
-            "exact": "exact KL(π_old‖π_θ)",
+            "k2": tr("approx_kl: ½Δ² (MiniMind, TRL)"),
+            "k1": tr("ppo_kl: k1 (verl)"),
+            "k3": tr("k3 (CleanRL, SB3)"),
+            "exact": tr("exact KL(π_old‖π_θ)"),
         }
         for q in ("k2", "k1", "k3", "exact"):
             ax_c.plot(
@@ -174,12 +175,14 @@ class WorkedTokensPanel(Panel):
                 ls="--" if q == "exact" else "-",
                 label=names[q],
             )
-        self.thr_line = ax_c.axhline(0.25, color=COLORS["bad"], lw=1.2, ls=":", label="early-stop threshold")
+        self.thr_line = ax_c.axhline(0.25, color=COLORS["bad"], lw=1.2, ls=":", label=tr("early-stop threshold"))
         self.step_line = ax_c.axvline(0, color=COLORS["muted"], lw=1.0)
-        (self.stop_marker,) = ax_c.plot([], [], "X", color=COLORS["bad"], ms=10, zorder=5, label="MiniMind stops here")
-        ax_c.set_xlabel("update step on the rollout batch")
-        ax_c.set_ylabel("token mean over the batch [nats]")
-        ax_c.set_title("π_θ drifts from π_old: batch averages")
+        (self.stop_marker,) = ax_c.plot(
+            [], [], "X", color=COLORS["bad"], ms=10, zorder=5, label=tr("MiniMind stops here")
+        )
+        ax_c.set_xlabel(tr("update step on the rollout batch"))
+        ax_c.set_ylabel(tr("token mean over the batch [nats]"))
+        ax_c.set_title(tr("π_θ drifts from π_old: batch averages"))
         ax_c.set_xticks(steps)
         ax_c.legend(loc="upper left", fontsize=7.5)
         self.ax_c = ax_c
@@ -195,12 +198,12 @@ class WorkedTokensPanel(Panel):
                 ms=2.5,
                 color=COLORS[q],
                 lw=1.3 if q != "exact" else 1.8,
-                label={"k1": "k1", "k2": "k2 = ½Δ²", "k3": "k3", "exact": "exact KL"}[q],
+                label={"k1": "k1", "k2": "k2 = ½Δ²", "k3": "k3", "exact": tr("exact KL")}[q],
             )
         ax_t.axhline(0, color=COLORS["ink"], lw=0.6)
-        ax_t.set_xlabel("position in the response (the token strip below, left to right)")
+        ax_t.set_xlabel(tr("position in the response (the token strip below, left to right)"))
         ax_t.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax_t.set_ylabel("per-token value [nats]")
+        ax_t.set_ylabel(tr("per-token value [nats]"))
         ax_t.legend(loc="upper right", ncol=4, fontsize=7.5)
         self.ax_t = ax_t
         return fig
@@ -257,7 +260,7 @@ class WorkedTokensPanel(Panel):
             line.set_ydata(y)
         self.ax_t.set_ylim(*self.token_limits[data["row"]])
         self.ax_t.set_xlim(-0.5, max(n, 2) - 0.5)
-        self.ax_t.set_title(f"response #{data['row']} at step {s}: per-token values", fontsize=10)
+        self.ax_t.set_title(tr("response #{row} at step {s}: per-token values", row=data["row"], s=s), fontsize=10)
         self.readout.value = self._strip_html(data) + self._summary_html(data)
 
     # -- HTML ---------------------------------------------------------------------------------------
@@ -278,9 +281,17 @@ class WorkedTokensPanel(Panel):
         colours = self._colour(q, pt[q])
         spans = []
         for i, tok in enumerate(data["tokens"]):
-            tip = (
-                f"token {i} {tok!r}: log π_old {data['old_logprob'][i]:.3f}, log π_θ {data['new_logprob'][i]:.3f}; "
-                f"k1 {pt['k1'][i]:+.4f}, k2 {pt['k2'][i]:.4f}, k3 {pt['k3'][i]:.4f}, exact {pt['exact'][i]:.4f}"
+            tip = tr(
+                "token {i} {tok!r}: log π_old {old_logprob:.3f}, log π_θ {new_logprob:.3f}; k1 "
+                "{k1:+.4f}, k2 {k2:.4f}, k3 {k3:.4f}, exact {exact:.4f}",
+                i=i,
+                tok=tok,
+                old_logprob=data["old_logprob"][i],
+                new_logprob=data["new_logprob"][i],
+                k1=pt["k1"][i],
+                k2=pt["k2"][i],
+                k3=pt["k3"][i],
+                exact=pt["exact"][i],
             )
             spans.append(
                 f"<span class='klviz-token' title='{html.escape(tip, quote=True)}' "
@@ -288,39 +299,66 @@ class WorkedTokensPanel(Panel):
                 f"border-radius:3px;"
                 f"font-family:monospace;font-size:15px'>{html.escape(tok)}</span>"
             )
-        return (
-            f"<div class='klviz-strip' style='margin:4px 0;line-height:2'>"
-            f"<span style='color:{css('muted')};font-family:monospace;font-size:15px'>"
-            f"{html.escape(data['prompt'])}</span>"
-            f"{''.join(spans)}</div>"
-            f"<div style='font-size:85%;color:{css('muted')}'>colour: {html.escape(_QUANTITIES[q])}"
-            f"{' (blue: π_θ likes the token more than π_old, red: less)' if q == 'k1' else ''}; "
-            "hover a token for all its numbers.</div>"
+        return tr(
+            "<div class='klviz-strip' style='margin:4px 0;line-height:2'><span "
+            "style='color:{css};font-family:monospace;font-size:15px'>{prompt}</span>{join}</div><div "
+            "style='font-size:85%;color:{css}'>colour: {quantities}{v}; hover a token for all its "
+            "numbers.</div>",
+            css=css("muted"),
+            prompt=html.escape(data["prompt"]),
+            join="".join(spans),
+            quantities=html.escape(tr(_QUANTITIES[q])),
+            v=tr(" (blue: π_θ likes the token more than π_old, red: less)") if q == "k1" else "",
         )
 
     def _summary_html(self, data: dict[str, Any]) -> str:
         stop = data["stop_step"]
         if stop is None:
-            verdict = f"approx_kl never exceeds {data['threshold']:.2f} within {self.num_steps} steps: no early stop."
+            verdict = tr(
+                "approx_kl never exceeds {threshold:.2f} within {num_steps} steps: no early stop.",
+                threshold=data["threshold"],
+                num_steps=self.num_steps,
+            )
         elif data["stopped"]:
-            verdict = (
-                f"<b style='color:{css('bad')}'>stopped</b>: approx_kl first exceeded {data['threshold']:.2f} at step "
-                f"{stop}; MiniMind zeroes the loss from there on for this batch."
+            verdict = tr(
+                "<b style='color:{css}'>stopped</b>: approx_kl first exceeded {threshold:.2f} at step "
+                "{stop}; MiniMind zeroes the loss from there on for this batch.",
+                css=css("bad"),
+                threshold=data["threshold"],
+                stop=stop,
             )
         else:
-            verdict = f"still updating; approx_kl will first exceed {data['threshold']:.2f} at step {stop}."
+            verdict = tr(
+                "still updating; approx_kl will first exceed {threshold:.2f} at step {stop}.",
+                threshold=data["threshold"],
+                stop=stop,
+            )
         rm = data["row_means"]
         return (
-            "<style>.klviz-lesson04 .klviz-table td, .klviz-lesson04 .klviz-table th {padding:1px 10px;"
-            "text-align:right} .klviz-lesson04 .klviz-table td:first-child {text-align:left}</style>"
-            "<table class='klviz-table' style='font-size:90%;border-collapse:collapse;margin-top:4px'>"
-            "<tr><th style='text-align:left'>step "
+            tr(
+                "<style>.klviz-lesson04 .klviz-table td, .klviz-lesson04 .klviz-table th {padding:1px 10px;"
+                "text-align:right} .klviz-lesson04 .klviz-table td:first-child {text-align:left}</style>"
+                "<table class='klviz-table' style='font-size:90%;border-collapse:collapse;margin-top:4px'>"
+                "<tr><th style='text-align:left'>step "
+            )
             + str(data["step"])
-            + "</th><th>approx_kl ½Δ²</th><th>ppo_kl k1</th>"
-            "<th>k3</th><th>exact KL(π_old‖π_θ)</th></tr>"
-            f"<tr><td>batch token mean</td><td class='klviz-approx-kl'>{data['approx_kl']:.4f}</td>"
-            f"<td>{data['ppo_kl']:+.4f}</td><td>{data['k3_mean']:.4f}</td><td>{data['exact_mean']:.4f}</td></tr>"
-            f"<tr><td>this response ({data['n']} tokens)</td><td>{rm['k2']:.4f}</td><td>{rm['k1']:+.4f}</td>"
-            f"<td>{rm['k3']:.4f}</td><td>{rm['exact']:.4f}</td></tr></table>"
-            f"<div style='font-size:90%'>{verdict}</div>"
+            + tr(
+                "</th><th>approx_kl ½Δ²</th><th>ppo_kl k1</th><th>k3</th><th>exact "
+                "KL(π_old‖π_θ)</th></tr><tr><td>batch token mean</td><td "
+                "class='klviz-approx-kl'>{approx_kl:.4f}</td><td>{ppo_kl:+.4f}</td><td>{k3_mean:.4f}</td>"
+                "<td>{exact_mean:.4f}</td></tr><tr><td>this "
+                "response ({n} "
+                "tokens)</td><td>{k2:.4f}</td><td>{k1:+.4f}</td><td>{k3:.4f}</td><td>{exact:.4f}</td></tr></table><div "
+                "style='font-size:90%'>{verdict}</div>",
+                approx_kl=data["approx_kl"],
+                ppo_kl=data["ppo_kl"],
+                k3_mean=data["k3_mean"],
+                exact_mean=data["exact_mean"],
+                n=data["n"],
+                k2=rm["k2"],
+                k1=rm["k1"],
+                k3=rm["k3"],
+                exact=rm["exact"],
+                verdict=verdict,
+            )
         )

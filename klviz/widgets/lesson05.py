@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from ..bandit import BETA_GRID, REF_PROBS, REWARDS, THREE_TOKENS, bandit_solutions, bandit_table, tv_distance
 from ..divergences import categorical_kl
+from ..messages import N_, tr
 from ..palette import css
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..simplex import (
@@ -48,7 +49,9 @@ _CORNERS = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, np.sqrt(3) / 2]])
 def _draw_triangle(ax: Any) -> None:
     ax.plot(*np.vstack([_CORNERS, _CORNERS[:1]]).T, color=COLORS["ink"], lw=1.0)
     for (x, y), name, (dx, dy) in zip(_CORNERS, THREE_TOKENS, ((-0.03, -0.06), (0.03, -0.06), (0.0, 0.03))):
-        ax.annotate(f"all on '{name.strip()}'", (x, y), xytext=(x + dx, y + dy), ha="center", fontsize=8.5)
+        ax.annotate(
+            tr("all on '{strip}'", strip=name.strip()), (x, y), xytext=(x + dx, y + dy), ha="center", fontsize=8.5
+        )
     ax.set_xlim(-0.12, 1.12)
     ax.set_ylim(-0.1, 0.95)
     ax.set_aspect("equal")
@@ -70,7 +73,7 @@ def _fields(resolution: int, ref: tuple[float, ...]) -> tuple[np.ndarray, dict[s
 class SimplexFlowPanel(Panel):
     """Expected-gradient field and descent paths of one KL choice on the 3-token simplex."""
 
-    title = "Where does each KL choice push the policy? (three tokens, no reward)"
+    title = N_("Where does each KL choice push the policy? (three tokens, no reward)")
     css_class = "klviz-simplex-flow"
 
     def __init__(self, device: str | torch.device | None = None, lr: float = 0.3) -> None:
@@ -85,9 +88,9 @@ class SimplexFlowPanel(Panel):
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         controls: dict[str, widgets.ValueWidget] = {
             "flow": widgets.Dropdown(
-                options=list(CHOICES),
+                options=[(tr(choice), choice) for choice in CHOICES],
                 value="k3 in loss",
-                description="KL choice",
+                description=tr("KL choice"),
                 style=_STYLE,
                 layout=widgets.Layout(width="240px"),
             ),
@@ -97,7 +100,7 @@ class SimplexFlowPanel(Panel):
                 max=0.98,
                 step=0.01,
                 style=_STYLE,
-                description="start π(mat)",
+                description=tr("start π(mat)"),
                 continuous_update=False,
             ),
             "start_sofa": widgets.FloatSlider(
@@ -106,11 +109,11 @@ class SimplexFlowPanel(Panel):
                 max=0.98,
                 step=0.01,
                 style=_STYLE,
-                description="start π(sofa)",
+                description=tr("start π(sofa)"),
                 continuous_update=False,
             ),
             "steps": widgets.IntSlider(
-                value=60, min=5, max=400, step=5, description="descent steps", style=_STYLE, continuous_update=False
+                value=60, min=5, max=400, step=5, description=tr("descent steps"), style=_STYLE, continuous_update=False
             ),
         }
         mat, sofa = controls["start_mat"], controls["start_sofa"]
@@ -168,14 +171,14 @@ class SimplexFlowPanel(Panel):
         ref_xy = to_xy(self.ref).numpy()
         ax.plot(ref_xy[0], ref_xy[1], "*", color=COLORS["p"], ms=14, mec=COLORS["ink"])
         self.ax = ax  # the key of this plot is HTML under the figure: legends are slow to redraw
-        ax.set_title("expected-gradient field (arrows) and descent paths", fontsize=9.5)
+        ax.set_title(tr("expected-gradient field (arrows) and descent paths"), fontsize=9.5)
 
-        (self.kl_rev,) = ax_kl.plot([], [], ":", color=CHOICE_COLORS["reverse KL"], lw=2.2, label="reverse-KL path")
-        (self.kl_fwd,) = ax_kl.plot([], [], ":", color=CHOICE_COLORS["forward KL"], lw=2.2, label="forward-KL path")
-        (self.kl_sel,) = ax_kl.plot([], [], "-", lw=2.0, label="selected choice")
-        ax_kl.set_xlabel("gradient-descent step t")
+        (self.kl_rev,) = ax_kl.plot([], [], ":", color=CHOICE_COLORS["reverse KL"], lw=2.2, label=tr("reverse-KL path"))
+        (self.kl_fwd,) = ax_kl.plot([], [], ":", color=CHOICE_COLORS["forward KL"], lw=2.2, label=tr("forward-KL path"))
+        (self.kl_sel,) = ax_kl.plot([], [], "-", lw=2.0, label=tr("selected choice"))
+        ax_kl.set_xlabel(tr("gradient-descent step t"))
         ax_kl.set_ylabel("KL(π_t ‖ π_ref)  [nats]")
-        ax_kl.set_title("the KL a penalty is meant to shrink")
+        ax_kl.set_title(tr("the KL a penalty is meant to shrink"))
         self.legend_kl = ax_kl.legend(loc="upper right")
         self.ax_kl = ax_kl
         return fig
@@ -224,25 +227,39 @@ class SimplexFlowPanel(Panel):
         self.ax_kl.set_xlim(0, data["steps"])
         top = max(float(np.max(v)) for v in data["kl"].values())
         sticky_limits(self.ax_kl, "y", 0, 1.08 * top if top > 0 else 1.0)
-        self.legend_kl.texts[2].set_text(flow)
+        self.legend_kl.texts[2].set_text(tr(flow))
         handle = self.legend_kl.legend_handles[2]
         handle.set_color(CHOICE_COLORS[flow])
         handle.set_linestyle(CHOICE_STYLES[flow])
         end, start = data["end"], data["start"]
         kl_end = float(data["kl"][flow][-1])
         kl_rev_end = float(data["kl"]["reverse KL"][-1])
-        self.readout.value = (
-            f"<div style='font-size:85%;color:{css('muted')}'>Key: arrows = how π moves under one descent step of "
-            f"<b style='color:{CHOICE_COLORS.css(flow)}'>{html.escape(flow)}</b> (expected gradient); "
-            f"<span style='color:{css('ink')}'>⋯ dark</span> true reverse-KL path; "
-            f"<span style='color:{css('forward')}'>⋯ red</span> "
-            f"true forward-KL path; ● start; ○ end; <span style='color:{css('p')}'>★</span> π_ref.</div>"
-            f"<div style='font-size:90%'><b style='color:{CHOICE_COLORS.css(flow)}'>{html.escape(flow)}</b>: "
-            f"start π = (<span class='klviz-start'>{start[0]:.2f}, {start[1]:.2f}, {start[2]:.2f}</span>) "
-            f"→ after {data['steps']} steps "
-            f"π = (<span class='klviz-end'>{end[0]:.3f}, {end[1]:.3f}, {end[2]:.3f}</span>); "
-            f"KL(π‖π_ref) = <b>{kl_end:.4f}</b> (the true reverse-KL gradient reaches {kl_rev_end:.4f}; "
-            f"start {float(data['kl'][flow][0]):.4f}).</div>"
+        self.readout.value = tr(
+            "<div style='font-size:85%;color:{css}'>Key: arrows = how π moves under one descent step "
+            "of <b style='color:{css2}'>{flow}</b> (expected gradient); <span style='color:{css3}'>⋯ "
+            "dark</span> true reverse-KL path; <span style='color:{css4}'>⋯ red</span> true "
+            "forward-KL path; ● start; ○ end; <span style='color:{css5}'>★</span> π_ref.</div><div "
+            "style='font-size:90%'><b style='color:{css2}'>{flow}</b>: start π = (<span "
+            "class='klviz-start'>{start_0:.2f}, {start_1:.2f}, {start_2:.2f}</span>) → after {steps} "
+            "steps π = (<span class='klviz-end'>{end_0:.3f}, {end_1:.3f}, {end_2:.3f}</span>); "
+            "KL(π‖π_ref) = <b>{kl_end:.4f}</b> (the true reverse-KL gradient reaches "
+            "{kl_rev_end:.4f}; start {kl_0:.4f}).</div>",
+            css=css("muted"),
+            css2=CHOICE_COLORS.css(flow),
+            flow=html.escape(tr(flow)),
+            css3=css("ink"),
+            css4=css("forward"),
+            css5=css("p"),
+            start_0=start[0],
+            start_1=start[1],
+            start_2=start[2],
+            steps=data["steps"],
+            end_0=end[0],
+            end_1=end[1],
+            end_2=end[2],
+            kl_end=kl_end,
+            kl_rev_end=kl_rev_end,
+            kl_0=float(data["kl"][flow][0]),
         )
 
 
@@ -258,6 +275,22 @@ def _paths(start: tuple[float, ...], flow: str, steps: int, lr: float) -> dict[s
     )
 
 
+#: The labels of the choices (:data:`klviz.simplex.ALL_FLOWS`) as the catalogue has them: shown as ``tr(label)``.
+_CHOICE_LABELS = (
+    N_("k1 in loss"),
+    N_("k2 in loss"),
+    N_("k3 in loss"),
+    N_("k1 in reward"),
+    N_("k2 in reward"),
+    N_("k3 in reward"),
+    N_("k3·ρ in loss"),
+    N_("k3+ in loss"),
+    N_("reverse KL"),
+    N_("forward KL"),
+    N_("none"),
+    N_("k1 in reward = k2 in loss = k3·ρ = k3+"),
+)
+
 #: Choices that share one expected gradient are drawn as one curve in the bandit panel.
 _GROUPS: dict[str, tuple[str, ...]] = {
     "k1 in reward = k2 in loss = k3·ρ = k3+": ("k1 in reward", "k2 in loss", "k3·ρ in loss", "k3+ in loss"),
@@ -271,7 +304,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
 class BanditPanel(Panel):
     """The KL-regularised bandit on three tokens: fixed point of each choice vs the analytic optimum."""
 
-    title = "KL-regularised bandit: max E[R] − β·KL, where does each choice end?"
+    title = N_("KL-regularised bandit: max E[R] − β·KL, where does each choice end?")
     css_class = "klviz-bandit"
 
     def __init__(self, device: str | torch.device | None = None) -> None:
@@ -284,9 +317,9 @@ class BanditPanel(Panel):
                 options=list(BETA_GRID), value=BETA_GRID[12], description="β", style=_STYLE, continuous_update=True
             ),
             "flow": widgets.Dropdown(
-                options=list(CHOICES),
+                options=[(tr(choice), choice) for choice in CHOICES],
                 value="k3 in loss",
-                description="highlight",
+                description=tr("highlight"),
                 style=_STYLE,
                 layout=widgets.Layout(width="240px"),
             ),
@@ -306,7 +339,10 @@ class BanditPanel(Panel):
         self.points = {flow: ax.plot([], [], "o", color=CHOICE_COLORS[flow], ms=5)[0] for flow in CHOICES}
         (self.sel,) = ax.plot([], [], "o", ms=11, mfc="none", mew=2.2)
         # the key of the triangle is HTML under the figure (legends are the slowest part of a redraw)
-        ax.set_title(f"rewards R = {REWARDS} for ({', '.join(t.strip() for t in THREE_TOKENS)})", fontsize=9)
+        ax.set_title(
+            tr("rewards R = {rewards} for ({join})", rewards=REWARDS, join=", ".join(t.strip() for t in THREE_TOKENS)),
+            fontsize=9,
+        )
         self.ax = ax
 
         betas = np.array(BETA_GRID)
@@ -320,14 +356,14 @@ class BanditPanel(Panel):
                 CHOICE_STYLES[flow],
                 color=CHOICE_COLORS[flow] if len(members) == 1 else COLORS["ink"],
                 lw=1.8,
-                label=label,
+                label=tr(label),
             )
         self.beta_line = ax_tv.axvline(betas[12], color=COLORS["q"], lw=1)
         ax_tv.set_xscale("log")
         ax_tv.set_ylim(-0.02, 1.0)
-        ax_tv.set_xlabel("KL coefficient β")
-        ax_tv.set_ylabel("TV distance to π*  (½ Σ|π − π*|)")
-        ax_tv.set_title("how far each fixed point is from the optimum")
+        ax_tv.set_xlabel(tr("KL coefficient β"))
+        ax_tv.set_ylabel(tr("TV distance to π*  (½ Σ|π − π*|)"))
+        ax_tv.set_title(tr("how far each fixed point is from the optimum"))
         ax_tv.legend(loc="upper right", fontsize=7.5)
         self.ax_tv = ax_tv
         return fig
@@ -359,21 +395,27 @@ class BanditPanel(Panel):
         shade = f" style='outline:2px solid {css('muted')};outline-offset:-1px'"  # tinting would cost contrast
         body = "".join(
             f"<tr{shade if f == data['flow'] else ''}>"
-            f"<td style='color:{CHOICE_COLORS.css(f)}'><b>{html.escape(f)}</b></td>"
+            f"<td style='color:{CHOICE_COLORS.css(f)}'><b>{html.escape(tr(f))}</b></td>"
             f"<td>({r['policy'][0]:.3f}, {r['policy'][1]:.3f}, {r['policy'][2]:.3f})</td>"
             f"<td>{r['tv_to_optimum']:.3f}</td><td>{r['reward']:.3f}</td><td>{r['kl']:.3f}</td></tr>"
             for f, r in rows.items()
         )
-        self.readout.value = (
-            f"<div style='font-size:85%;color:{css('muted')}'>Key (triangle): "
-            f"<span style='color:{css('ink')}'>—</span> π* ∝ "
-            f"π_ref·exp(R/β) for every β, <b>✚</b> at this β; <span style='color:{css('forward')}'>—</span> forward-KL "
-            f"optimum for every β, <span style='color:{css('forward')}'>◇</span> at this β; "
-            f"<span style='color:{css('p')}'>★</span> π_ref (where descent starts); coloured dots: where each "
-            "choice ends (colours as in the table); ○ the highlighted choice.</div>"
-            f"<div style='font-size:90%'>β = <b class='klviz-beta-value'>{data['beta']:g}</b>: "
-            "fixed point reached from π_ref by gradient descent on −E[R] + β·(choice).</div>"
-            "<table class='klviz-table' style='font-size:85%;border-collapse:separate;border-spacing:10px 1px'>"
-            "<tr><th>choice</th><th>π at the end (mat, sofa, moon)</th><th>TV to π*</th><th>E[R]</th>"
-            f"<th>KL(π‖π_ref)</th></tr>{body}</table>"
+        self.readout.value = tr(
+            "<div style='font-size:85%;color:{css}'>Key (triangle): <span "
+            "style='color:{css2}'>—</span> π* ∝ π_ref·exp(R/β) for every β, <b>✚</b> at this β; "
+            "<span style='color:{css3}'>—</span> forward-KL optimum for every β, <span "
+            "style='color:{css3}'>◇</span> at this β; <span style='color:{css4}'>★</span> π_ref "
+            "(where descent starts); coloured dots: where each choice ends (colours as in the "
+            "table); ○ the highlighted choice.</div><div style='font-size:90%'>β = <b "
+            "class='klviz-beta-value'>{beta:g}</b>: fixed point reached from π_ref by gradient "
+            "descent on −E[R] + β·(choice).</div><table class='klviz-table' "
+            "style='font-size:85%;border-collapse:separate;border-spacing:10px 1px'><tr>"
+            "<th>choice</th><th>π at the end (mat, sofa, moon)</th><th>TV to π*</th><th>E[R]</th>"
+            "<th>KL(π‖π_ref)</th></tr>{body}</table>",
+            css=css("muted"),
+            css2=css("ink"),
+            css3=css("forward"),
+            css4=css("p"),
+            beta=data["beta"],
+            body=body,
         )

@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 
 from ..devices import make_generator
 from ..diagnose import RolloutDump, load_rollouts, sample_rollouts_path
+from ..messages import N_, tr
 from ..palette import css
 from ..pitfalls import CLAMP_RULES, apply_clamp
 from ..plotting import COLORS, panel_figure, sticky_limits
@@ -53,7 +54,7 @@ def _aggregate(seq_sum: torch.Tensor, seq_n: torch.Tensor, mode: str) -> torch.T
 class RolloutPanel(Panel):
     """Bootstrap the logged KL of a rollout dump at batch size B, with clamps and storage precision."""
 
-    title = "Your rollouts: the KL a trainer would log from B sequences of this dump"
+    title = N_("Your rollouts: the KL a trainer would log from B sequences of this dump")
     css_class = "klviz-rollouts"
 
     def __init__(
@@ -92,49 +93,49 @@ class RolloutPanel(Panel):
             "batch_sequences": widgets.SelectionSlider(
                 options=list(BATCH_SIZES),
                 value=16,
-                description="batch B (sequences)",
+                description=tr("batch B (sequences)"),
                 style=_STYLE,
                 continuous_update=True,
             ),
             "estimator": widgets.ToggleButtons(
                 options=["k1", "k2", "k3"],
                 value="k3",
-                description="left: tokens of",
+                description=tr("left: tokens of"),
                 style={"button_width": "48px", "description_width": "initial"},
             ),
             "clamp": widgets.Dropdown(
                 options=list(CLAMP_RULES),
                 value="none",
-                description="clamp",
+                description=tr("clamp"),
                 style=_STYLE,
                 layout=widgets.Layout(width="230px"),
             ),
             "precision": widgets.Dropdown(
                 options=list(STORAGE_DTYPES),
                 value="float32",
-                description="log-probs stored in",
+                description=tr("log-probs stored in"),
                 style=_STYLE,
                 layout=widgets.Layout(width="230px"),
             ),
             "aggregation": widgets.Dropdown(
                 options=list(AGGREGATIONS),
                 value="token-mean",
-                description="aggregation",
+                description=tr("aggregation"),
                 style=_STYLE,
                 layout=widgets.Layout(width="270px"),
             ),
             "seed": widgets.BoundedIntText(
-                value=self.seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+                value=self.seed, min=0, max=2**31 - 1, description=tr("seed"), layout=widgets.Layout(width="140px")
             ),
         }
 
     def make_figure(self) -> Figure:
         fig, (ax_tok, ax_boot) = panel_figure(8.4, 3.5, ncols=2)
         self.tok_hist = ax_tok.stairs(np.ones(40), np.linspace(0, 1, 41), color=COLORS["k3"], fill=True, alpha=0.6)
-        self.tok_mean = ax_tok.axvline(0.0, color=COLORS["ink"], ls="--", lw=1.2, label="batch token-mean")
+        self.tok_mean = ax_tok.axvline(0.0, color=COLORS["ink"], ls="--", lw=1.2, label=tr("batch token-mean"))
         ax_tok.set_yscale("log")
-        ax_tok.set_xlabel("per-token value [nats]")
-        ax_tok.set_ylabel("tokens (log scale)")
+        ax_tok.set_xlabel(tr("per-token value [nats]"))
+        ax_tok.set_ylabel(tr("tokens (log scale)"))
         ax_tok.legend(loc="upper right")
         self.ax_tok = ax_tok
         self.boot = {}
@@ -143,11 +144,11 @@ class RolloutPanel(Panel):
             self.boot[k] = ax_boot.stairs(np.zeros(40), np.linspace(0, 1, 41), color=COLORS[k], lw=1.8, label=k)
             self.full[k] = ax_boot.axvline(0.0, color=COLORS[k], ls=":", lw=1.4)
         ax_boot.axvline(0.0, color=COLORS["ink"], lw=0.6)
-        ax_boot.set_xlabel("logged batch value [nats]")
-        ax_boot.set_ylabel("fraction of batches")
+        ax_boot.set_xlabel(tr("logged batch value [nats]"))
+        ax_boot.set_ylabel(tr("fraction of batches"))
         ax_boot.legend(
             loc="upper right",
-            title="dotted: whole dump",
+            title=tr("dotted: whole dump"),
             fontsize=8,
             title_fontsize=8,
             frameon=True,
@@ -219,7 +220,15 @@ class RolloutPanel(Panel):
         self.tok_mean.set_xdata([float(tok.mean())] * 2)
         sticky_limits(self.ax_tok, "x", lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
         sticky_limits(self.ax_tok, "y", 0.8, max(10.0, counts.max() * 2.0))
-        self.ax_tok.set_title(f"{tok.size:,} tokens: {k} ({data['clamp']}, {data['precision']})")
+        self.ax_tok.set_title(
+            tr(
+                "{size:,} tokens: {k} ({clamp}, {precision})",
+                size=tok.size,
+                k=k,
+                clamp=data["clamp"],
+                precision=data["precision"],
+            )
+        )
 
         stats = data["stats"]
         allb = np.concatenate([stats[e]["boot"] for e in stats] + [np.array([stats[e]["full"] for e in stats])])
@@ -235,7 +244,14 @@ class RolloutPanel(Panel):
             self.full[e].set_xdata([stats[e]["full"]] * 2)
         sticky_limits(self.ax_boot, "x", edges[0], edges[-1])
         sticky_limits(self.ax_boot, "y", 0, top * 1.15)
-        self.ax_boot.set_title(f"{_NUM_BATCHES} batches of B = {data['batch_sequences']}: {data['aggregation']}")
+        self.ax_boot.set_title(
+            tr(
+                "{num_batches} batches of B = {batch_sequences}: {aggregation}",
+                num_batches=_NUM_BATCHES,
+                batch_sequences=data["batch_sequences"],
+                aggregation=data["aggregation"],
+            )
+        )
 
         rows = [
             [
@@ -248,19 +264,21 @@ class RolloutPanel(Panel):
             ]
             for e, s in stats.items()
         ]
-        self.readout.value = (
-            html_table(
-                [
-                    "",
-                    "whole dump",
-                    "no clamp, float32",
-                    "spread of one batch (std)",
-                    "batches &lt; 0",
-                    "tokens clamped",
-                ],
-                rows,
-            )
-            + f"<div style='font-size:90%'>Source: {html.escape(Path(str(self.source)).name)} · "
-            f"{int(self.mask.sum()):,} counted tokens in {self.mask.shape[0]} sequences. "
-            "The estimate is of KL(π ‖ π_ref) per token (per sequence for seq-mean-token-sum).</div>"
+        self.readout.value = html_table(
+            [
+                "",
+                tr("whole dump"),
+                tr("no clamp, float32"),
+                tr("spread of one batch (std)"),
+                tr("batches &lt; 0"),
+                tr("tokens clamped"),
+            ],
+            rows,
+        ) + tr(
+            "<div style='font-size:90%'>Source: {name} · {sum:,} counted tokens in {shape_0} "
+            "sequences. The estimate is of KL(π ‖ π_ref) per token (per sequence for "
+            "seq-mean-token-sum).</div>",
+            name=html.escape(Path(str(self.source)).name),
+            sum=int(self.mask.sum()),
+            shape_0=self.mask.shape[0],
         )

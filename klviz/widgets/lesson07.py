@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from ..messages import N_, tr
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..rlhf import PLACEMENT_COLORS, PLACEMENTS, LabConfig, TrainingHistory, lab_history, trained_history
 from .base import BackgroundRun, Panel
@@ -45,7 +46,7 @@ class _FixedSettings(TypedDict):
 class RLHFLabPanel(Panel):
     """One training run of the mini RLHF lab, with its settings as controls."""
 
-    title = "Mini RLHF lab: train the tiny model with a KL penalty"
+    title = N_("Mini RLHF lab: train the tiny model with a KL penalty")
     css_class = "klviz-rlhf-lab"
 
     #: train in a background thread when the reader moves a control (see the module docstring)
@@ -107,19 +108,24 @@ class RLHFLabPanel(Panel):
         )
         self._draw_curves(m, cfg.steps)
         done = len(m["reward"])
-        self.readout.value = (
-            f"<div style='font-size:90%' class='klviz-training'><b style='color:{PLACEMENT_COLORS.css(cfg.placement)}'>"
-            f"{html.escape(cfg.placement)}</b>, β = {cfg.beta:g}, {cfg.steps} steps: training in the background, "
-            f"step {done} of {cfg.steps} … (move any control to start another run)</div>"
+        self.readout.value = tr(
+            "<div style='font-size:90%' class='klviz-training'><b "
+            "style='color:{css}'>{placement}</b>, β = {beta:g}, {steps} steps: training in the "
+            "background, step {done} of {steps} … (move any control to start another run)</div>",
+            css=PLACEMENT_COLORS.css(cfg.placement),
+            placement=html.escape(tr(cfg.placement)),
+            beta=cfg.beta,
+            steps=cfg.steps,
+            done=done,
         )
-        return f" · training step {done} of {cfg.steps}"
+        return tr(" · training step {done} of {steps}", done=done, steps=cfg.steps)
 
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
             "placement": widgets.Dropdown(
-                options=list(PLACEMENTS),
+                options=[(tr(placement), placement) for placement in PLACEMENTS],
                 value="k1 in reward",
-                description="KL placement",
+                description=tr("KL placement"),
                 style=_STYLE,
                 layout=widgets.Layout(width="250px"),
             ),
@@ -131,12 +137,12 @@ class RLHFLabPanel(Panel):
                 min=5,
                 max=200,
                 step=5,
-                description="steps",
+                description=tr("steps"),
                 style=_STYLE,
                 continuous_update=False,
             ),
             "epochs": widgets.IntSlider(
-                value=1, min=1, max=4, description="epochs per batch", style=_STYLE, continuous_update=False
+                value=1, min=1, max=4, description=tr("epochs per batch"), style=_STYLE, continuous_update=False
             ),
             "early_stop_kl": widgets.FloatSlider(
                 value=0.0,
@@ -144,14 +150,14 @@ class RLHFLabPanel(Panel):
                 max=0.2,
                 step=0.01,
                 readout_format=".2f",
-                description="early stop at approx_kl",
+                description=tr("early stop at approx_kl"),
                 style=_STYLE,
                 continuous_update=False,
-                tooltip="0 = no early stopping",
+                tooltip=tr("0 = no early stopping"),
                 layout=widgets.Layout(width="380px"),
             ),
             "seed": widgets.BoundedIntText(
-                value=0, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+                value=0, min=0, max=2**31 - 1, description=tr("seed"), layout=widgets.Layout(width="140px")
             ),
         }
 
@@ -159,16 +165,16 @@ class RLHFLabPanel(Panel):
         fig, axes = panel_figure(8.4, 3.2, ncols=3)
         ax_r, ax_kl, ax_h = axes
         (self.line_r,) = ax_r.plot([], [], color=COLORS["ink"], lw=1.8)
-        ax_r.set_title("reward R (batch mean)")
-        ax_r.set_xlabel("training step")
-        (self.line_true,) = ax_kl.plot([], [], color=COLORS["mu"], lw=1.8, label="true KL(π‖π_ref)")
-        (self.line_rep,) = ax_kl.plot([], [], "--", color=COLORS["k1"], lw=1.4, label="what the estimator reports")
-        ax_kl.set_title("KL per response  [nats]")
-        ax_kl.set_xlabel("training step")
+        ax_r.set_title(tr("reward R (batch mean)"))
+        ax_r.set_xlabel(tr("training step"))
+        (self.line_true,) = ax_kl.plot([], [], color=COLORS["mu"], lw=1.8, label=tr("true KL(π‖π_ref)"))
+        (self.line_rep,) = ax_kl.plot([], [], "--", color=COLORS["k1"], lw=1.4, label=tr("what the estimator reports"))
+        ax_kl.set_title(tr("KL per response  [nats]"))
+        ax_kl.set_xlabel(tr("training step"))
         ax_kl.legend(loc="upper left", fontsize=7.5)
         (self.line_h,) = ax_h.plot([], [], color=COLORS["k3"], lw=1.8)
-        ax_h.set_title("entropy per token  [nats]")
-        ax_h.set_xlabel("training step")
+        ax_h.set_title(tr("entropy per token  [nats]"))
+        ax_h.set_xlabel(tr("training step"))
         self.axes = axes
         return fig
 
@@ -217,7 +223,7 @@ class RLHFLabPanel(Panel):
         m, cfg, hist = data["metrics"], data["config"], data["history"]
         self._draw_curves(m, cfg.steps)
         self.line_rep.set_label(
-            f"reported ({'k1' if cfg.placement in ('k1 in reward', 'none') else cfg.placement.split()[0]})"
+            tr("reported ({v})", v="k1" if cfg.placement in ("k1 in reward", "none") else cfg.placement.split()[0])
         )
         samples = "".join(
             f"<li><code>{html.escape(p)}</code>→<code>{html.escape(s)}</code></li>"
@@ -225,17 +231,27 @@ class RLHFLabPanel(Panel):
         )
         stopped = int(np.sum(m["epochs_run"] < cfg.epochs))
         self.readout.value = (
-            f"<div style='font-size:90%'><b style='color:{PLACEMENT_COLORS.css(cfg.placement)}'>"
-            f"{html.escape(cfg.placement)}</b>, β = {cfg.beta:g}, {cfg.steps} steps in {hist.seconds:.1f} s: "
-            f"reward <b class='klviz-final-reward'>{hist.last('reward'):.2f}</b>, true KL "
-            f"<b class='klviz-final-kl'>{hist.last('true_kl'):.2f}</b> nats, reported {hist.last('reported_kl'):.2f}, "
-            f"entropy {hist.last('entropy'):.2f} (means of the last 5 steps)"
-            + (
-                f"; early stopping cut {stopped} of {cfg.steps} batches short"
-                if cfg.early_stop_kl
-                else "; early stopping off (0)"
+            tr(
+                "<div style='font-size:90%'><b style='color:{css}'>{placement}</b>, β = {beta:g}, "
+                "{steps} steps in {seconds:.1f} s: reward <b class='klviz-final-reward'>{last:.2f}</b>, "
+                "true KL <b class='klviz-final-kl'>{last2:.2f}</b> nats, reported {last3:.2f}, entropy "
+                "{last4:.2f} (means of the last 5 steps)",
+                css=PLACEMENT_COLORS.css(cfg.placement),
+                placement=html.escape(tr(cfg.placement)),
+                beta=cfg.beta,
+                steps=cfg.steps,
+                seconds=hist.seconds,
+                last=hist.last("reward"),
+                last2=hist.last("true_kl"),
+                last3=hist.last("reported_kl"),
+                last4=hist.last("entropy"),
             )
-            + f".<br>Last samples:<ul style='margin:0'>{samples}</ul></div>"
+            + (
+                tr("; early stopping cut {stopped} of {steps} batches short", stopped=stopped, steps=cfg.steps)
+                if cfg.early_stop_kl
+                else tr("; early stopping off (0)")
+            )
+            + tr(".<br>Last samples:<ul style='margin:0'>{samples}</ul></div>", samples=samples)
         )
 
 

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from .. import lm, rlhf
 from .. import mismatch as mm
 from ..devices import make_generator
+from ..messages import N_, tr
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..statistics import PM_SE, RESOLVED_AT_SE, mean_se
 from ..statistics import verdict as seed_verdict
@@ -48,7 +49,7 @@ __all__ = [
 
 PRECISION_CHOICES: tuple[str, ...] = ("float32", "bfloat16")
 TOP_P_CHOICES: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7)
-TRAINER_CHOICES: dict[str, str] = {"recompute as is": "plain", "replay the sampling mask": "fixed"}
+TRAINER_CHOICES: dict[str, str] = {N_("recompute as is"): "plain", N_("replay the sampling mask"): "fixed"}
 _STYLE = {"description_width": "initial"}
 _BINS = np.linspace(-0.6, 0.6, 61)
 
@@ -56,7 +57,7 @@ _BINS = np.linspace(-0.6, 0.6, 61)
 class EngineMismatchPanel(Panel):
     """Sampler vs trainer on the tiny LM: choose the engine, the trainer's recompute and a correction."""
 
-    title = "Sampler vs trainer: the engine samples, the trainer rescores, a correction reweights"
+    title = N_("Sampler vs trainer: the engine samples, the trainer rescores, a correction reweights")
     css_class = "klviz-lesson08"
 
     def __init__(
@@ -87,29 +88,33 @@ class EngineMismatchPanel(Panel):
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
             "precision": widgets.ToggleButtons(
-                options=list(PRECISION_CHOICES), value="bfloat16", description="engine runs in", style=_STYLE
+                options=list(PRECISION_CHOICES), value="bfloat16", description=tr("engine runs in"), style=_STYLE
             ),
             "top_p": widgets.SelectionSlider(
-                options=list(TOP_P_CHOICES), value=0.9, description="engine top_p", style=_STYLE, continuous_update=True
+                options=list(TOP_P_CHOICES),
+                value=0.9,
+                description=tr("engine top_p"),
+                style=_STYLE,
+                continuous_update=True,
             ),
             "trainer": widgets.Dropdown(
-                options=list(TRAINER_CHOICES),
+                options=[(tr(label), label) for label in TRAINER_CHOICES],
                 value="recompute as is",
-                description="trainer",
+                description=tr("trainer"),
                 style=_STYLE,
                 layout=widgets.Layout(width="300px"),
             ),
             "correction": widgets.Dropdown(
                 options=list(mm.CORRECTIONS),
                 value="token_tis",
-                description="correction",
+                description=tr("correction"),
                 style=_STYLE,
                 layout=widgets.Layout(width="230px"),
             ),
             "cap": widgets.SelectionSlider(
                 options=[1.2, 1.5, 2.0, 3.0, 5.0],
                 value=2.0,
-                description="cap C / band",
+                description=tr("cap C / band"),
                 style=_STYLE,
                 continuous_update=True,
             ),
@@ -118,27 +123,31 @@ class EngineMismatchPanel(Panel):
     def make_figure(self) -> Figure:
         fig, (ax_tok, ax_seq) = panel_figure(9.0, 3.5, ncols=2)
         self.hist = ax_tok.stairs(
-            np.ones(len(_BINS) - 1), _BINS, color=COLORS["k1"], fill=True, alpha=0.6, label="sampled tokens"
+            np.ones(len(_BINS) - 1), _BINS, color=COLORS["k1"], fill=True, alpha=0.6, label=tr("sampled tokens")
         )
-        self.log_s = ax_tok.axvline(0.0, color=COLORS["mu"], ls="--", lw=1.4, label="mean log S (kept mass)")
+        self.log_s = ax_tok.axvline(0.0, color=COLORS["mu"], ls="--", lw=1.4, label=tr("mean log S (kept mass)"))
         ax_tok.axvline(0.0, color=COLORS["ink"], lw=0.6)
         ax_tok.set_yscale("log")
         ax_tok.set_ylim(0.8, 1e4)
         ax_tok.set_xlim(_BINS[0], _BINS[-1])
         ax_tok.set_xlabel("log r = log π_old − log π_rollout  [nats]")
-        ax_tok.set_ylabel("tokens (log scale)")
+        ax_tok.set_ylabel(tr("tokens (log scale)"))
         ax_tok.legend(loc="upper left")
         self.ax_tok = ax_tok
-        self.kept = ax_seq.scatter(np.zeros(1), np.zeros(1), s=12, color=COLORS["k3"], label="kept by the correction")
-        self.dropped = ax_seq.scatter(
-            np.zeros(1), np.zeros(1), s=14, color=COLORS["mu"], marker="x", label="dropped or capped"
+        self.kept = ax_seq.scatter(
+            np.zeros(1), np.zeros(1), s=12, color=COLORS["k3"], label=tr("kept by the correction")
         )
-        (self.band_hi,) = ax_seq.plot([0, 60], [0, 0], color=COLORS["ink"], ls=":", lw=1.2, label="correction's bound")
+        self.dropped = ax_seq.scatter(
+            np.zeros(1), np.zeros(1), s=14, color=COLORS["mu"], marker="x", label=tr("dropped or capped")
+        )
+        (self.band_hi,) = ax_seq.plot(
+            [0, 60], [0, 0], color=COLORS["ink"], ls=":", lw=1.2, label=tr("correction's bound")
+        )
         (self.band_lo,) = ax_seq.plot([0, 60], [0, 0], color=COLORS["ink"], ls=":", lw=1.2)
         ax_seq.axhline(0.0, color=COLORS["ink"], lw=0.6)
         ax_seq.set_xlim(0, self.max_new_tokens + 2)
-        ax_seq.set_xlabel("response length T [tokens]")
-        ax_seq.set_ylabel("sequence log-weight log W = Σ log r")
+        ax_seq.set_xlabel(tr("response length T [tokens]"))
+        ax_seq.set_ylabel(tr("sequence log-weight log W = Σ log r"))
         ax_seq.legend(loc="lower left", fontsize=8)
         self.ax_seq = ax_seq
         return fig
@@ -188,7 +197,9 @@ class EngineMismatchPanel(Panel):
     def draw(self, data: dict[str, Any]) -> None:
         self.hist.set_data(np.maximum(data["counts"], 0.5), _BINS)
         self.log_s.set_xdata([data["log_kept_mass"]] * 2)
-        self.ax_tok.set_title(f"{data['metrics']['tokens']:,} tokens: engine {data['spec']}")
+        self.ax_tok.set_title(
+            tr("{tokens:,} tokens: engine {spec}", tokens=data["metrics"]["tokens"], spec=data["spec"])
+        )
         L, lw, ch = data["lengths"], data["log_w"], data["seq_changed"]
         self.kept.set_offsets(np.column_stack([L[~ch], lw[~ch]]) if (~ch).any() else np.empty((0, 2)))
         self.dropped.set_offsets(np.column_stack([L[ch], lw[ch]]) if ch.any() else np.empty((0, 2)))
@@ -208,27 +219,32 @@ class EngineMismatchPanel(Panel):
         lo_y = min(float(np.min(lw)), -0.05)
         hi_y = max(float(np.max(lw)), 0.05)
         sticky_limits(self.ax_seq, "y", lo_y, hi_y)
-        self.ax_seq.set_title(f"{len(lw)} responses: {corr} (C = {data['cap']:g})")
+        self.ax_seq.set_title(tr("{n_lw} responses: {corr} (C = {cap:g})", n_lw=len(lw), corr=corr, cap=data["cap"]))
         m = data["metrics"]
         rows = [
             [
-                "mean ratio E[π_old/π_rollout]",
+                tr("mean ratio E[π_old/π_rollout]"),
                 f"<span class='klviz-mean-ratio'>{m['mean_ratio']:.4f}</span> ± {2 * m['mean_ratio_se']:.4f}",
             ],
-            ["mean kept mass S", f"<span class='klviz-kept-mass'>{data['kept_mass']:.4f}</span>"],
-            ["k1 / k3 per token (KL(π_rollout‖π_old))", f"{m['k1']:.2e} / <span class='klviz-k3'>{m['k3']:.2e}</span>"],
-            ["χ² token / sequence", f"{m['chi2_token']:+.2e} / {m['chi2_seq']:+.2e}"],
-            ["token_mult_prob_error · ppl ratio", f"{m['token_mult_prob_error']:.4f} · {m['ppl_ratio']:.4f}"],
+            [tr("mean kept mass S"), f"<span class='klviz-kept-mass'>{data['kept_mass']:.4f}</span>"],
+            [
+                tr("k1 / k3 per token (KL(π_rollout‖π_old))"),
+                f"{m['k1']:.2e} / <span class='klviz-k3'>{m['k3']:.2e}</span>",
+            ],
+            [tr("χ² token / sequence"), f"{m['chi2_token']:+.2e} / {m['chi2_seq']:+.2e}"],
+            [tr("token_mult_prob_error · ppl ratio"), f"{m['token_mult_prob_error']:.4f} · {m['ppl_ratio']:.4f}"],
             ["max |log r|", f"{m['abs_diff_max']:.3f}"],
             [
-                f"{corr}: tokens / responses changed",
+                tr("{corr}: tokens / responses changed", corr=corr),
                 f"{100 * data['token_changed_fraction']:.1f}% / {100 * data['seq_changed_fraction']:.1f}%",
             ],
-            ["effective sample size of the weights", f"{data['ess']:.3f}"],
+            [tr("effective sample size of the weights"), f"{data['ess']:.3f}"],
         ]
-        self.readout.value = html_table(["", "value"], rows) + (
-            "<div style='font-size:90%'>Tokens sampled by the engine (π_rollout), rescored by the float32 trainer "
-            "(π_old, same weights). Without a mismatch: ratio 1, S 1, k3 0, error 1.</div>"
+        self.readout.value = html_table(["", tr("value")], rows) + (
+            tr(
+                "<div style='font-size:90%'>Tokens sampled by the engine (π_rollout), rescored by the float32 trainer "
+                "(π_old, same weights). Without a mismatch: ratio 1, S 1, k3 0, error 1.</div>"
+            )
         )
 
 
@@ -240,19 +256,31 @@ class EngineMismatchPanel(Panel):
 TRAINING_ENGINES: tuple[str, ...] = tuple(e for e in rlhf.ENGINES if e != "trainer")
 #: The live-run choices of the training panel: none, or a seed beyond the stored ones, trained here.
 LIVE_SEEDS: dict[str, int | None] = {
-    "stored seeds only": None,
+    N_("stored seeds only"): None,
     **{f"+ seed {s}, trained here": s for s in range(len(rlhf.MISMATCH_SEEDS), len(rlhf.MISMATCH_SEEDS) + 3)},
 }
 _REFERENCE = "trainer · none"
+
+
+#: What :func:`klviz.statistics.verdict` says, as the catalogue has it (shown as ``tr(said)``).
+_VERDICTS = (N_("identical"), N_("same up to rounding"), N_("resolved"), N_("within noise"))
+
+
+def _live_label(key: str) -> str:
+    """A choice of :data:`LIVE_SEEDS` in the reader's language."""
+    seed = LIVE_SEEDS[key]
+    return tr(key) if seed is None else tr("+ seed {seed}, trained here", seed=seed)
+
+
 _SERIES: tuple[tuple[str, str], ...] = (
-    ("reward", "reward, engine's batch (logged)"),
-    ("trainer_reward", "reward, trainer's own samples"),
-    ("true_kl", "true KL(π_θ‖π_ref), along the engine's batch"),
-    ("trainer_true_kl", "true KL(π_θ‖π_ref), trainer's own"),
-    ("score", "score R − β·KL, trainer's own"),
-    ("served score", "score R − β·KL, the policy the engine serves"),
-    ("mismatch_kl", "mismatch k3 per token"),
-    ("rejected_tokens", "tokens given weight 0"),
+    ("reward", N_("reward, engine's batch (logged)")),
+    ("trainer_reward", N_("reward, trainer's own samples")),
+    ("true_kl", N_("true KL(π_θ‖π_ref), along the engine's batch")),
+    ("trainer_true_kl", N_("true KL(π_θ‖π_ref), trainer's own")),
+    ("score", N_("score R − β·KL, trainer's own")),
+    ("served score", N_("score R − β·KL, the policy the engine serves")),
+    ("mismatch_kl", N_("mismatch k3 per token")),
+    ("rejected_tokens", N_("tokens given weight 0")),
 )
 _MISMATCH_FLOOR = 1e-7  # the mismatch axis is logarithmic; "keep_mask" removes the mismatch (exactly 0)
 
@@ -283,7 +311,7 @@ class MismatchTrainingPanel(Panel):
     be trained here, live: its curves grow over the bands while it trains in the background.
     """
 
-    title = "Training through a mismatched engine: what the run logs, what the trainer learns"
+    title = N_("Training through a mismatched engine: what the run logs, what the trainer learns")
     css_class = "klviz-lesson08-training"
     #: the static site steps through every engine and correction (the stored runs; no live seed there)
     static_controls = {"engine": 3, "correction": len(rlhf.LAB_CORRECTIONS)}
@@ -302,19 +330,19 @@ class MismatchTrainingPanel(Panel):
     def make_controls(self) -> dict[str, widgets.ValueWidget]:
         return {
             "engine": widgets.ToggleButtons(
-                options=list(TRAINING_ENGINES), value="T=0.7", description="engine samples", style=_STYLE
+                options=list(TRAINING_ENGINES), value="T=0.7", description=tr("engine samples"), style=_STYLE
             ),
             "correction": widgets.Dropdown(
                 options=list(rlhf.LAB_CORRECTIONS),
                 value="none",
-                description="correction",
+                description=tr("correction"),
                 style=_STYLE,
                 layout=widgets.Layout(width="230px"),
             ),
             "live": widgets.Dropdown(
-                options=list(LIVE_SEEDS),
+                options=[(_live_label(label), label) for label in LIVE_SEEDS],
                 value="stored seeds only",
-                description="live run",
+                description=tr("live run"),
                 style=_STYLE,
                 layout=widgets.Layout(width="300px"),
             ),
@@ -328,24 +356,24 @@ class MismatchTrainingPanel(Panel):
         self.band_r, self.band_own = _band(ax_r, COLORS["k1"]), _band(ax_r, color)
         self.band_kl, self.band_own_kl = _band(ax_kl, COLORS["k1"]), _band(ax_kl, color)
         self.band_m = _band(ax_m, COLORS["mu"])
-        (self.line_ref_r,) = ax_r.plot([], [], color=grey, lw=1.4, label="trainer samples itself")
-        (self.line_r,) = ax_r.plot([], [], color=COLORS["k1"], lw=1.8, label="engine's batch (logged)")
-        (self.line_own,) = ax_r.plot([], [], color=color, lw=1.8, ls="--", label="trainer's own samples")
-        (self.live_r,) = ax_r.plot([], [], color=COLORS["ink"], lw=1.0, label="live seed (engine's batch)")
+        (self.line_ref_r,) = ax_r.plot([], [], color=grey, lw=1.4, label=tr("trainer samples itself"))
+        (self.line_r,) = ax_r.plot([], [], color=COLORS["k1"], lw=1.8, label=tr("engine's batch (logged)"))
+        (self.line_own,) = ax_r.plot([], [], color=color, lw=1.8, ls="--", label=tr("trainer's own samples"))
+        (self.live_r,) = ax_r.plot([], [], color=COLORS["ink"], lw=1.0, label=tr("live seed (engine's batch)"))
         (self.line_ref_kl,) = ax_kl.plot([], [], color=grey, lw=1.4)
         (self.line_kl,) = ax_kl.plot([], [], color=COLORS["k1"], lw=1.8)
         (self.line_own_kl,) = ax_kl.plot([], [], color=color, lw=1.8, ls="--")
         (self.live_kl,) = ax_kl.plot([], [], color=COLORS["ink"], lw=1.0)
         (self.line_m,) = ax_m.plot([], [], color=COLORS["mu"], lw=1.8)
         (self.live_m,) = ax_m.plot([], [], color=COLORS["ink"], lw=1.0)
-        ax_r.set_title("reward R (batch mean)")
-        ax_kl.set_title("true KL(π_θ‖π_ref) per response")
+        ax_r.set_title(tr("reward R (batch mean)"))
+        ax_kl.set_title(tr("true KL(π_θ‖π_ref) per response"))
         ax_kl.set_ylabel("nats")
         ax_m.set_ylim(_MISMATCH_FLOOR / 2, 0.2)
         ax_m.set_yscale("log")
-        ax_m.set_ylabel("k3 per token [nats]")
+        ax_m.set_ylabel(tr("k3 per token [nats]"))
         for ax in axes:
-            ax.set_xlabel("training step")
+            ax.set_xlabel(tr("training step"))
             ax.set_xlim(0, self.steps - 1)
         ax_r.set_ylim(-1.0, 1.3)
         ax_kl.set_ylim(0.0, 8.0)
@@ -450,7 +478,7 @@ class MismatchTrainingPanel(Panel):
     # -- drawing --------------------------------------------------------------------------------
     def _draw_live(self, live: dict[str, np.ndarray] | None) -> None:
         # the legend names the live seed only while there is one (one legend kept per case)
-        self.live_r.set_label("live seed (engine's batch)" if live is not None else "_no live seed")
+        self.live_r.set_label(tr("live seed (engine's batch)") if live is not None else "_no live seed")
         self.show_legend(self.axes[0], live is not None, loc="lower right", fontsize=7)
         if live is None:
             for line in (self.live_r, self.live_kl, self.live_m):
@@ -467,7 +495,7 @@ class MismatchTrainingPanel(Panel):
         if hist is not None:
             self._draw_live({k: np.asarray(v) for k, v in hist.metrics.items()})
         done = 0 if hist is None else len(hist.metrics["reward"])
-        return f" · training the live seed: step {done} of {self.steps}"
+        return tr(" · training the live seed: step {done} of {steps}", done=done, steps=self.steps)
 
     def draw(self, data: dict[str, Any]) -> None:
         c = data["curves"]
@@ -494,7 +522,9 @@ class MismatchTrainingPanel(Panel):
             top = max(top, float(np.max(data["live"]["true_kl"])))
         self.axes[1].set_ylim(0.0, 8.0 if top <= 8.0 else float(math.ceil(top * 1.1)))
         self.axes[2].set_title(
-            "mismatch KL(π_rollout‖π_old)" if data["correction"] != "keep_mask" else "mismatch: 0, mask replayed"
+            tr("mismatch KL(π_rollout‖π_old)")
+            if data["correction"] != "keep_mask"
+            else tr("mismatch: 0, mask replayed")
         )
         self.readout.value = self._readout(data)
 
@@ -502,29 +532,29 @@ class MismatchTrainingPanel(Panel):
         n, corr, engine = data["seeds"], data["correction"], data["engine"]
         live = data["live"]
         header = [
-            "final (last 5 steps)",
+            tr("final (last 5 steps)"),
             f"<b>{html.escape(engine)} · {html.escape(corr)}</b>",
-            f"minus {html.escape(data['baseline'])} (paired)",
-            "trainer samples itself",
-        ] + ([f"live seed {data['live_seed']}"] if live is not None else [])
+            tr("minus {baseline} (paired)", baseline=html.escape(data["baseline"])),
+            tr("trainer samples itself"),
+        ] + ([tr("live seed {live_seed}", live_seed=data["live_seed"])] if live is not None else [])
         rows = []
         for metric, label in _SERIES:
             f = data["finals"][metric]
             fmt = "{:.2e}" if metric == "mismatch_kl" else "{:.3f}"
             (a, sa), (d, sd), (r, sr) = f["this"], f["diff"], f["reference"]
             if data["identical"]:
-                verdict = "identical runs"
+                verdict = tr("identical runs")
             elif a == 0 and sa == 0 and d == 0 and sd == 0:
-                verdict = "0 in both"
+                verdict = tr("0 in both")
             else:
                 said = seed_verdict(d, sd, abs(a) + abs(a - d))
                 verdict = (
                     f"{fmt.format(d)} ± {fmt.format(PM_SE * sd)} "
-                    + (f"<b>{said}</b>" if said == "resolved" else said)
-                    + f" ({f['above']}/{n} above)"
+                    + (f"<b>{tr(said)}</b>" if said == "resolved" else tr(said))
+                    + tr(" ({above}/{n} above)", above=f["above"], n=n)
                 )
             row = [
-                label,
+                tr(label),
                 f"<span class='klviz-final-{metric.replace('_', '-').replace(' ', '-')}'>{fmt.format(a)}</span>"
                 f" ± {fmt.format(PM_SE * sa)}",
                 verdict,
@@ -540,10 +570,16 @@ class MismatchTrainingPanel(Panel):
                 row.append(fmt.format(float(np.mean(series[-5:]))) if len(series) else "…")
             rows.append(row)
         return html_table(header, rows) + (
-            f"<div style='font-size:90%'>Mean over {n} seeds ± {PM_SE} SE. A correction is compared with the same "
-            "engine without one, no correction with the trainer sampling itself, on the same seeds: the difference is "
-            f"paired by seed (resolved: at least {RESOLVED_AT_SE:g} SE from 0; runs through different engines share "
-            "their seed, not their batches, so that pairing is loose). k3 in the loss, β = 0.2, 40 steps; "
-            "the engine syncs the trainer's weights before every rollout, the trainer recomputes in float32 at "
-            "T = 1 on the full vocabulary.</div>"
+            tr(
+                "<div style='font-size:90%'>Mean over {n} seeds ± {pm_se} SE. A correction is compared "
+                "with the same engine without one, no correction with the trainer sampling itself, on "
+                "the same seeds: the difference is paired by seed (resolved: at least {resolved_at_se:g} "
+                "SE from 0; runs through different engines share their seed, not their batches, so that "
+                "pairing is loose). k3 in the loss, β = 0.2, 40 steps; the engine syncs the trainer's "
+                "weights before every rollout, the trainer recomputes in float32 at T = 1 on the full "
+                "vocabulary.</div>",
+                n=n,
+                pm_se=PM_SE,
+                resolved_at_se=RESOLVED_AT_SE,
+            )
         )

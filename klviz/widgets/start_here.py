@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from ..devices import make_generator
 from ..divergences import categorical_kl, target_favours
+from ..messages import N_, tr
 from ..montecarlo import categorical_counts, moments_from_counts, summarize
 from ..palette import css
 from ..plotting import COLORS, panel_figure, sticky_limits
@@ -31,7 +32,7 @@ class StartHerePanel(Panel):
     noise can be told apart), and how often k1 comes out negative (exactly: P_q(p(x) > q(x))).
     """
 
-    title = "Start here: sample tokens from q, estimate KL(q ‖ p)"
+    title = N_("Start here: sample tokens from q, estimate KL(q ‖ p)")
     css_class = "klviz-start-here"
 
     def __init__(self, device: str | torch.device | None = None, seed: int = 0) -> None:
@@ -48,15 +49,19 @@ class StartHerePanel(Panel):
                 min=0.0,
                 max=1.0,
                 step=0.02,
-                description="mix p with uniform",
+                description=tr("mix p with uniform"),
                 style=style,
                 continuous_update=True,
             ),
             "num_samples": widgets.SelectionSlider(
-                options=list(_SAMPLE_COUNTS), value=1_000, description="tokens N", style=style, continuous_update=False
+                options=list(_SAMPLE_COUNTS),
+                value=1_000,
+                description=tr("tokens N"),
+                style=style,
+                continuous_update=False,
             ),
             "seed": widgets.BoundedIntText(
-                value=self.seed, min=0, max=2**31 - 1, description="seed", layout=widgets.Layout(width="140px")
+                value=self.seed, min=0, max=2**31 - 1, description=tr("seed"), layout=widgets.Layout(width="140px")
             ),
         }
 
@@ -64,12 +69,12 @@ class StartHerePanel(Panel):
         fig, (ax_pol, ax_est) = panel_figure(8.2, 3.4, ncols=2, gridspec_kw={"width_ratios": [2.2, 1]})
         x = np.arange(len(TOY_VOCAB))
         q = self.q_logp.exp().numpy()
-        self.bars_q = ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label="sampler q (fixed)")
-        self.bars_p = ax_pol.bar(x + 0.2, q, width=0.4, color=COLORS["p"], label="target p (move me)")
-        (self.freq_line,) = ax_pol.plot(x - 0.2, q, "_", color=COLORS["ink"], ms=9, mew=2, label="draw frequency")
+        self.bars_q = ax_pol.bar(x - 0.2, q, width=0.4, color=COLORS["q"], label=tr("sampler q (fixed)"))
+        self.bars_p = ax_pol.bar(x + 0.2, q, width=0.4, color=COLORS["p"], label=tr("target p (move me)"))
+        (self.freq_line,) = ax_pol.plot(x - 0.2, q, "_", color=COLORS["ink"], ms=9, mew=2, label=tr("draw frequency"))
         ax_pol.set_xticks(x, [t.strip() for t in TOY_VOCAB], rotation=40, ha="right")
-        ax_pol.set_ylabel("probability")
-        ax_pol.set_title('next token after "The cat sat on the"')
+        ax_pol.set_ylabel(tr("probability"))
+        ax_pol.set_title(tr('next token after "The cat sat on the"'))
         ax_pol.set_ylim(0, 1)
         ax_pol.legend(loc="upper right")
         self.ax_pol = ax_pol
@@ -79,11 +84,11 @@ class StartHerePanel(Panel):
             pos, [0, 0, 0], width=0.6, color=[COLORS["k1"], COLORS["k2"], COLORS["k3"]], alpha=0.85
         )
         self.err = ax_est.errorbar(pos, [0, 0, 0], yerr=[0, 0, 0], fmt="none", ecolor=COLORS["ink"], capsize=5, lw=1.2)
-        self.exact_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label="exact KL(q‖p)")
+        self.exact_line = ax_est.axhline(0.0, color=COLORS["exact"], ls="--", lw=1.5, label=tr("exact KL(q‖p)"))
         ax_est.axhline(0.0, color=COLORS["ink"], lw=0.6)
         ax_est.set_xticks(pos, ["k1", "k2", "k3"])
-        ax_est.set_ylabel("estimate of KL(q‖p)  [nats]")
-        ax_est.set_title("sample means ± 2 SE")
+        ax_est.set_ylabel(tr("estimate of KL(q‖p)  [nats]"))
+        ax_est.set_title(tr("sample means ± 2 SE"))
         ax_est.legend(loc="upper left")
         self.ax_est = ax_est
         return fig
@@ -139,8 +144,8 @@ class StartHerePanel(Panel):
         def bias(k: str) -> str:
             b = data["exact_bias"][k]  # float64 sums over the vocabulary
             if abs(b) < 1e-12 + 1e-9 * kl:
-                return "0 (unbiased)" if k != "k2" else "0"
-            return f"{b:+.4f} ({100 * b / kl:+.1f} % of KL)"
+                return tr("0 (unbiased)") if k != "k2" else "0"
+            return tr("{b:+.4f} ({b2:+.1f} % of KL)", b=b, b2=100 * b / kl)
 
         rows = [
             [
@@ -154,34 +159,44 @@ class StartHerePanel(Panel):
             for k in ("k1", "k2", "k3")
         ]
         rows.append(
-            ["<b>exact KL</b>", f"<span class='klviz-exact'>{kl:.4f}</span>", "", "", "KL(q‖p), sum over 12 tokens", ""]
+            [
+                tr("<b>exact KL</b>"),
+                f"<span class='klviz-exact'>{kl:.4f}</span>",
+                "",
+                "",
+                tr("KL(q‖p), sum over 12 tokens"),
+                "",
+            ]
         )
         if data["same"]:
-            sign_note = (
+            sign_note = tr(
                 "p = q (up to float32 rounding): every token has log r = 0, so k1, k2 and k3 are exactly 0 on every "
                 "draw and the KL is 0."
             )
         else:
-            sign_note = (
-                f"k1 is negative for <b>{100 * data['frac_negative_k1']:.1f}%</b> of the draws (exactly "
-                f"P<sub>q</sub>(p &gt; q) = {100 * data['frac_negative_k1_exact']:.1f}%: the tokens p likes more than "
-                "q does); k2 and k3 never are."
+            sign_note = tr(
+                "k1 is negative for <b>{frac_negative_k1:.1f}%</b> of the draws (exactly P<sub>q</sub>(p "
+                "&gt; q) = {frac_negative_k1_exact:.1f}%: the tokens p likes more than q does); k2 and "
+                "k3 never are.",
+                frac_negative_k1=100 * data["frac_negative_k1"],
+                frac_negative_k1_exact=100 * data["frac_negative_k1_exact"],
             )
-        self.readout.value = (
-            html_table(
-                [
-                    "",
-                    "sample mean",
-                    "±2 SE",
-                    "exact mean E<sub>q</sub>[k]",
-                    "bias = exact mean − KL",
-                    "std of one sample",
-                ],
-                rows,
-            )
-            + f"<div style='font-size:90%'>N = {data['num_samples']:,} tokens from q; every ± is 2 standard errors "
-            "(2 SE). Sample mean − exact mean is noise (within about ±2 SE); exact mean − KL is bias (only k2 has "
-            f"one). {sign_note}</div>"
+        self.readout.value = html_table(
+            [
+                "",
+                tr("sample mean"),
+                "±2 SE",
+                tr("exact mean E<sub>q</sub>[k]"),
+                tr("bias = exact mean − KL"),
+                tr("std of one sample"),
+            ],
+            rows,
+        ) + tr(
+            "<div style='font-size:90%'>N = {num_samples:,} tokens from q; every ± is 2 standard "
+            "errors (2 SE). Sample mean − exact mean is noise (within about ±2 SE); exact mean − KL "
+            "is bias (only k2 has one). {sign_note}</div>",
+            num_samples=data["num_samples"],
+            sign_note=sign_note,
         )
 
 

@@ -17,6 +17,7 @@ import json
 import re
 from typing import Any
 
+from ..messages import N_, tr
 from ..palette import PAGE_CSS
 
 __all__ = [
@@ -32,12 +33,12 @@ __all__ = [
 ]
 
 #: What every page says about its panels.
-PRECOMPUTED_NOTE = (
+PRECOMPUTED_NOTE = N_(
     "The panels on this page are precomputed: their sliders step through positions rendered when the site "
     "was built, with no kernel behind them. For the live panels (every control, any value), run the lesson: "
     "<code>klviz lab</code> after <code>pip install .</code> in a checkout (or from a wheel), or "
     "<code>make lab</code> in a checkout."
-)
+)  # shown as tr(PRECOMPUTED_NOTE)
 
 
 #: Panel class name -> the controls the static site sweeps, in order (main control first), each with
@@ -221,7 +222,7 @@ def static_panel_data(panel: Any) -> dict[str, Any]:
         index.insert(0, rest % len(axis["values"]))
         rest //= len(axis["values"])
     return {
-        "title": panel.title,
+        "title": tr(panel.title),
         "axes": [
             {
                 "name": a["name"],
@@ -283,9 +284,9 @@ def render_static_panel(data: dict[str, Any], *, clean: Any = None) -> str:
             )
     others = [html.escape(str(o)) for o in data.get("others", [])]
     note = (
-        f"{len(frames)} precomputed positions"
-        + (f"; the other controls stay at {'; '.join(others)}" if others else "")
-        + ". For the live panel run the lesson with <code>klviz lab</code> (or <code>make lab</code>)."
+        tr("{n} precomputed positions", n=len(frames))
+        + (tr("; the other controls stay at {others}", others="; ".join(others)) if others else "")
+        + tr(". For the live panel run the lesson with <code>klviz lab</code> (or <code>make lab</code>).")
     )
     script_data = {"axes": [{"name": str(a["name"]), "labels": [str(x) for x in a["labels"]]} for a in axes]}
     script_data["frames"] = safe_frames
