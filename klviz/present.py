@@ -93,7 +93,7 @@ _WORDS = {
     },
     "zh": {
         "solution": "**参考答案**",
-        "your_turn": "**轮到你了：**补全这个函数，然后在课程中检查它（`klviz lab --lang zh`）。",
+        "your_turn": "**轮到你了**：补全这个函数，然后在课程中检查它（`klviz lab --lang zh`）。",
     },
 }
 

@@ -142,7 +142,11 @@ def test_the_chinese_presenter_copy_translates_the_prose_and_keeps_the_code():
     assert [c.source for c in zh.cells if c.cell_type == "markdown" and "```python" not in c.source] == prose
     assert sum("的" in text for text in prose) > len(prose) // 4, "hardly any Chinese in lesson 02"
     exercises = [c.source for c in zh.cells if c.cell_type == "markdown" and "```python" in c.source]
-    assert exercises and all("**轮到你了：**" in s and "Your turn" not in s for s in exercises)
+    assert exercises and all("**轮到你了**：" in s and "Your turn" not in s for s in exercises)
+    from nbconvert.filters.markdown import markdown2html
+
+    # bold in CommonMark: a closing ** after a full-width colon and before a CJK character would stay literal
+    assert "<strong>轮到你了</strong>：" in markdown2html(exercises[0])
 
 
 def test_a_lesson_without_a_catalogue_is_refused_by_name(tmp_path, capsys):
