@@ -42,13 +42,17 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nbformat
+
+if TYPE_CHECKING:
+    from nbconvert import HTMLExporter
 
 from .fonts import FONT_FILE, LICENSE_FILE, font_face_css, font_path, jupyterlab_css
 from .labcmd import lesson_paths
@@ -559,7 +563,7 @@ def rewrite_links(page_html: str) -> str:
     return _HREF_IPYNB.sub(lambda m: f'href="{m.group(1)}.html{m.group(2)}"', page_html)
 
 
-def _exporter(mathjax_url: str, lang: str = "en"):
+def _exporter(mathjax_url: str, lang: str = "en") -> HTMLExporter:
     """nbconvert's HTML exporter with the site's template, sanitising Markdown cells and outputs
     (``sanitize_html``: its ``clean_html`` filter is :func:`clean_html`; JavaScript outputs are dropped)."""
     import jinja2
@@ -1098,7 +1102,7 @@ def _checkout_root() -> Path | None:
     return None
 
 
-def build_wheel(dest: Path, source: Path | None = None, *, log=print) -> Path | None:
+def build_wheel(dest: Path, source: Path | None = None, *, log: Callable[[str], object] = print) -> Path | None:
     """Build klviz's wheel from ``source`` (default: the checkout klviz runs from) into ``dest``.
 
     Returns its path, or None (said in the log) where klviz is not running from a checkout or the
@@ -1138,7 +1142,7 @@ def write_downloads(
     out: Path,
     *,
     wheel: Path | None,
-    log=print,
+    log: Callable[[str], object] = print,
     lang: str = "en",
     wheel_href: str | None = None,
 ) -> dict[str, str]:
@@ -1195,7 +1199,7 @@ def _build_edition(
     timeout: int,
     keep_going: bool,
     jobs: int,
-    log,
+    log: Callable[[str], object],
 ) -> tuple[list[LessonPage], list[str]]:
     """Execute edition ``lang``'s notebooks (``sources``) with ``KLVIZ_LANG`` set for it and write its pages,
     claims page and index into its folder of the site ``out``; returns the pages built and the failures
@@ -1211,28 +1215,29 @@ def _build_edition(
         title, summary = lesson_title(nbformat.read(path, as_version=4), path.stem)
         pages.append(LessonPage(path, _page_name(path), title, summary, lang=lang))
 
-    def run(page: LessonPage):
+    def run(page: LessonPage) -> nbformat.NotebookNode | str:
+        """The executed lesson, or the message that says why it failed."""
         t0 = time.perf_counter()
         log(f"klviz site: running {EDITION_FOLDERS[lang]}{page.source.name} ...")
         try:
             executed = execute_notebook(page.source, timeout=timeout, lang=lang)
         except (CellExecutionError, CellTimeoutError) as err:
-            return None, f"{EDITION_FOLDERS[lang]}{page.source.name} failed:\n{err}"
+            return f"{EDITION_FOLDERS[lang]}{page.source.name} failed:\n{err}"
         page.seconds = time.perf_counter() - t0
-        return executed, None
+        return executed
 
     failures: list[str] = []
     built: list[LessonPage] = []
     with _static_environment(lang), ThreadPoolExecutor(max_workers=jobs) as pool:
         results = [pool.submit(run, page) for page in pages]
         for i, (page, future) in enumerate(zip(pages, results)):
-            executed, message = future.result()
-            if message is not None:
+            executed = future.result()
+            if isinstance(executed, str):  # the lesson failed: this is why
                 if not keep_going:
                     for later in results[i + 1 :]:
                         later.cancel()
-                    raise RuntimeError(message)
-                failures.append(message)
+                    raise RuntimeError(executed)
+                failures.append(executed)
                 continue
             frame_bytes, panels = precomputed_panels(executed, out, prefix=up)
             prev = pages[i - 1] if i > 0 else None
@@ -1270,7 +1275,7 @@ def build_site(
     jobs: int = 2,
     wheel: str | os.PathLike[str] | None = None,
     langs: list[str] | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> list[LessonPage]:
     """Execute ``notebooks`` (default: every lesson) and write ``out/index.html`` and one page each, in
     each edition (:func:`site_editions`: ``langs``, or English and every translation beside the
