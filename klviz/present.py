@@ -230,16 +230,36 @@ def voila_prelaunch_hook(request: Any, notebook: nbformat.NotebookNode, cwd: str
     The lesson becomes what ``klviz present`` serves (:func:`presenter_cells`), and a first, hidden
     cell gives its kernel what ``klviz present`` puts in the environment: presenter mode (no line about
     the machine) and the page's theme, read from the URL's ``theme`` argument as Voila reads it
-    (``...voila/render/02_three_estimators.ipynb?theme=dark``).
+    (``...voila/render/02_three_estimators.ipynb?theme=dark``). ``lang=zh`` in the URL presents the
+    Chinese lesson: the prose from the lesson's catalogue beside it in ``cwd`` (English where there is
+    none, as gettext shows an untranslated message) and ``KLVIZ_LANG=zh`` in the kernel.
     """
+    from .i18n import catalogue_path, edition, read_catalogue, translate_notebook
+
+    def argument(name: str, default: str) -> str:
+        try:
+            return str(request.get_argument(name, default)).strip().lower()
+        except Exception:  # noqa: BLE001 - no request (a test, a script): the default
+            return default
+
+    theme = "dark" if argument("theme", "light") in ("dark", "jupyterlab dark") else "light"
     try:
-        asked = request.get_argument("theme", "light")
-    except Exception:  # noqa: BLE001 - no request (a test, a script): the light page
-        asked = "light"
-    theme = "dark" if str(asked).strip().lower() in ("dark", "jupyterlab dark") else "light"
-    nb = presenter_cells(notebook)
-    setup = nbformat.v4.new_code_cell(f"import os\nos.environ.update(KLVIZ_PRESENTER='1', KLVIZ_THEME={theme!r})")
-    nb.cells.insert(0, setup)
+        lang = edition(argument("lang", "en"))
+    except ValueError:
+        lang = "en"
+    environment = {"KLVIZ_PRESENTER": "1", "KLVIZ_THEME": theme}
+    if lang != "en":
+        environment["KLVIZ_LANG"] = lang
+        path = str(getattr(getattr(request, "request", None), "path", "") or "")
+        po = catalogue_path(Path(path).stem, lang, cwd) if path.endswith(".ipynb") else None
+        if po is not None and po.is_file():
+            notebook = nbformat.from_dict(translate_notebook(notebook, read_catalogue(po, lang)))
+            for cell in notebook.cells:
+                if isinstance(cell.source, list):
+                    cell.source = "".join(cell.source)
+    nb = presenter_cells(notebook, lang=lang)
+    settings = ", ".join(f"{key}={value!r}" for key, value in environment.items())
+    nb.cells.insert(0, nbformat.v4.new_code_cell(f"import os\nos.environ.update({settings})"))
     return nb
 
 
