@@ -1,6 +1,7 @@
 # klviz: two commands.
 #   make lab    set up the environment (first time only) and open the lessons in JupyterLab
-#               (make lab LANG=zh: the Simplified Chinese lessons, built from notebooks/locale/)
+#               (make lab LANG=zh: the Simplified Chinese lessons, built from notebooks/locale/;
+#               make present LESSON=02 LANG=zh: a Chinese lesson in presenter mode)
 #   make test   run every test: unit, property, panels, notebooks (nbval), real browser
 #   make test-hub   a real JupyterHub with two students (root, npm, network; CI runs it after make test)
 #   make test-themes   every lesson's own figures in both themes (CI runs it)
@@ -110,10 +111,10 @@ test-hub: $(STAMP)
 	@command -v npm >/dev/null || { echo "make test-hub needs npm (configurable-http-proxy comes from npm)"; exit 1; }
 	@chromium="$$($(PY) scripts/ensure_browser.py)" && KLVIZ_CHROMIUM="$$chromium" $(PY) -m pytest -q -m hub tests/hub
 
-present: $(STAMP)          # make present LESSON=02 THEME=dark: one lesson as a clean app (Voila)
-	@$(PY) -m klviz.present $(LESSON) $(if $(THEME),--theme $(THEME))
+present: $(STAMP)          # make present LESSON=02 THEME=dark [LANG=zh]: one lesson as a clean app (Voila)
+	@$(PY) -m klviz.present $(LESSON) $(if $(THEME),--theme $(THEME)) --lang $(EDITION)
 
-site: $(STAMP)
+site: $(STAMP)             # both editions: English in build/site, Chinese in build/site/zh
 	@$(PY) -m klviz.site --out build/site
 
 tiny-lm: $(STAMP)          # retrain the shipped tiny LM from its seed (about 2 minutes); --check compares

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from .servers import Server, run_until_interrupted, start_lab_server
+from .servers import Server, edition_env, run_until_interrupted, start_lab_server
 
 __all__ = [
     "shipped_notebooks_dir",
@@ -387,12 +387,18 @@ def _ask_on_terminal(name: str) -> bool:
 
 # -- JupyterLab ----------------------------------------------------------------------------------
 def start_lab(
-    folder: Path, *, port: int | None = None, first: str | None = None, strip_on_save: bool = False
+    folder: Path,
+    *,
+    port: int | None = None,
+    first: str | None = None,
+    strip_on_save: bool = False,
+    lang: str = "en",
 ) -> Server:
     """JupyterLab in ``folder`` on 127.0.0.1 with a random token, locked against a user's own
     configuration and against imports from ``folder`` (see :mod:`klviz.servers`); with
-    ``strip_on_save`` a saved notebook keeps no outputs (for the repository's own lessons)."""
-    env = {k: v for k, v in os.environ.items() if k != "KLVIZ_STATIC"}
+    ``strip_on_save`` a saved notebook keeps no outputs (for the repository's own lessons). Its kernels
+    speak edition ``lang`` (``KLVIZ_LANG``, :func:`klviz.servers.edition_env`)."""
+    env = {k: v for k, v in edition_env(lang).items() if k != "KLVIZ_STATIC"}
     return start_lab_server(folder, first=first, port=port, env=env, strip_on_save=strip_on_save)
 
 
@@ -470,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     lessons = lesson_paths(folder)
     first = lessons[0].name if lessons else None
     try:
-        server = start_lab(folder, port=args.port, first=first, strip_on_save=args.in_place)
+        server = start_lab(folder, port=args.port, first=first, strip_on_save=args.in_place, lang=lang)
     except RuntimeError as err:
         print(f"klviz lab: JupyterLab did not start: {err}", file=sys.stderr)
         return 1

@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,8 @@ from typing import Any
 __all__ = [
     "LOCKED_SERVER_SETTINGS",
     "KERNEL_MALLOC",
+    "LANG_VARIABLE",
+    "edition_env",
     "Server",
     "start_server",
     "start_lab_server",
@@ -69,6 +71,23 @@ _PROBE_ORIGIN = "http://klviz-probe.invalid"
 #: at a time): lesson 05's kernel peaked at 536 MB by default and 368 MB with this, with no slower
 #: panel updates measured (benchmarks/panels.py). Only glibc (Linux) reads these variables.
 KERNEL_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
+
+
+#: The variable that tells klviz in a kernel which language to speak (panel labels, readouts, check messages,
+#: figure labels): every kernel of a server for the Chinese edition has ``KLVIZ_LANG=zh``.
+LANG_VARIABLE = "KLVIZ_LANG"
+
+
+def edition_env(lang: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``base`` (default: this process's environment) for the servers and kernels of edition
+    ``lang`` (``"en"``, ``"zh"``): :data:`LANG_VARIABLE` set to it for a translated edition, and removed
+    for the English one, so that a ``KLVIZ_LANG`` left in a shell never mixes the two in one lesson."""
+    env = dict(os.environ if base is None else base)
+    if lang == "en":
+        env.pop(LANG_VARIABLE, None)
+    else:
+        env[LANG_VARIABLE] = lang
+    return env
 
 
 def port_is_free(port: int) -> bool:

@@ -15,6 +15,16 @@ exercise solutions and cells that only assert sit in closed ``<details>`` blocks
 a copy of MathJax (with its STIX-Web fonts) placed in ``_static/`` when the ``jupyter-server-mathjax``
 package is installed (so the pages need no network), else from a CDN.
 
+Both editions. The English lessons are written at the site's root and the Chinese ones, built from
+the same notebooks and the catalogues in ``notebooks/locale/`` (:mod:`klviz.i18n`), under ``zh/``
+with the same file names: ``zh/02_three_estimators.html`` is lesson 02 in Chinese, and links between
+lessons, to the claims page and to the downloads work the same way in both folders. Every page has a
+language switch to the same page in the other edition, the right ``lang`` attribute (``zh-Hans`` on
+the Chinese pages) and the CJK font klviz ships (:mod:`klviz.fonts`) by ``@font-face`` from a copy
+in its own folder's ``_static/fonts/`` (a browser may refuse a font from a parent folder of a page
+opened from disk); MathJax and the panels' frames are shared, in the root's ``_static/``. The
+Chinese lessons run with ``KLVIZ_LANG=zh``, so the library's own words in them are Chinese too.
+
 Why not Jupyter Book 2 / MyST: tried (``jupyter-book`` 2.1.7, mystmd 1.11): its build downloads the
 site theme from api.mystmd.org, which a build without the network cannot reach, and its HTML is a
 Remix application meant to be served over HTTP, not opened from disk (jupyter-book/mystmd#188).
@@ -44,6 +54,7 @@ import nbformat
 if TYPE_CHECKING:
     from nbconvert import HTMLExporter
 
+from .fonts import FONT_FILE, LICENSE_FILE, font_face_css, font_path, jupyterlab_css
 from .labcmd import lesson_paths
 from .notebook_format import CHECK_TAG, clean_text
 from .palette import PAGE_CSS
@@ -65,6 +76,8 @@ __all__ = [
     "static_panel_html",
     "clean_html",
     "build_wheel",
+    "site_editions",
+    "EDITION_FOLDERS",
     "main",
 ]
 
@@ -100,12 +113,16 @@ _TEMPLATE = r"""
 {%- endblock html_head_js_mathjax -%}
 {% block extra_css %}
 {{ resources.klviz.page_css }}
+{{ resources.klviz.alternate }}
 <style type="text/css">
+{{ resources.klviz.font_css }}
 body.jp-Notebook { max-width: 1000px; margin: 0 auto; padding: 0 16px; }
 nav.klviz-nav { display: flex; justify-content: space-between; gap: 12px; padding: 10px 0;
   font-family: var(--jp-ui-font-family, sans-serif); font-size: 14px; border-bottom: 1px solid #ddd; }
 nav.klviz-nav.bottom { border-top: 1px solid #ddd; border-bottom: none; margin-top: 24px; }
 nav.klviz-nav a { text-decoration: none; }
+nav.klviz-nav a.klviz-lang-switch { margin-left: 14px; padding: 1px 8px; border: 1px solid #c8d3e0;
+  border-radius: 4px; }
 p.klviz-download a, nav.klviz-nav a { color: #1f5fa8; }
 p.klviz-precomputed-note, p.klviz-download { font-family: var(--jp-ui-font-family, sans-serif); font-size: 13px;
   color: #555;  background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px; padding: 6px 10px; margin: 10px 0; }
@@ -127,7 +144,8 @@ details.klviz-checks > summary { color: #595959; font-size: 12px; }
 <nav class="klviz-nav {{ where }}">
   <span>{% if resources.klviz.prev %}<a class="klviz-prev" href="{{ resources.klviz.prev.href }}">
     &larr; {{ resources.klviz.prev.title | e }}</a>{% endif %}</span>
-  <span><a class="klviz-index" href="index.html">All lessons</a></span>
+  <span><a class="klviz-index" href="index.html">{{ resources.klviz.words.all_lessons }}</a>
+    {{- resources.klviz.switch }}</span>
   <span>{% if resources.klviz.next %}<a class="klviz-next" href="{{ resources.klviz.next.href }}">
     {{ resources.klviz.next.title | e }} &rarr;</a>{% endif %}</span>
 </nav>
@@ -135,12 +153,9 @@ details.klviz-checks > summary { color: #595959; font-size: 12px; }
 {%- block body_header -%}
 {{ super() }}
 {{ klviz_nav('top') }}
-<p class="klviz-precomputed-note">{{ resources.klviz.note }}</p>
+<p class="klviz-precomputed-note">{{ resources.klviz.words.note }}</p>
 {%- if resources.klviz.download %}
-<p class="klviz-download">To run this lesson yourself,
-  <a class="klviz-download-lesson" href="{{ resources.klviz.download | e }}"
-     download="{{ resources.klviz.download_name | e }}">download it ({{ resources.klviz.download_name | e }})</a>;
-  <a href="index.html#downloads">all lessons and the package</a> are on the index page, with how to run them.</p>
+<p class="klviz-download">{{ resources.klviz.download }}</p>
 {%- endif %}
 {%- endblock body_header -%}
 {% block body_footer %}
@@ -149,12 +164,13 @@ details.klviz-checks > summary { color: #595959; font-size: 12px; }
 {% endblock body_footer %}
 {% block codecell %}
 {%- if cell.metadata.get('jupyter', {}).get('source_hidden') -%}
-<details class="klviz-solution"><summary>Solution (click to show)</summary>
+<details class="klviz-solution"><summary>{{ resources.klviz.words.solution }}</summary>
 {{ super() }}
 </details>
 {%- elif cell.metadata.get('klviz_checks') -%}
-<details class="klviz-checks"><summary>Checks: {{ cell.metadata.klviz_checks }} assert
-{{- 's' if cell.metadata.klviz_checks > 1 }} on the numbers above (click to show)</summary>
+<details class="klviz-checks"><summary>{{ resources.klviz.words.checks
+  | replace("{n}", cell.metadata.klviz_checks | string)
+  | replace("{s}", "s" if cell.metadata.klviz_checks > 1 else "") }}</summary>
 {{ super() }}
 </details>
 {%- else -%}
@@ -162,6 +178,141 @@ details.klviz-checks > summary { color: #595959; font-size: 12px; }
 {%- endif -%}
 {% endblock codecell %}
 """
+
+# -- the editions: where their pages go, how they are marked, the words the site adds to a lesson ------
+#: Each edition's folder in the site, relative to its root.
+EDITION_FOLDERS = {"en": "", "zh": "zh/"}
+#: The ``lang`` attribute of each edition's pages (BCP 47: Simplified Chinese is ``zh-Hans``).
+HTML_LANG = {"en": "en", "zh": "zh-Hans"}
+#: How the language switch names each edition, in that edition's own language.
+LANGUAGE_NAMES = {"en": "English", "zh": "中文"}
+#: Where each edition's folder holds its copy of the CJK font.
+FONT_FOLDER = "_static/fonts"
+
+#: The site's own words on each edition's pages (the lessons' words come from the lessons).
+WORDS: dict[str, dict[str, str]] = {
+    "en": {
+        "all_lessons": "All lessons",
+        "note": PRECOMPUTED_NOTE,
+        "download": 'To run this lesson yourself, <a class="klviz-download-lesson" href="{href}" download="{name}">'
+        'download it ({name})</a>; <a href="index.html#downloads">all lessons and the package</a> are on the '
+        "index page, with how to run them.",
+        "solution": "Solution (click to show)",
+        "checks": "Checks: {n} assert{s} on the numbers above (click to show)",
+        "switch": "English version",
+    },
+    "zh": {
+        "all_lessons": "全部课程",
+        "note": "这些面板是预先算好的：滑块在构建时画好的各个位置之间切换，背后没有内核。"
+        "要使用实时面板（每个控件、任意取值），就运行这一课：在仓库目录中 <code>pip install .</code>"
+        "（或从 wheel 安装）之后运行 <code>klviz lab --lang zh</code>，或者在仓库目录中运行 "
+        "<code>make lab LANG=zh</code>。",
+        "download": '想自己运行这一课，就<a class="klviz-download-lesson" href="{href}" download="{name}">'
+        '下载它（{name}）</a>；<a href="index.html#downloads">全部课程和 klviz 包</a>都在课程目录里，并附有运行方法。',
+        "solution": "参考答案（点开查看）",
+        "checks": "检查：对上面数字的 {n} 条断言（点开查看）",
+        "switch": "中文版",
+    },
+}
+
+
+def site_editions(notebooks: list[Path], langs: list[str] | None = None) -> list[str]:
+    """The editions a site of ``notebooks`` has: ``langs`` (edition codes, English first), or by default
+    English and every edition whose catalogues are beside the notebooks (``locale/zh_CN/LC_MESSAGES``)."""
+    from .i18n import EDITIONS, LOCALES, edition, locale_dir
+
+    if langs is not None:
+        chosen = {edition(lang) for lang in langs}
+        if not chosen:
+            raise ValueError("langs: no edition chosen")
+        return [code for code in EDITIONS if code in chosen]
+    folder = notebooks[0].parent if notebooks else None
+    found = [
+        code
+        for code in EDITIONS
+        if code == "en" or (folder is not None and (locale_dir(folder) / LOCALES[code] / "LC_MESSAGES").is_dir())
+    ]
+    return found
+
+
+def _edition_sources(notebooks: list[Path], lang: str, folder: Path) -> list[Path]:
+    """The notebooks of edition ``lang``: the English ones themselves, or each translated from its catalogue
+    (``klviz.i18n.translate_notebook``; a cell without a current translation keeps its English) into
+    ``folder``, with the claims page beside them for the downloads."""
+    import json
+
+    from .i18n import catalogue_path, read_catalogue, translate_notebook
+    from .notebook_format import dumps
+
+    if lang == "en":
+        return notebooks
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in notebooks:
+        po = catalogue_path(path.stem, lang, path.parent)
+        nb = translate_notebook(
+            json.loads(path.read_text(encoding="utf-8")), read_catalogue(po, lang) if po.is_file() else None
+        )
+        (folder / path.name).write_text(dumps(nb), encoding="utf-8")
+        written.append(folder / path.name)
+    claims = notebooks[0].parent / "claims.md"
+    if claims.is_file():
+        shutil.copyfile(claims, folder / "claims.md")
+    return written
+
+
+def _switch(lang: str, other: str | None, page: str) -> dict[str, str] | None:
+    """The language switch of a page of edition ``lang`` to the same ``page`` in edition ``other``."""
+    if other is None:
+        return None
+    up = "../" * EDITION_FOLDERS[lang].count("/")
+    return {
+        "href": up + EDITION_FOLDERS[other] + page,
+        "hreflang": HTML_LANG[other],
+        "label": LANGUAGE_NAMES[other],
+        "title": WORDS[other]["switch"],
+    }
+
+
+def _switch_html(switch: dict[str, str] | None) -> str:
+    if switch is None:
+        return ""
+    return (
+        f'<a class="klviz-lang-switch" href="{html.escape(switch["href"])}" hreflang="{switch["hreflang"]}" '
+        f'lang="{switch["hreflang"]}" title="{html.escape(switch["title"])}">{html.escape(switch["label"])}</a>'
+    )
+
+
+def _alternate_link(switch: dict[str, str] | None) -> str:
+    if switch is None:
+        return ""
+    return f'<link rel="alternate" hreflang="{switch["hreflang"]}" href="{html.escape(switch["href"])}">'
+
+
+def _font_css(page_font_stack: str | None = None) -> str:
+    """The CJK font for a page of the site (from its edition folder's ``_static/fonts/``): its
+    ``@font-face``, first in JupyterLab's font variables (lesson pages) or in ``page_font_stack``'s place."""
+    url = f"{FONT_FOLDER}/{FONT_FILE.name}"
+    if page_font_stack is None:
+        return jupyterlab_css(url)
+    from .fonts import FAMILY
+
+    return font_face_css(url) + f'body {{ font-family: "{FAMILY}", {page_font_stack}; }}\n'
+
+
+def _copy_font(folder: Path) -> None:
+    """The CJK font and its licence into ``folder/_static/fonts``."""
+    target = folder / FONT_FOLDER
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(font_path(), target / FONT_FILE.name)
+    if LICENSE_FILE.is_file():
+        shutil.copyfile(LICENSE_FILE, target / LICENSE_FILE.name)
+
+
+def _mark_lang(page_html: str, lang: str) -> str:
+    """The page's ``<html lang>`` as :data:`HTML_LANG` says (nbconvert accepts ISO 639-1 codes only)."""
+    return re.sub(r'<html lang="[^"]*"', f'<html lang="{HTML_LANG[lang]}"', page_html, count=1)
+
 
 _HREF_IPYNB = re.compile(r'href="(?![a-zA-Z][a-zA-Z0-9+.-]*:|/|#)([^"#?]*?)\.ipynb((?:#[^"]*)?)"')
 
@@ -175,14 +326,25 @@ class LessonPage:
     title: str
     summary: str
     seconds: float = float("nan")
+    #: the edition (``"en"``, ``"zh"``): the page is ``EDITION_FOLDERS[lang] + page`` in the site
+    lang: str = "en"
 
 
 @contextmanager
-def _static_environment() -> Iterator[None]:
-    """Kernels started inside inherit ``KLVIZ_STATIC=1`` and no forced matplotlib backend."""
-    saved = {k: os.environ.get(k) for k in ("KLVIZ_STATIC", "MPLBACKEND")}
+def _static_environment(lang: str | None = None) -> Iterator[None]:
+    """Kernels started inside inherit ``KLVIZ_STATIC=1`` and no forced matplotlib backend, and with
+    ``lang`` the edition's language (``KLVIZ_LANG``, :func:`klviz.servers.edition_env`): the library's
+    words in the lesson's outputs, and in the panels this process renders, are that edition's."""
+    from .servers import LANG_VARIABLE, edition_env
+
+    saved = {k: os.environ.get(k) for k in ("KLVIZ_STATIC", "MPLBACKEND", LANG_VARIABLE)}
     os.environ["KLVIZ_STATIC"] = "1"
     os.environ.pop("MPLBACKEND", None)
+    if lang is not None:
+        if LANG_VARIABLE in edition_env(lang, {}):
+            os.environ[LANG_VARIABLE] = lang
+        else:
+            os.environ.pop(LANG_VARIABLE, None)
     try:
         yield
     finally:
@@ -193,8 +355,11 @@ def _static_environment() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def execute_notebook(path: str | os.PathLike[str], *, timeout: int = 600) -> nbformat.NotebookNode:
-    """Run the notebook top to bottom in a fresh ``python3`` kernel, in its own folder, in static mode.
+def execute_notebook(
+    path: str | os.PathLike[str], *, timeout: int = 600, lang: str | None = None
+) -> nbformat.NotebookNode:
+    """Run the notebook top to bottom in a fresh ``python3`` kernel, in its own folder, in static mode
+    (and, with ``lang``, in that edition's language: ``KLVIZ_LANG``).
 
     ``timeout`` bounds each cell in seconds. Raises ``nbclient.exceptions.CellExecutionError`` (with
     the cell and the traceback) when a cell fails. The kernel talks to this process over Unix sockets
@@ -212,7 +377,7 @@ def execute_notebook(path: str | os.PathLike[str], *, timeout: int = 600) -> nbf
         nb = nbformat.read(path, as_version=4)
         with tempfile.TemporaryDirectory(prefix="klviz-kernel-") as sockets:
             try:
-                with _static_environment():
+                with _static_environment(lang):
                     ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
                     NotebookClient(
                         nb,
@@ -257,7 +422,7 @@ def lesson_title(nb: nbformat.NotebookNode, fallback: str) -> tuple[str, str]:
     return title, summary
 
 
-_LEARN = re.compile(r"^\s*\*\*What you will learn\*\*\s*:?\s*$", re.I)
+_LEARN = re.compile(r"^\s*\*\*(?:What you will learn|你将学到)\*\*\s*[:：]?\s*$", re.I)
 
 
 def _learn_list(lines: list[str]) -> str:
@@ -373,6 +538,11 @@ def _plain_title(title: str) -> str:
     return re.sub(r"[`*]", "", title)
 
 
+def _short_title(title: str) -> str:
+    """The navigation's title: the plain title up to its colon (``:`` or the full-width ``：``)."""
+    return re.split(r"[:：]", _plain_title(title))[0].strip()
+
+
 def assert_only(source: str) -> int:
     """The number of statements of a code cell that is nothing but ``assert`` statements (and
     comments), else 0 (also for cells that are not plain Python, e.g. with magics)."""
@@ -393,7 +563,7 @@ def rewrite_links(page_html: str) -> str:
     return _HREF_IPYNB.sub(lambda m: f'href="{m.group(1)}.html{m.group(2)}"', page_html)
 
 
-def _exporter(mathjax_url: str) -> HTMLExporter:
+def _exporter(mathjax_url: str, lang: str = "en") -> HTMLExporter:
     """nbconvert's HTML exporter with the site's template, sanitising Markdown cells and outputs
     (``sanitize_html``: its ``clean_html`` filter is :func:`clean_html`; JavaScript outputs are dropped)."""
     import jinja2
@@ -407,6 +577,7 @@ def _exporter(mathjax_url: str) -> HTMLExporter:
         exclude_input_prompt=True,
         exclude_output_prompt=True,
         sanitize_html=True,
+        language_code=lang,
     )
     exporter.register_filter("clean_html", clean_html)
     return exporter
@@ -445,34 +616,44 @@ def render_lesson(
     mathjax_url: str = LOCAL_MATHJAX,
     panels: dict[str, str] | None = None,
     download: str | None = None,
+    other: str | None = None,
 ) -> str:
-    """The HTML page of an executed lesson, with navigation and rewritten lesson links.
+    """The HTML page of an executed lesson of edition ``page.lang``, with navigation, the language switch
+    to the same lesson in edition ``other`` (None: no switch) and rewritten lesson links.
 
     Everything from the notebook is sanitised (:func:`clean_html`); ``panels`` maps the placeholders
     that :func:`precomputed_panels` left in the outputs to the panels' HTML, which the builder wrote
     itself and which is put in after sanitising. ``download``: the URL that saves the lesson (:func:`lesson_download`).
     """
+    lang = page.lang
 
     def ref(p: LessonPage | None) -> dict | None:  # short titles in the navigation bar
-        return None if p is None else {"href": p.page, "title": _plain_title(p.title).split(":")[0].strip()}
+        return None if p is None else {"href": p.page, "title": _short_title(p.title)}
 
+    words = WORDS[lang]
+    name = page.source.name if page.source is not None else ""
+    switch = _switch(lang, other, page.page)
     nb = fold_check_cells(_mark_checks(_without_widget_views(nb)))
     resources = {
         "klviz": {
             "prev": ref(prev),
             "next": ref(next_),
-            "note": PRECOMPUTED_NOTE,
+            "words": words,
             "mathjax_config": MATHJAX_CONFIG,
             "page_css": PAGE_CSS,
-            "download": download,
-            "download_name": page.source.name if page.source is not None else "",
+            "font_css": _font_css(),
+            "switch": _switch_html(switch),
+            "alternate": _alternate_link(switch),
+            "download": words["download"].format(href=html.escape(download), name=html.escape(name))
+            if download
+            else "",
         },
         "metadata": {"name": _plain_title(page.title)},
     }
-    body, _ = _exporter(mathjax_url).from_notebook_node(nb, resources=resources)
+    body, _ = _exporter(mathjax_url, lang).from_notebook_node(nb, resources=resources)
     for slot, panel_html in (panels or {}).items():
         body = body.replace(slot, panel_html)
-    return rewrite_claim_links(rewrite_links(body))
+    return _mark_lang(rewrite_claim_links(rewrite_links(body)), lang)
 
 
 # -- claims and checks: the page of claims with their evidence, and the lessons' check cells ---------
@@ -502,15 +683,19 @@ def rewrite_claim_links(page_html: str) -> str:
     return _HREF_CLAIMS.sub(lambda m: f'href="{CLAIMS_PAGE}{m.group(1)}"', page_html)
 
 
+#: The font stack of the index and the claims page (the CJK font goes first: it serves CJK characters only).
+_PAGE_FONTS = '-apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif'
+
 _CLAIMS_HTML = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
+<html lang="{lang}"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1.0">
-<title>klviz: claims and their evidence</title>
+<title>{title}</title>
+{alternate}
 {mathjax_config}
 <script src="{mathjax}"></script>
 <style>
-body {{ font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; max-width: 920px;
-  margin: 32px auto; padding: 0 16px; color: #222; line-height: 1.5; }}
+{font_css}
+body {{ max-width: 920px; margin: 32px auto; padding: 0 16px; color: #222; line-height: 1.5; }}
 nav.klviz-nav {{ padding: 8px 0 12px 0; border-bottom: 1px solid #ddd; font-size: 14px; }}
 h2 {{ margin-top: 28px; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 1.15em; }}
 h2:target {{ background: #fff7d6; }}
@@ -518,17 +703,36 @@ blockquote {{ margin: 8px 0; padding: 4px 12px; border-left: 3px solid #1f5fa8; 
 a.anchor-link {{ visibility: hidden; margin-left: 6px; text-decoration: none; }}
 h2:hover a.anchor-link {{ visibility: visible; }}
 code {{ background: #f4f4f4; padding: 1px 4px; border-radius: 3px; }}
+nav.klviz-nav a.klviz-lang-switch {{ margin-left: 14px; }}
+p.klviz-claims-note {{ color: #444; background: #f6f8fa; border: 1px solid #e1e4e8; border-radius: 4px;
+  padding: 6px 10px; }}
 </style></head>
 <body>
-<nav class="klviz-nav"><a class="klviz-index" href="index.html">All lessons</a></nav>
+<nav class="klviz-nav"><a class="klviz-index" href="index.html">{all_lessons}</a>{switch}</nav>
+{note}
 {body}
 </body></html>
 """
 
+#: The claims page's own words per edition: its title, and on a translated edition's page the sentence that
+#: says the entries are English (their wording is the property tests' docstrings, not translated).
+_CLAIMS_WORDS = {
+    "en": {"title": "klviz: claims and their evidence", "note": ""},
+    "zh": {
+        "title": "klviz：声明及其证据",
+        "note": '<p class="klviz-claims-note">以下各条声明及其证据目前只有英文版；'
+        "课程中的“在 N …上检验”标记都链接到这里对应的条目。</p>",
+    },
+}
 
-def render_claims_page(markdown_text: str, *, mathjax_url: str = LOCAL_MATHJAX) -> str:
-    """The claims page as HTML: each claim's heading keeps its id as the anchor the lessons link to
-    (``claims.html#claim-id``), and its links to lessons point at their pages."""
+
+def render_claims_page(
+    markdown_text: str, *, mathjax_url: str = LOCAL_MATHJAX, lang: str = "en", other: str | None = None
+) -> str:
+    """The claims page as HTML for edition ``lang`` (with the switch to edition ``other``): each claim's
+    heading keeps its id as the anchor the lessons link to (``claims.html#claim-id``), and its links to
+    lessons point at their pages (of the same edition). The entries are English in every edition (a
+    translated page says so in its language and marks them ``lang="en"``)."""
     from nbconvert.filters.markdown import markdown2html
 
     body = clean_html(markdown2html(markdown_text))
@@ -538,14 +742,30 @@ def render_claims_page(markdown_text: str, *, mathjax_url: str = LOCAL_MATHJAX) 
         lambda m: f'<h2 id="{m.group(1)}">{m.group(1)}<a class="anchor-link" href="#{m.group(1)}">&#182;</a></h2>',
         body,
     )
+    body = rewrite_links(body)
+    if lang != "en":
+        body = f'<div lang="en">\n{body}\n</div>'
+    switch = _switch(lang, other, CLAIMS_PAGE)
+    words = _CLAIMS_WORDS[lang]
     return _CLAIMS_HTML.format(
-        body=rewrite_links(body), mathjax=html.escape(mathjax_url), mathjax_config=MATHJAX_CONFIG
+        body=body,
+        mathjax=html.escape(mathjax_url),
+        mathjax_config=MATHJAX_CONFIG,
+        lang=HTML_LANG[lang],
+        title=html.escape(words["title"]),
+        note=words["note"],
+        all_lessons=html.escape(WORDS[lang]["all_lessons"]),
+        switch=_switch_html(switch),
+        alternate=_alternate_link(switch),
+        font_css=_font_css(_PAGE_FONTS),
     )
 
 
-def write_claims_page(source: Path, out: Path, *, mathjax_url: str = LOCAL_MATHJAX) -> Path | None:
-    """Write ``out/claims.html`` from the ``claims.md`` beside the lessons in ``source`` (or the shipped one);
-    returns its path, or None when there is no claims page to render."""
+def write_claims_page(
+    source: Path, out: Path, *, mathjax_url: str = LOCAL_MATHJAX, lang: str = "en", other: str | None = None
+) -> Path | None:
+    """Write ``out/claims.html`` (edition ``lang``, switch to ``other``) from the ``claims.md`` beside the
+    lessons in ``source`` (or the shipped one); returns its path, or None when there is no claims page to render."""
     candidates = [Path(source) / CLAIMS_SOURCE]
     try:
         from .labcmd import shipped_notebooks_dir
@@ -557,19 +777,24 @@ def write_claims_page(source: Path, out: Path, *, mathjax_url: str = LOCAL_MATHJ
         if path.is_file():
             target = Path(out) / CLAIMS_PAGE
             target.write_text(
-                render_claims_page(path.read_text(encoding="utf-8"), mathjax_url=mathjax_url), encoding="utf-8"
+                render_claims_page(path.read_text(encoding="utf-8"), mathjax_url=mathjax_url, lang=lang, other=other),
+                encoding="utf-8",
             )
             return target
     return None
 
 
-def add_claims_link(index_html: str) -> str:
+_CLAIMS_LINK = {
+    "en": '<p class="klviz-claims-link">Every general sentence in a lesson links to its evidence: '
+    '<a href="{page}">claims and the property tests that check them</a>.</p>\n',
+    "zh": '<p class="klviz-claims-link">课程中每一句陈述一般规律的话都链接到它的证据：'
+    '<a href="{page}">各条声明以及检验它们的性质测试</a>。</p>\n',
+}
+
+
+def add_claims_link(index_html: str, lang: str = "en") -> str:
     """The index page with a link to the claims page above its footer."""
-    link = (
-        '<p class="klviz-claims-link">Every general sentence in a lesson links to its evidence: '
-        f'<a href="{CLAIMS_PAGE}">claims and the property tests that check them</a>.</p>\n'
-    )
-    return index_html.replace("<footer>", link + "<footer>", 1)
+    return index_html.replace("<footer>", _CLAIMS_LINK[lang].format(page=CLAIMS_PAGE) + "<footer>", 1)
 
 
 # -- panels on the static site: precomputed frames along their main controls -----------------------
@@ -577,13 +802,14 @@ def add_claims_link(index_html: str) -> str:
 _DATA_PNG = re.compile(r"^data:image/png;base64,([A-Za-z0-9+/=]+)$")
 
 
-def precomputed_panels(nb: nbformat.NotebookNode, out: Path) -> tuple[int, dict[str, str]]:
+def precomputed_panels(nb: nbformat.NotebookNode, out: Path, prefix: str = "") -> tuple[int, dict[str, str]]:
     """Write each panel's precomputed positions (outputs of type ``STATIC_PANEL_MIME``) as the site's own
     HTML, its frames as files in ``out/_static/frames/`` (one per distinct image, named by content).
 
     The output is replaced by a placeholder that no notebook can know in advance (a fresh random
     token); :func:`render_lesson` puts the panel's HTML there after sanitising the rest. Returns the
-    bytes of new frames written and ``{placeholder: panel HTML}``.
+    bytes of new frames written and ``{placeholder: panel HTML}``. ``prefix`` leads from the page's folder
+    to ``out`` (``"../"`` for the pages of ``out/zh/``): the frames of both editions are one set.
     """
     import secrets
 
@@ -604,7 +830,7 @@ def precomputed_panels(nb: nbformat.NotebookNode, out: Path) -> tuple[int, dict[
             folder.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
             written += len(data)
-        return f"_static/frames/{name}"
+        return f"{prefix}_static/frames/{name}"
 
     for cell in nb.cells:
         for output in cell.get("outputs", []):
@@ -643,15 +869,19 @@ def _copy_mathjax(out: Path) -> str:
 
 
 _INDEX = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
+<html lang="{lang}"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1.0">
-<title>klviz lessons</title>
+<title>{title}</title>
+{alternate}
 {page_css}
 {mathjax_config}
 <script src="{mathjax}"></script>
 <style>
-body {{ font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; max-width: 860px;
-  margin: 40px auto; padding: 0 16px; color: #222; line-height: 1.5; }}
+{font_css}
+body {{ max-width: 860px; margin: 40px auto; padding: 0 16px; color: #222; line-height: 1.5; }}
+nav.klviz-nav {{ text-align: right; font-size: 14px; }}
+nav.klviz-nav a.klviz-lang-switch {{ padding: 1px 8px; border: 1px solid #c8d3e0; border-radius: 4px;
+  text-decoration: none; }}
 h1 {{ margin-bottom: 4px; }} .sub {{ color: #555; margin-top: 0; }}
 ol.lessons {{ padding-left: 0; list-style: none; }}
 ol.lessons > li {{ margin: 14px 0; padding: 10px 14px; border: 1px solid #e2e2e2; border-radius: 6px; }}
@@ -664,21 +894,40 @@ section.klviz-downloads li {{ margin: 6px 0; }}
 footer {{ color: #595959; font-size: 90%; margin-top: 32px; border-top: 1px solid #ddd; padding-top: 8px; }}
 </style></head>
 <body>
-<h1>klviz: KL divergence from sampled tokens</h1>
-<p class="sub">How RL for language models (PPO, GRPO; verl, TRL, OpenRLHF) estimates KL divergence with k1, k2 and k3,
-why it works, when it misleads, and what the gradients do. A static copy: every lesson executed, and each panel's
-sliders step through positions precomputed when the site was built (no kernel, no server).</p>
+{switch}
+{header}
 <ol class="lessons">
 {items}
 </ol>
 {downloads}
-<footer>Built {when} with klviz {version}: every lesson executed on CPU (KLVIZ_STATIC=1) and converted with nbconvert;
-the panels' frames were rendered at build time.</footer>
+<footer>{footer}</footer>
 </body></html>
 """
 
+#: The index's own words per edition: title, heading and introduction, footer.
+_INDEX_WORDS = {
+    "en": {
+        "title": "klviz lessons",
+        "header": """<h1>klviz: KL divergence from sampled tokens</h1>
+<p class="sub">How RL for language models (PPO, GRPO; verl, TRL, OpenRLHF) estimates KL divergence with k1, k2 and k3,
+why it works, when it misleads, and what the gradients do. A static copy: every lesson executed, and each panel's
+sliders step through positions precomputed when the site was built (no kernel, no server).</p>""",
+        "footer": """Built {when} with klviz {version}: every lesson executed on CPU (KLVIZ_STATIC=1) and converted
+with nbconvert; the panels' frames were rendered at build time.""",
+    },
+    "zh": {
+        "title": "klviz 课程",
+        "header": "<h1>klviz：用采样到的词元估计 KL 散度</h1>\n"
+        '<p class="sub">语言模型的强化学习（PPO、GRPO；verl、TRL、OpenRLHF）如何用 k1、k2 和 k3 估计 KL 散度，'
+        "它为什么成立，什么时候会误导人，以及梯度实际做了什么。这是一个静态副本：每一课都已执行，"
+        "每个面板的滑块在构建时预先算好的位置之间切换（没有内核，也没有服务器）。</p>",
+        "footer": "构建于 {when}，klviz {version}：每一课都在 CPU 上执行（KLVIZ_STATIC=1，KLVIZ_LANG=zh），"
+        "用 nbconvert 转换；面板的画面在构建时生成。",
+    },
+}
 
-_DOWNLOADS = """<section class="klviz-downloads" id="downloads">
+
+_DOWNLOADS_EN = """<section class="klviz-downloads" id="downloads">
 <h2>Run the lessons yourself</h2>
 <p class="klviz-install">This copy cannot run code: to move every control of the panels and try the exercises,
 run the lessons in JupyterLab. klviz is not on a package index; everything needed is here:</p>
@@ -693,32 +942,70 @@ too. From a checkout of the repository, <code>make lab</code> does all of this (
 and <code>klviz lab</code>); a wheel is built there with <code>pip wheel --no-deps .</code>.</p>
 </section>"""
 
+# (no line breaks inside Chinese sentences: a browser shows a break between two CJK characters as a space)
+_DOWNLOADS_ZH = (
+    '<section class="klviz-downloads" id="downloads">\n<h2>自己运行这些课程</h2>\n'
+    '<p class="klviz-install">这个副本不能运行代码：要拖动面板的每个控件、动手做练习，就在 JupyterLab 中运行这些课程。'
+    "klviz 没有发布到 PyPI 这样的包索引上；所需的一切都在这里：</p>\n<ul>\n{items}\n</ul>\n"
+    "<p>然后在终端里（Python 3.10 或更高版本）：先用 "
+    "<code>pip install torch --index-url https://download.pytorch.org/whl/cpu</code> "
+    "安装 CPU 版 PyTorch（或适合你的 GPU 的版本），再 <code>pip install {wheel_name}</code>，"
+    "然后运行 <code>klviz lab --lang zh</code>：它把中文课程复制到 <code>./klviz-lessons-zh</code> "
+    "并在那里打开 JupyterLab。单独下载的一课也可以在这个 JupyterLab 中打开。"
+    "在仓库目录中，<code>make lab LANG=zh</code> 会完成这一切（或者 <code>pip install .</code> 之后运行 "
+    "<code>klviz lab --lang zh</code>）；wheel 在仓库目录中用 <code>pip wheel --no-deps .</code> 构建。</p>\n"
+    "</section>"
+)
 
-def _downloads_html(downloads: dict[str, str]) -> str:
+#: The downloads section per edition: its frame, and the words of its items.
+_DOWNLOADS = {
+    "en": {
+        "section": _DOWNLOADS_EN,
+        "zip": "All lessons (.zip)</a>: the notebooks, the claims page and the wheel when there is one, with a "
+        "<code>README.txt</code> on how to run them (everything in it works without the network once PyTorch is "
+        "installed).",
+        "wheel": "The klviz package (wheel)</a>: the library the lessons import, with the lessons inside it.",
+        "one": "One lesson at a time: the link at the top of each lesson's page.",
+    },
+    "zh": {
+        "section": _DOWNLOADS_ZH,
+        "zip": "全部中文课程（.zip）</a>：notebook、声明列表，以及（如果有的话）wheel，附一个说明如何运行它们的 "
+        "<code>README.txt</code>（装好 PyTorch 之后，其中的一切都能离线使用）。",
+        "wheel": "klviz 包（wheel）</a>：课程导入的库，课程也包含在其中。",
+        "one": "单独一课：每一课开头的下载链接。",
+    },
+}
+
+
+def _downloads_html(downloads: dict[str, str], lang: str = "en") -> str:
     """The index's section of downloads: the zip of all lessons and the wheel."""
+    words = _DOWNLOADS[lang]
     items = []
     if "zip" in downloads:
         items.append(
-            f'<li><a class="klviz-download-zip" href="{html.escape(downloads["zip"])}" download>'
-            "All lessons (.zip)</a>: "
-            "the notebooks, the claims page and the wheel when there is one, with a <code>README.txt</code> on how to "
-            "run them (everything in it works without the network once PyTorch is installed).</li>"
+            f'<li><a class="klviz-download-zip" href="{html.escape(downloads["zip"])}" download>{words["zip"]}</li>'
         )
     if "wheel" in downloads:
         items.append(
-            f'<li><a class="klviz-download-wheel" href="{html.escape(downloads["wheel"])}" download>The klviz '
-            "package (wheel)</a>: the library the lessons import, with the lessons inside it.</li>"
+            f'<li><a class="klviz-download-wheel" href="{html.escape(downloads["wheel"])}" download>'
+            f"{words['wheel']}</li>"
         )
-    items.append("<li>One lesson at a time: the link at the top of each lesson's page.</li>")
+    items.append(f"<li>{words['one']}</li>")
     wheel = Path(downloads["wheel"]).name if "wheel" in downloads else "klviz-VERSION-py3-none-any.whl"
-    return _DOWNLOADS.format(items="\n".join(items), wheel_name=html.escape(wheel))
+    return words["section"].format(items="\n".join(items), wheel_name=html.escape(wheel))
 
 
 def render_index(
-    pages: list[LessonPage], *, mathjax_url: str = LOCAL_MATHJAX, downloads: dict[str, str] | None = None
+    pages: list[LessonPage],
+    *,
+    mathjax_url: str = LOCAL_MATHJAX,
+    downloads: dict[str, str] | None = None,
+    lang: str = "en",
+    other: str | None = None,
 ) -> str:
-    """The index page: one card per lesson, linking to its page, with what the lesson teaches, and the
-    downloads (``{"zip": path, "wheel": path}``, relative to the page)."""
+    """The index page of edition ``lang`` (with the switch to edition ``other``'s index): one card per
+    lesson, linking to its page, with what the lesson teaches, and the downloads (``{"zip": path,
+    "wheel": path}``, relative to the page)."""
     from nbconvert.filters.markdown import markdown2html
 
     from . import __version__
@@ -731,14 +1018,21 @@ def render_index(
             f'<div class="summary">{rewrite_links(summary)}</div></li>'
         )
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    words = _INDEX_WORDS[lang]
+    switch = _switch(lang, other, "index.html")
     return _INDEX.format(
+        lang=HTML_LANG[lang],
+        title=words["title"],
+        header=words["header"],
+        footer=words["footer"].format(when=when, version=html.escape(__version__)),
+        switch=f'<nav class="klviz-nav">{_switch_html(switch)}</nav>' if switch else "",
+        alternate=_alternate_link(switch),
+        font_css=_font_css(_PAGE_FONTS),
         items="\n".join(items),
         mathjax=html.escape(mathjax_url),
-        when=when,
-        version=html.escape(__version__),
         mathjax_config=MATHJAX_CONFIG,
         page_css=PAGE_CSS,
-        downloads=_downloads_html(downloads or {}),
+        downloads=_downloads_html(downloads or {}, lang),
     )
 
 
@@ -764,6 +1058,36 @@ klviz is not on a package index; this folder has what you need besides PyTorch.
 Once PyTorch and klviz are installed, nothing needs the network: the lessons, their data and the tiny
 language model ship inside the package.{no_wheel}
 """
+
+_ZIP_README_ZH = """klviz {version}：中文课程，在你自己的机器上运行
+==============================================
+
+klviz 不在软件包索引上；除了 PyTorch，你需要的一切都在这个文件夹里。
+
+1. Python 3.10 或更高版本。在终端里，进入这个文件夹：
+       python -m venv .venv && . .venv/bin/activate          （Windows：.venv\\Scripts\\activate）
+2. PyTorch，CPU 版（不用下载好几 GB；有 GPU 的话装对应 CUDA 的版本）：
+       pip install torch --index-url https://download.pytorch.org/whl/cpu
+3. klviz 本身，用这个文件夹里的 wheel 安装（它会带上 JupyterLab 和各种控件）：
+       pip install {wheel}
+4. 打开课程：
+       klviz lab --lang zh .
+   JupyterLab 在这个文件夹上打开（只监听 127.0.0.1，带 token）；从 00_start_here.ipynb 开始。
+
+装好 PyTorch 和 klviz 之后，一切都不需要网络：课程、数据和微型语言模型都在包里。{no_wheel}
+"""
+_ZIP = {
+    "en": {
+        "readme": _ZIP_README,
+        "folder": "klviz-lessons",
+        "no_wheel": "\n\nThis zip was built without the wheel: build it from a checkout with `pip wheel --no-deps .`.",
+    },
+    "zh": {
+        "readme": _ZIP_README_ZH,
+        "folder": "klviz-lessons-zh",
+        "no_wheel": "\n\n这个 zip 构建时没有带上 wheel：在仓库目录中用 `pip wheel --no-deps .` 构建它。",
+    },
+}
 
 
 def _checkout_root() -> Path | None:
@@ -814,11 +1138,20 @@ def lesson_download(path: Path) -> str:
 
 
 def write_downloads(
-    notebooks: list[Path], out: Path, *, wheel: Path | None, log: Callable[[str], object] = print
+    notebooks: list[Path],
+    out: Path,
+    *,
+    wheel: Path | None,
+    log: Callable[[str], object] = print,
+    lang: str = "en",
+    wheel_href: str | None = None,
 ) -> dict[str, str]:
     """Put the wheel and a zip of every lesson (in its stored form, no outputs), the claims page and the
     wheel, with a README, in ``out/downloads/``; returns their paths relative to ``out`` (``"zip"``,
-    ``"wheel"``). Each lesson's own page offers the lesson itself (:func:`lesson_download`)."""
+    ``"wheel"``). Each lesson's own page offers the lesson itself (:func:`lesson_download`).
+
+    ``lang``: the edition of ``notebooks`` (its README and the zip's name: ``klviz-lessons-zh-<version>.zip``).
+    ``wheel_href``: where the wheel already is, relative to ``out`` (the other edition's copy): not copied again."""
     import zipfile
 
     from . import __version__
@@ -828,29 +1161,109 @@ def write_downloads(
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     found: dict[str, str] = {}
-    if wheel is not None:
+    if wheel is not None and wheel_href is None:
         shutil.copy(wheel, folder / wheel.name)
         found["wheel"] = f"{DOWNLOADS}/{wheel.name}"
-    zip_name = f"klviz-lessons-{__version__}.zip"
-    readme = _ZIP_README.format(
+    elif wheel is not None and wheel_href is not None:
+        found["wheel"] = wheel_href
+    words = _ZIP[lang]
+    top = words["folder"]
+    zip_name = f"{top}-{__version__}.zip"
+    readme = words["readme"].format(
         version=__version__,
         wheel=wheel.name if wheel else f"klviz-{__version__}-py3-none-any.whl",
-        no_wheel=""
-        if wheel
-        else "\n\nThis zip was built without the wheel: build it from a checkout with `pip wheel --no-deps .`.",
+        no_wheel="" if wheel else words["no_wheel"],
     )
     claims = notebooks[0].parent / "claims.md" if notebooks else None
     with zipfile.ZipFile(folder / zip_name, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr("klviz-lessons/README.txt", readme)
+        z.writestr(f"{top}/README.txt", readme)
         for path in notebooks:
-            z.writestr(f"klviz-lessons/{path.name}", clean_text(path.read_text(encoding="utf-8")))
+            z.writestr(f"{top}/{path.name}", clean_text(path.read_text(encoding="utf-8")))
         if claims is not None and claims.is_file():
-            z.write(claims, "klviz-lessons/claims.md")
+            z.write(claims, f"{top}/claims.md")
         if wheel is not None:
-            z.write(folder / wheel.name, f"klviz-lessons/{wheel.name}")
+            z.write(wheel, f"{top}/{wheel.name}")
     found["zip"] = f"{DOWNLOADS}/{zip_name}"
     log(f"klviz site: wrote {folder} ({zip_name}{' and the wheel' if wheel else ''})")
     return found
+
+
+def _build_edition(
+    lang: str,
+    sources: list[Path],
+    out: Path,
+    *,
+    other: str | None,
+    mathjax_url: str,
+    downloads: dict[str, str],
+    timeout: int,
+    keep_going: bool,
+    jobs: int,
+    log: Callable[[str], object],
+) -> tuple[list[LessonPage], list[str]]:
+    """Execute edition ``lang``'s notebooks (``sources``) with ``KLVIZ_LANG`` set for it and write its pages,
+    claims page and index into its folder of the site ``out``; returns the pages built and the failures
+    (raised at once unless ``keep_going``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    folder = out / EDITION_FOLDERS[lang]
+    up = "../" * EDITION_FOLDERS[lang].count("/")  # from the edition's folder back to the site's root
+    pages = []
+    for path in sources:
+        title, summary = lesson_title(nbformat.read(path, as_version=4), path.stem)
+        pages.append(LessonPage(path, _page_name(path), title, summary, lang=lang))
+
+    def run(page: LessonPage) -> nbformat.NotebookNode | str:
+        """The executed lesson, or the message that says why it failed."""
+        t0 = time.perf_counter()
+        log(f"klviz site: running {EDITION_FOLDERS[lang]}{page.source.name} ...")
+        try:
+            executed = execute_notebook(page.source, timeout=timeout, lang=lang)
+        except (CellExecutionError, CellTimeoutError) as err:
+            return f"{EDITION_FOLDERS[lang]}{page.source.name} failed:\n{err}"
+        page.seconds = time.perf_counter() - t0
+        return executed
+
+    failures: list[str] = []
+    built: list[LessonPage] = []
+    with _static_environment(lang), ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = [pool.submit(run, page) for page in pages]
+        for i, (page, future) in enumerate(zip(pages, results)):
+            executed = future.result()
+            if isinstance(executed, str):  # the lesson failed: this is why
+                if not keep_going:
+                    for later in results[i + 1 :]:
+                        later.cancel()
+                    raise RuntimeError(executed)
+                failures.append(executed)
+                continue
+            frame_bytes, panels = precomputed_panels(executed, out, prefix=up)
+            prev = pages[i - 1] if i > 0 else None
+            next_ = pages[i + 1] if i + 1 < len(pages) else None
+            page_html = render_lesson(
+                executed,
+                page,
+                prev,
+                next_,
+                mathjax_url=mathjax_url,
+                panels=panels,
+                download=lesson_download(page.source),
+                other=other,
+            )
+            (folder / page.page).write_text(page_html, encoding="utf-8")
+            built.append(page)
+            log(
+                f"klviz site: wrote {folder / page.page} ({page.seconds:.1f} s, "
+                f"{frame_bytes / 1e6:.1f} MB of new panel frames)"
+            )
+    claims = write_claims_page(sources[0].parent, folder, mathjax_url=mathjax_url, lang=lang, other=other)
+    index = render_index(pages, mathjax_url=mathjax_url, downloads=downloads, lang=lang, other=other)
+    (folder / "index.html").write_text(add_claims_link(index, lang) if claims else index, encoding="utf-8")
+    if claims:
+        log(f"klviz site: wrote {claims}")
+    return built, failures
 
 
 def build_site(
@@ -861,16 +1274,20 @@ def build_site(
     keep_going: bool = False,
     jobs: int = 2,
     wheel: str | os.PathLike[str] | None = None,
+    langs: list[str] | None = None,
     log: Callable[[str], object] = print,
 ) -> list[LessonPage]:
-    """Execute ``notebooks`` (default: every lesson) and write ``out/index.html`` and one page each.
+    """Execute ``notebooks`` (default: every lesson) and write ``out/index.html`` and one page each, in
+    each edition (:func:`site_editions`: ``langs``, or English and every translation beside the
+    notebooks): English at ``out/``, Chinese at ``out/zh/``, each page with a switch to the other.
 
     ``jobs`` lessons run at a time, each in its own kernel. A lesson that fails stops the build with
     its error (``keep_going`` skips it instead and the failures are raised together at the end, after
-    the other pages are written). The pages link to ``out/downloads/``: each lesson, a zip of them all
-    and, with ``wheel`` (a wheel file, or ``"auto"``: built from the checkout klviz runs from), the wheel.
+    the other pages are written). The pages link to their edition's ``downloads/``: each lesson, a zip of
+    them all and, with ``wheel`` (a wheel file, or ``"auto"``: built from the checkout klviz runs from),
+    the wheel. Returns the pages built, edition by edition.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    import tempfile
 
     notebooks = [Path(p) for p in (notebooks if notebooks is not None else lesson_paths())]
     if not notebooks:
@@ -882,6 +1299,7 @@ def build_site(
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     if wheel is not None and wheel != "auto" and not Path(wheel).is_file():
         raise ValueError(f"wheel: {str(wheel)!r} is not a file (give a wheel, 'auto' or nothing)")
+    editions = site_editions(notebooks, langs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     mathjax_url = _copy_mathjax(out)
@@ -889,73 +1307,55 @@ def build_site(
     if frames.exists():
         shutil.rmtree(frames)  # frames of an earlier build would pile up
 
-    sources = [nbformat.read(p, as_version=4) for p in notebooks]
-    pages = []
-    for path, nb in zip(notebooks, sources):
-        title, summary = lesson_title(nb, path.stem)
-        pages.append(LessonPage(path, _page_name(path), title, summary))
-
     built_wheel = build_wheel(out / ".wheel", log=log) if wheel == "auto" else (Path(wheel) if wheel else None)
-    downloads = write_downloads(notebooks, out, wheel=built_wheel, log=log)
-    shutil.rmtree(out / ".wheel", ignore_errors=True)
-
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
-
-    def run(page: LessonPage) -> nbformat.NotebookNode | str:
-        """The executed lesson, or the message that says why it failed."""
-        t0 = time.perf_counter()
-        log(f"klviz site: running {page.source.name} ...")
-        try:
-            executed = execute_notebook(page.source, timeout=timeout)
-        except (CellExecutionError, CellTimeoutError) as err:
-            return f"{page.source.name} failed:\n{err}"
-        page.seconds = time.perf_counter() - t0
-        return executed
-
     failures: list[str] = []
     built: list[LessonPage] = []
-    with _static_environment(), ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = [pool.submit(run, page) for page in pages]
-        for i, (page, future) in enumerate(zip(pages, results)):
-            executed = future.result()
-            if isinstance(executed, str):  # the lesson failed: this is why
-                if not keep_going:
-                    for later in results[i + 1 :]:
-                        later.cancel()
-                    raise RuntimeError(executed)
-                failures.append(executed)
-                continue
-            frame_bytes, panels = precomputed_panels(executed, out)
-            prev = pages[i - 1] if i > 0 else None
-            next_ = pages[i + 1] if i + 1 < len(pages) else None
-            page_html = render_lesson(
-                executed,
-                page,
-                prev,
-                next_,
-                mathjax_url=mathjax_url,
-                panels=panels,
-                download=lesson_download(page.source),
-            )
-            (out / page.page).write_text(page_html, encoding="utf-8")
-            built.append(page)
-            log(
-                f"klviz site: wrote {out / page.page} ({page.seconds:.1f} s, "
-                f"{frame_bytes / 1e6:.1f} MB of new panel frames)"
-            )
-    claims = write_claims_page(notebooks[0].parent, out, mathjax_url=mathjax_url)
-    index = render_index(pages, mathjax_url=mathjax_url, downloads=downloads)
-    (out / "index.html").write_text(add_claims_link(index) if claims else index, encoding="utf-8")
-    if claims:
-        log(f"klviz site: wrote {claims}")
-    log(f"klviz site: wrote {out / 'index.html'}; open it in a browser (file://{(out / 'index.html').resolve()})")
+    wheel_at: str | None = None  # the wheel's one copy in the site, relative to its root
+    try:
+        with tempfile.TemporaryDirectory(prefix="klviz-site-") as tmp:
+            for lang in editions:
+                folder = out / EDITION_FOLDERS[lang]
+                up = "../" * EDITION_FOLDERS[lang].count("/")
+                sources = _edition_sources(notebooks, lang, Path(tmp) / lang)
+                folder.mkdir(parents=True, exist_ok=True)
+                _copy_font(folder)
+                downloads = write_downloads(
+                    sources,
+                    folder,
+                    wheel=built_wheel,
+                    log=log,
+                    lang=lang,
+                    wheel_href=None if wheel_at is None else up + wheel_at,
+                )
+                if wheel_at is None and "wheel" in downloads:
+                    wheel_at = EDITION_FOLDERS[lang] + downloads["wheel"]
+                pages, failed = _build_edition(
+                    lang,
+                    sources,
+                    out,
+                    other=next((o for o in editions if o != lang), None),
+                    mathjax_url=mathjax_url if mathjax_url == CDN_MATHJAX else up + mathjax_url,
+                    downloads=downloads,
+                    timeout=timeout,
+                    keep_going=keep_going,
+                    jobs=jobs,
+                    log=log,
+                )
+                built += pages
+                failures += failed
+    finally:
+        shutil.rmtree(out / ".wheel", ignore_errors=True)
+    for lang in editions:
+        index = (out / EDITION_FOLDERS[lang] / "index.html").resolve()
+        log(f"klviz site: wrote {index}; open it in a browser (file://{index})")
     if failures:
         raise RuntimeError("\n\n".join(failures))
     return built
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m klviz.site [NOTEBOOK ...] [--out DIR] [--timeout S] [--keep-going] [--jobs N] [--wheel W]``."""
+    """``python -m klviz.site [NOTEBOOK ...] [--out DIR] [--lang all|en|zh] [--timeout S] [--keep-going] [--jobs N]
+    [--wheel W]``."""
     parser = argparse.ArgumentParser(
         prog="klviz site",
         description="Execute the lessons (static figures) and write an HTML site that opens from disk.",
@@ -971,11 +1371,22 @@ def main(argv: list[str] | None = None) -> int:
         help="the wheel the site offers: a .whl file, 'auto' (built from the checkout klviz runs from; "
         "the default) or 'none'",
     )
+    parser.add_argument(
+        "--lang",
+        default="all",
+        help="the editions: all (the default: English at the root, Chinese in zh/), en or zh (简体中文版 only)",
+    )
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be positive, got {args.timeout}")
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    from .i18n import edition
+
+    try:
+        langs = None if args.lang == "all" else [edition(args.lang)]
+    except ValueError as err:
+        parser.error(f"--lang: {err}")
     try:
         build_site(
             args.notebooks or None,
@@ -984,6 +1395,7 @@ def main(argv: list[str] | None = None) -> int:
             keep_going=args.keep_going,
             jobs=args.jobs,
             wheel=None if args.wheel == "none" else args.wheel,
+            langs=langs,
         )
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"klviz site: {err}", file=sys.stderr)

@@ -162,6 +162,19 @@ def test_binder_voila_presents_a_lesson_as_klviz_present_does(tmp_path):
         )
         assert not any(c.metadata.get("jupyter", {}).get("source_hidden") for c in shown.cells)  # solutions, checks
         assert any("**Your turn:**" in c.source for c in shown.cells if c.cell_type == "markdown")
+    # ?lang=zh: the Chinese lesson (its prose from the catalogue beside it), its kernel told KLVIZ_LANG=zh
+    from types import SimpleNamespace
+
+    from klviz import i18n
+
+    request = _Request(theme="dark", lang="zh")
+    request.request = SimpleNamespace(path=f"/voila/render/notebooks/{lesson.name}")  # type: ignore[attr-defined]
+    shown = voila.prelaunch_hook(request, nbformat.read(lesson, as_version=4), str(lesson.parent))
+    assert "KLVIZ_LANG='zh'" in shown.cells[0].source and "KLVIZ_THEME='dark'" in shown.cells[0].source
+    chinese = present.presenter_notebook(lesson, lang="zh")
+    assert [c.source for c in shown.cells[1:]] == [c.source for c in chinese.cells]
+    assert any("**轮到你了**" in c.source for c in shown.cells if c.cell_type == "markdown")
+    assert i18n.catalogue_path(lesson.stem, "zh", lesson.parent).is_file()
 
 
 @pytest.mark.slow

@@ -314,3 +314,19 @@ def test_lab_starts_on_localhost_with_a_token(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     assert proc.returncode == 0
+
+
+def test_the_lab_kernels_speak_the_edition(tmp_path, monkeypatch):
+    """``klviz lab --lang zh``: the server's environment (which its kernels inherit) has KLVIZ_LANG=zh; the
+    English lab has none, even one left in the shell (tests/test_servers.py runs a real kernel with it)."""
+    seen = []
+
+    def no_lab(folder, **kw):
+        seen.append(kw["env"])
+        raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(labcmd, "start_lab_server", no_lab)
+    monkeypatch.setenv("KLVIZ_LANG", "zh")
+    assert labcmd.main(["--lang", "zh", "--no-browser", str(tmp_path / "zh")]) == 1
+    assert labcmd.main(["--no-browser", str(tmp_path / "en")]) == 1
+    assert seen[0]["KLVIZ_LANG"] == "zh" and "KLVIZ_LANG" not in seen[1]

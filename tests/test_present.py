@@ -120,3 +120,78 @@ def test_cli_rejects_unknown_lessons_clearly(capsys):
     assert "lesson '99' matches no lesson" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         present.main(["00", "--port", "70000"])
+
+
+# -- the Chinese edition in presenter mode ------------------------------------------------------------
+def test_the_chinese_presenter_copy_translates_the_prose_and_keeps_the_code():
+    from klviz.labcmd import lesson_paths
+
+    lesson = next(p for p in lesson_paths() if p.name.startswith("02_"))
+    en, zh = present.presenter_notebook(lesson), present.presenter_notebook(lesson, lang="zh")
+    assert [c.cell_type for c in en.cells] == [c.cell_type for c in zh.cells]
+    assert [c.source for c in en.cells if c.cell_type == "code"] == [
+        c.source for c in zh.cells if c.cell_type == "code"
+    ]
+    # the prose is the built edition's (a cell whose translation is out of date shows its English there too)
+    from klviz import i18n
+
+    built = i18n.translate_notebook(
+        json.loads(lesson.read_text(encoding="utf-8")), i18n.read_catalogue(i18n.catalogue_path(lesson.stem, "zh"))
+    )
+    prose = ["".join(c["source"]) for c in built["cells"] if c["cell_type"] == "markdown"]
+    assert [c.source for c in zh.cells if c.cell_type == "markdown" and "```python" not in c.source] == prose
+    assert sum("的" in text for text in prose) > len(prose) // 4, "hardly any Chinese in lesson 02"
+    exercises = [c.source for c in zh.cells if c.cell_type == "markdown" and "```python" in c.source]
+    assert exercises and all("**轮到你了**：" in s and "Your turn" not in s for s in exercises)
+    from nbconvert.filters.markdown import markdown2html
+
+    # bold in CommonMark: a closing ** after a full-width colon and before a CJK character would stay literal
+    assert "<strong>轮到你了</strong>：" in markdown2html(exercises[0])
+
+
+def test_a_lesson_without_a_catalogue_is_refused_by_name(tmp_path, capsys):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# 00 · Alone")]
+    nbformat.write(nb, tmp_path / "00_alone.ipynb")
+    assert present.main(["00", "--notebooks", str(tmp_path), "--lang", "zh", "--no-browser"]) == 2
+    assert "00_alone has no zh translation" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        present.main(["00", "--lang", "fr"])
+
+
+def test_the_presenter_kernel_and_page_speak_the_edition(tmp_path, monkeypatch):
+    """``klviz present --lang zh``: the server (whose environment its kernels inherit) gets KLVIZ_LANG=zh and
+    a page marked ``lang="zh"``; the English one gets no KLVIZ_LANG, even one left in the shell."""
+    pytest.importorskip("voila")
+    import shutil
+
+    from klviz.fonts import FONT_FILE
+
+    started = []
+
+    def fake_start_server(args, config, *, env, folder, **kw):
+        template = folder / "jupyter-data" / "voila" / "templates" / present.PRESENTER_TEMPLATE
+        started.append((env, config, (template / "static" / FONT_FILE.name).read_bytes()))
+        shutil.rmtree(folder)
+        return None
+
+    monkeypatch.setattr(present, "start_server", fake_start_server)
+    monkeypatch.setenv("KLVIZ_LANG", "zh")
+    lesson = resolve_lesson("00")
+    present.start_presenter(lesson, lang="zh")
+    present.start_presenter(lesson)
+    (zh_env, zh_cfg, font), (en_env, en_cfg, _) = started
+    assert zh_env["KLVIZ_LANG"] == "zh" and "KLVIZ_LANG" not in en_env
+    assert zh_cfg["HTMLExporter"] == {"language_code": "zh"} and en_cfg["HTMLExporter"] == {"language_code": "en"}
+    assert font == FONT_FILE.read_bytes()  # the font every presented page loads, served from the template
+
+
+def test_the_presenter_template_serves_the_cjk_font(tmp_path):
+    from klviz.fonts import FAMILY, FONT_FILE
+
+    folder = present.write_presenter_template(tmp_path)
+    assert (folder / "static" / FONT_FILE.name).is_file() and (folder / "static" / "OFL.txt").is_file()
+    text = (folder / "index.html.j2").read_text()
+    css = text.split("{%- block extra_css -%}", 1)[1]
+    assert "@font-face" in css and f'"{FAMILY}"' in css and "unicode-range" in css
+    assert f'url("{{{{ resources.base_url }}}}voila/templates/klviz/static/{FONT_FILE.name}")' in css

@@ -225,15 +225,19 @@ def test_a_kernel_in_the_lesson_folder_imports_the_installed_klviz(tmp_path):
     lessons = _lessons(tmp_path / "lessons")
     planted = tmp_path / "planted-ran"
     (lessons / "klviz.py").write_text(f"open({str(planted)!r}, 'w').write('ran')\n")
-    server = servers.start_lab_server(lessons, env=_env(tmp_path / "home"))
+    # the environment of a Chinese edition's server (klviz lab --lang zh, klviz present --lang zh)
+    server = servers.start_lab_server(lessons, env=servers.edition_env("zh", _env(tmp_path / "home")))
     with servers.running(server):
         out = _run_in_kernel(
-            server, "00_start.ipynb", "import os, sys, klviz; print(os.getcwd()); print(klviz.__file__)"
+            server,
+            "00_start.ipynb",
+            "import os, sys, klviz; print(os.getcwd()); print(klviz.__file__); print(os.environ.get('KLVIZ_LANG'))",
         )
-    cwd, module = out.split()
+    cwd, module, lang = out.split()
     assert Path(cwd) == lessons.resolve()  # the kernel did start in the lesson folder ...
     assert Path(module).resolve() == (ROOT / "klviz" / "__init__.py").resolve()  # ... and imported the real klviz
     assert not planted.exists()
+    assert lang == "zh"  # the kernel speaks the edition's language
 
 
 def _answers(port: str) -> bool:

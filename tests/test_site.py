@@ -13,7 +13,7 @@ matplotlib.use("agg")
 import nbformat
 import pytest
 
-from klviz import site
+from klviz import fonts, site
 from klviz.widgets import static
 
 
@@ -431,3 +431,192 @@ def test_checks_on_a_static_page_say_how_to_run_the_lesson(monkeypatch):
     monkeypatch.setenv("KLVIZ_STATIC", "1")
     shown = not_attempted()._repr_html_()
     assert "run the cell again" not in shown and "download the lesson" in shown and "<code>klviz lab</code>" in shown
+
+
+# -- both editions: English at the root, Chinese in zh/ ------------------------------------------------
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """Two tiny lessons with Chinese catalogues beside them, built in both editions (four small kernels)."""
+    from klviz import i18n
+
+    M, C = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
+    src = tmp_path_factory.mktemp("nbs-both")
+    first = _notebook(
+        [
+            M(
+                "# 00 · First lesson: start\n\n**What you will learn**\n\n- one thing.\n\n"
+                "See [the second](01_second.ipynb) and [a claim](claims.md#tiny-claim)."
+            ),
+            C("import os\nprint('lang', os.environ.get('KLVIZ_LANG'))"),
+            M("Hostile prose: <script>alert('en')</script>"),
+        ]
+    )
+    second = _notebook([M("# 01 · Second lesson\n\nBack to [the first](00_first.ipynb)."), C("print(1 + 1)")])
+    chinese = {
+        "00_first": [
+            "# 00 · 第一课：开始\n\n**你将学到**\n\n- 一件事。\n\n"
+            "见[第二课](01_second.ipynb)和[一条声明](claims.md#tiny-claim)。",
+            "中文的恶意内容：<script>alert('zh')</script><img src=https://example.org/x.png onerror=\"alert('img')\">",
+        ],
+        "01_second": ["# 01 · 第二课\n\n回到[第一课](00_first.ipynb)。"],
+    }
+    for stem, nb in (("00_first", first), ("01_second", second)):
+        nbformat.write(nb, src / f"{stem}.ipynb")
+        catalog, _ = i18n.update_catalogue(json.loads((src / f"{stem}.ipynb").read_text()), None, stem)
+        for message, text in zip([m for m in catalog if m.id], chinese[stem]):
+            message.string = text
+        i18n.write_catalogue(catalog, i18n.catalogue_path(stem, "zh", src))
+    (src / "claims.md").write_text(
+        "# Claims\n\n## tiny-claim\n\n> Two plus two is four.\n\n- **Stated in:** [00 First](00_first.ipynb)\n"
+    )
+    wheel = src / "klviz-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK wheel")
+    out = tmp_path_factory.mktemp("site-both")
+    before = os.environ.get("KLVIZ_LANG")
+    pages = site.build_site(
+        [src / "00_first.ipynb", src / "01_second.ipynb"], out, timeout=120, wheel=wheel, log=lambda *_: None
+    )
+    assert os.environ.get("KLVIZ_LANG") == before  # restored after the build
+    return out, pages
+
+
+def _read(path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def test_both_editions_are_built_the_chinese_under_zh(both):
+    out, pages = both
+    assert [(p.lang, p.page) for p in pages] == [
+        ("en", "00_first.html"),
+        ("en", "01_second.html"),
+        ("zh", "00_first.html"),
+        ("zh", "01_second.html"),
+    ]
+    for folder, lang in (("", "en"), ("zh/", "zh-Hans")):
+        for name in ("index.html", "00_first.html", "01_second.html", "claims.html"):
+            assert re.search(r'<html lang="([^"]*)"', _read(out / f"{folder}{name}")).group(1) == lang, folder + name
+    zh = _read(out / "zh" / "00_first.html")
+    assert "第一课" in zh and "全部课程" in zh and "预先算好" in zh and "First lesson" not in zh
+    assert (
+        '<a class="klviz-index" href="index.html">全部课程</a>' in zh
+        and 'class="klviz-next" href="01_second.html"' in zh
+    )
+    prev = [a for t, a, text in _elements(_read(out / "zh" / "01_second.html")) if a.get("class") == "klviz-prev"]
+    assert prev and prev[0]["text"].strip() == "← 00 · 第一课"  # the short title ends at the full-width colon
+    assert 'href="01_second.html"' in zh and 'href="claims.html#tiny-claim"' in zh  # within the Chinese edition
+    # each kernel ran in its edition's language
+    assert "lang zh" in zh and "lang None" in _read(out / "00_first.html")
+    index = _read(out / "zh" / "index.html")
+    assert re.findall(r'class="klviz-lesson" href="([^"]+)"', index) == ["00_first.html", "01_second.html"]
+    assert "00 · 第一课：开始</a>" in index and "<li>一件事。</li>" in index and "你将学到" in index
+    assert "各条声明以及检验它们的性质测试" in index and "klviz lab --lang zh" in index
+
+
+def test_every_page_switches_to_the_same_page_in_the_other_language(both):
+    out, _ = both
+    for name in ("index.html", "00_first.html", "01_second.html", "claims.html"):
+        en, zh = _read(out / name), _read(out / "zh" / name)
+        for page, target, lang, label in ((en, f"zh/{name}", "zh-Hans", "中文"), (zh, f"../{name}", "en", "English")):
+            switches = [a for t, a, _ in _elements(page) if t == "a" and a.get("class") == "klviz-lang-switch"]
+            assert switches, name
+            assert all(
+                (a["href"], a["hreflang"], a["lang"], a["text"]) == (target, lang, lang, label) for a in switches
+            ), (name, switches)
+            alternate = [a for t, a, _ in _elements(page) if t == "link" and a.get("rel") == "alternate"]
+            assert [(a["href"], a["hreflang"]) for a in alternate] == [(target, lang)], (name, alternate)
+
+
+def _elements(page_html: str) -> list[tuple[str, dict[str, str], str]]:
+    """Every element of a page with its attributes (and, for links, ``"text"``: the text inside)."""
+    from html.parser import HTMLParser
+
+    found: list[tuple[str, dict[str, str], str]] = []
+    open_links: list[dict[str, str]] = []
+
+    class Elements(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            attributes = {k: v or "" for k, v in attrs}
+            found.append((tag, attributes, ""))
+            if tag == "a":
+                attributes["text"] = ""
+                open_links.append(attributes)
+
+        def handle_data(self, data):
+            for link in open_links:
+                link["text"] += data
+
+        def handle_endtag(self, tag):
+            if tag == "a" and open_links:
+                open_links.pop()
+
+    Elements().feed(page_html)
+    return found
+
+
+def _local_links(page_html: str) -> list[str]:
+    """Every relative URL of a page (links, images, scripts, and the fonts and frames of its styles and data)."""
+    urls = re.findall(r'(?:href|src)="([^"]+)"', page_html) + re.findall(r'url\("([^"]+)"\)', page_html)
+    urls += re.findall(r'"src": "([^"]+)"', page_html)
+    return [u for u in urls if not re.match(r"[a-z][a-z0-9+.-]*:|#|//", u)]
+
+
+def test_every_relative_link_of_both_editions_leads_to_a_file(both):
+    out, _ = both
+    checked = 0
+    for page in [*out.glob("*.html"), *(out / "zh").glob("*.html")]:
+        for url in _local_links(_read(page)):
+            target = (page.parent / url.split("#")[0].split("?")[0]).resolve()
+            assert target.is_file(), f"{page.relative_to(out)}: {url}"
+            checked += 1
+    assert checked > 20
+    # the CJK font by @font-face from each edition's own folder (a relative URL), with its licence
+    for folder in (out, out / "zh"):
+        assert (folder / "_static" / "fonts" / "klviz-cjk-sc.ttf").read_bytes() == fonts.FONT_FILE.read_bytes()
+        assert (folder / "_static" / "fonts" / "OFL.txt").is_file()
+        for name in ("index.html", "00_first.html", "claims.html"):
+            text = _read(folder / name)
+            assert 'src: url("_static/fonts/klviz-cjk-sc.ttf") format("truetype")' in text, name
+            assert f'"{fonts.FAMILY}"' in text.split("</style>", 1)[0] + text.split("</head>", 1)[0]
+
+
+def test_the_chinese_pages_are_sanitised_and_offer_the_chinese_notebooks(both):
+    import base64
+    import zipfile
+
+    out, _ = both
+    page = _read(out / "zh" / "00_first.html")
+    body = page.split("</head>", 1)[1]
+    assert "中文的恶意内容" in body and "alert(" not in body and "onerror" not in body
+    link = [a for t, a, _ in _elements(page) if a.get("class") == "klviz-download-lesson"]
+    assert len(link) == 1 and link[0]["download"] == "00_first.ipynb"
+    stored = json.loads(base64.b64decode(link[0]["href"].split(",", 1)[1]))
+    assert "".join(stored["cells"][0]["source"]).startswith("# 00 · 第一课")
+    index = _read(out / "zh" / "index.html")
+    zipped = re.search(r'class="klviz-download-zip" href="([^"]+)"', index).group(1)
+    assert zipped == "downloads/klviz-lessons-zh-0.1.0.zip"
+    with zipfile.ZipFile(out / "zh" / zipped) as z:
+        names = set(z.namelist())
+        readme = z.read("klviz-lessons-zh/README.txt").decode()
+        lesson = json.loads(z.read("klviz-lessons-zh/01_second.ipynb"))
+    assert "klviz-lessons-zh/klviz-0.1.0-py3-none-any.whl" in names and "klviz-lessons-zh/claims.md" in names
+    assert "klviz lab --lang zh ." in readme and "".join(lesson["cells"][0]["source"]).startswith("# 01 · 第二课")
+    # one copy of the wheel, at the root's downloads, which the Chinese index links to
+    assert 'class="klviz-download-wheel" href="../downloads/klviz-0.1.0-py3-none-any.whl"' in index
+    assert not list((out / "zh" / "downloads").glob("*.whl"))
+
+
+def test_the_chinese_claims_page_says_its_entries_are_english(both):
+    out, _ = both
+    page = _read(out / "zh" / "claims.html")
+    assert "以下各条声明及其证据目前只有英文版" in page and '<div lang="en">' in page
+    assert '<h2 id="tiny-claim">' in page and 'href="00_first.html"' in page and "全部课程" in page
+
+
+def test_the_sites_chinese_words_have_glyphs_in_the_shipped_font():
+    from klviz import present
+
+    words = [*site.WORDS["zh"].values(), *site._INDEX_WORDS["zh"].values(), *site._DOWNLOADS["zh"].values()]
+    words += [*site._CLAIMS_WORDS["zh"].values(), site._CLAIMS_LINK["zh"], *present._WORDS["zh"].values()]
+    text = "".join(words)
+    assert sum(map(fonts.is_cjk, text)) > 200
+    assert fonts.missing_glyphs(text) == []

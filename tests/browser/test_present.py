@@ -1,7 +1,8 @@
 """Presenter mode in headless Chromium, in both themes: lesson 00 served by Voila shows prose, typeset
 math and a live panel, no code; a slider moved in the browser changes the readout; the server wants its
 token; and with every request that leaves the machine refused, the page logs no error (no CDN, no
-missing font, no labextension that fails in Voila).
+missing font, no labextension that fails in Voila). The dark run presents the Chinese lesson
+(``--lang zh``): its page is marked ``lang="zh"`` and draws Chinese with the font presenter mode serves.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from klviz import fonts
+
 from .helpers import changed_screenshot, figure_of, settled_screenshot, settled_text, stop_process_group
+from .test_cjk_glyphs import _platform_fonts
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = Path(os.environ.get("KLVIZ_TEST_NOTEBOOKS", ROOT / "notebooks"))
@@ -25,7 +29,7 @@ NOTEBOOKS = Path(os.environ.get("KLVIZ_TEST_NOTEBOOKS", ROOT / "notebooks"))
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module", params=["light", "dark"])
+@pytest.fixture(scope="module", params=[("light", "en"), ("dark", "zh")], ids=["light-en", "dark-zh"])
 def presenter(request, tmp_path_factory):
     import voila  # noqa: F401  (the test extra installs it)
 
@@ -37,7 +41,7 @@ def presenter(request, tmp_path_factory):
     log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "klviz.present", "00", "--no-browser", "--notebooks", str(NOTEBOOKS)]
-        + ["--theme", request.param],
+        + ["--theme", request.param[0], "--lang", request.param[1]],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -57,7 +61,7 @@ def presenter(request, tmp_path_factory):
                 pytest.fail("presenter mode did not start:\n" + log_path.read_text()[-3000:])
             else:
                 time.sleep(0.25)
-        yield {"url": url, "log": log_path, "theme": request.param}
+        yield {"url": url, "log": log_path, "theme": request.param[0], "lang": request.param[1]}
     finally:
         stop_process_group(proc)
         log.close()
@@ -118,6 +122,13 @@ def test_presenter_shows_panel_without_code_and_slider_moves(page, presenter, ar
     page.wait_for_function("() => document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
     dark = page.evaluate("document.body.dataset.jpThemeLight") == "false"
     assert dark == (presenter["theme"] == "dark")
-    page.screenshot(path=str(artifacts / f"present_00_{presenter['theme']}.png"), full_page=True)
+    assert page.evaluate("document.documentElement.lang") == presenter["lang"]
+    if presenter["lang"] == "zh":  # presenter mode's own Chinese words, drawn with the font it serves
+        turn = page.locator("strong", has_text="轮到你了").first
+        turn.evaluate("el => el.setAttribute('data-klviz-test', 'your-turn')")
+        page.wait_for_function("() => document.fonts.status === 'loaded'")
+        used = _platform_fonts(page, "[data-klviz-test=your-turn]")
+        assert used.get(fonts.FAMILY, 0) >= 4, used
+    page.screenshot(path=str(artifacts / f"present_00_{presenter['theme']}_{presenter['lang']}.png"), full_page=True)
     assert not outside, f"presenter mode asked the network for {outside}"
     assert not errors, f"presenter mode logged errors: {errors}"

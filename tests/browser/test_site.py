@@ -6,7 +6,9 @@ images decoded to a nonzero size. Then moves the panel's precomputed slider with
 reader would, and sees the figure (its ``src``) and the readout change with no kernel. No request may
 fail and the console stays free of errors: MathJax and its fonts come from the site's ``_static/``
 folder. The downloads (a lesson, the zip of all lessons, the wheel) are fetched as a reader would,
-and the zip opens.
+and the zip opens. The site has both editions (``klviz site`` builds the Chinese one in ``zh/``): the
+language switch leads from lesson 00 in English to lesson 00 in Chinese and back, and the Chinese page
+draws its CJK characters with the font the site ships, as distinct shapes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from klviz import fonts
+
+from .test_cjk_glyphs import CHARACTERS, SHAPES, _platform_fonts
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = Path(os.environ.get("KLVIZ_TEST_NOTEBOOKS", ROOT / "notebooks"))
@@ -209,3 +215,34 @@ def test_a_named_control_is_a_select_on_the_site(page, tmp_path):
     assert page.locator(".klviz-live-readout").inner_text() == "k3 in loss"
     assert page.locator(".klviz-live").get_attribute("data-frame") == "1"
     assert not requested and not failed, (requested, failed)
+
+
+def test_the_language_switch_leads_to_the_same_lesson_and_chinese_renders(page, site, artifacts):
+    """Lesson 00 in English -> its switch -> lesson 00 in Chinese (``lang="zh-Hans"``, CJK characters drawn
+    with the font the site ships from its own folder, distinct characters as distinct shapes) -> back."""
+    requested, failed = _watch(page)
+    english = next(site.glob("00_*.html"))
+    page.goto(english.as_uri(), wait_until="domcontentloaded")
+    assert page.evaluate("document.documentElement.lang") == "en"
+    switch = page.locator("nav.klviz-nav.top a.klviz-lang-switch")
+    assert switch.inner_text() == "中文"
+    switch.click()
+    page.wait_for_url((site / "zh" / english.name).as_uri(), wait_until="domcontentloaded")
+    assert page.evaluate("document.documentElement.lang") == "zh-Hans"
+    note = "p.klviz-precomputed-note"  # the site's own Chinese words: there whatever the catalogues hold
+    text = page.locator(note).inner_text()
+    page.wait_for_function("() => document.fonts.status === 'loaded'")
+    used = _platform_fonts(page, note)
+    assert used.get(fonts.FAMILY, 0) >= sum(map(fonts.is_cjk, text)) > 20, used
+    stack = page.evaluate(f"getComputedStyle(document.querySelector('{note}')).fontFamily")
+    shapes = page.evaluate(SHAPES, [CHARACTERS, f"40px {stack}"])
+    assert len(set(shapes)) == len(CHARACTERS), "distinct characters rendered with the same shape"
+    assert all(s.count("1") > 40 for s in shapes), "a character drew (almost) no ink"
+    page.screenshot(path=str(artifacts / "site_lesson00_zh.png"))
+    back = page.locator("nav.klviz-nav.top a.klviz-lang-switch")
+    assert back.inner_text() == "English"
+    back.click()
+    page.wait_for_url(english.as_uri(), wait_until="domcontentloaded")
+    assert page.evaluate("document.documentElement.lang") == "en"
+    assert not requested, requested
+    assert not [f for f in failed if "ERR_ABORTED" not in f], failed
