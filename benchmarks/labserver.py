@@ -22,7 +22,25 @@ from pathlib import Path
 
 from klviz.servers import start_lab_server
 
-__all__ = ["CHROMIUM_FLAGS", "find_chromium", "running_lab", "stop_process_group"]
+__all__ = ["ALL_RUN", "KERNEL_IDLE", "CHROMIUM_FLAGS", "find_chromium", "running_lab", "stop_process_group"]
+
+#: A page's condition (for Playwright's ``wait_for_function``): the open notebook's kernel is idle.
+KERNEL_IDLE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  return !!(w && w.sessionContext && w.sessionContext.session &&
+            w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle');
+}"""
+#: ... and Run All has finished: every code cell ran, or one raised (run-all stops there).
+ALL_RUN = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const code = w.content.widgets.filter(c => c.model.type === 'code');
+  const failed = code.some(c => { for (let i = 0; i < c.model.outputs.length; i++)
+                                    if (c.model.outputs.get(i).type === 'error') return true;
+                                  return false; });
+  // run-all stops at a cell that raises: done (the caller reports the error) instead of waiting for the timeout
+  return w.sessionContext.session.kernel.status === 'idle' &&
+         (failed || code.every(c => c.model.executionCount !== null));
+}"""
 
 #: Flags for headless Chromium in a container (no sandbox as root, no GPU, nothing phoning home).
 CHROMIUM_FLAGS = [

@@ -31,25 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import print_table  # noqa: E402
-from labserver import CHROMIUM_FLAGS, find_chromium, running_lab  # noqa: E402
+from labserver import ALL_RUN, CHROMIUM_FLAGS, KERNEL_IDLE, find_chromium, running_lab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MB = 400.0
 
-KERNEL_IDLE = """() => {
-  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-  return !!(w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
-            w.sessionContext.session.kernel.status === 'idle');
-}"""
-ALL_RUN = """() => {
-  const w = window.jupyterapp.shell.currentWidget;
-  const code = w.content.widgets.filter(c => c.model.type === 'code');
-  const failed = code.some(c => { for (let i = 0; i < c.model.outputs.length; i++)
-                                    if (c.model.outputs.get(i).type === 'error') return true;
-                                  return false; });
-  return w.sessionContext.session.kernel.status === 'idle' &&
-         (failed || code.every(c => c.model.executionCount !== null));
-}"""
 FAILED = """() => window.jupyterapp.shell.currentWidget.content.widgets.filter(c => c.model.type === 'code')
   .flatMap(c => { const o = [];
                   for (let i = 0; i < c.model.outputs.length; i++) o.push(c.model.outputs.get(i).toJSON());

@@ -8,23 +8,8 @@ from pathlib import Path
 from playwright.sync_api import Locator, Page
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from labserver import stop_process_group  # noqa: E402,F401  (re-exported for the tests)
+from labserver import ALL_RUN, KERNEL_IDLE, stop_process_group  # noqa: E402,F401  (re-exported for the tests)
 
-KERNEL_IDLE = """() => {
-  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-  return !!(w && w.sessionContext && w.sessionContext.session &&
-            w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle');
-}"""
-ALL_RUN = """() => {
-  const w = window.jupyterapp.shell.currentWidget;
-  const code = w.content.widgets.filter(c => c.model.type === 'code');
-  const failed = code.some(c => { for (let i = 0; i < c.model.outputs.length; i++)
-                                    if (c.model.outputs.get(i).type === 'error') return true;
-                                  return false; });
-  // run-all stops at a cell that raises: done (and reported below) instead of waiting for the timeout
-  return w.sessionContext.session.kernel.status === 'idle' &&
-         (failed || code.every(c => c.model.executionCount !== null));
-}"""
 ERRORS = """() => {
   const w = window.jupyterapp.shell.currentWidget;
   const out = [];
