@@ -53,6 +53,7 @@ __all__ = [
     "edition",
     "locale_dir",
     "catalogue_path",
+    "code_catalogue_path",
     "units_path",
     "glossary_path",
     "markdown_cells",
@@ -98,6 +99,15 @@ _UNITS_HEADER = """\
 # translation (klviz.i18n.marker_text); `python scripts/translations.py update` lists the units in use.
 # This file is distributed under the same license as klviz.
 #"""
+CODE_HEADER = """\
+# {language} translation of the words shown by the code cells of
+# {what}: figure titles, axis labels, legend entries, annotations, printed lines (klviz.code_text).
+# msgctxt: the cell id; msgid: the string literal as written in the English code, {{fields}} included;
+# msgstr: its translation, keeping every {{field}}, $formula$ and number of the English.
+# After an English literal changes, `python scripts/translations.py update` marks its entry fuzzy (the
+# English it was translated from stays as "#| msgid"): revise the msgstr, then delete the fuzzy flag.
+# This file is distributed under the same license as klviz.
+#"""
 _LANGUAGE_NAMES = {"zh": "Simplified Chinese (zh_CN)"}
 
 
@@ -127,6 +137,11 @@ def locale_dir(notebooks: str | os.PathLike[str] | None = None) -> Path:
 def catalogue_path(stem: str, lang: str = "zh", notebooks: str | os.PathLike[str] | None = None) -> Path:
     """The catalogue of lesson ``stem`` (``"02_three_estimators"``) in edition ``lang``."""
     return locale_dir(notebooks) / LOCALES[edition(lang)] / "LC_MESSAGES" / f"{stem}.po"
+
+
+def code_catalogue_path(stem: str, lang: str = "zh", notebooks: str | os.PathLike[str] | None = None) -> Path:
+    """The catalogue of the words lesson ``stem``'s code cells show (:mod:`klviz.code_text`)."""
+    return catalogue_path(f"{stem}.code", lang, notebooks)
 
 
 def units_path(lang: str = "zh", notebooks: str | os.PathLike[str] | None = None) -> Path:
@@ -194,8 +209,9 @@ def _recover_previous(message: Message) -> None:
     message.previous_id = ["".join(_po_string(q) for q in quoted)]
 
 
-def _new_catalogue(lang: str, what: str | None, like: Catalog | None = None) -> Catalog:
-    """An empty catalogue for lesson ``what`` (None: the claim units), dated as ``like`` if given."""
+def _new_catalogue(lang: str, what: str | None, like: Catalog | None = None, header: str | None = None) -> Catalog:
+    """An empty catalogue for lesson ``what`` (None: the claim units), dated as ``like`` if given;
+    ``header``: the comment at its top (default: that of a lesson's markdown cells)."""
     from datetime import datetime, timezone
 
     from babel.messages.catalog import Catalog
@@ -203,7 +219,8 @@ def _new_catalogue(lang: str, what: str | None, like: Catalog | None = None) -> 
     code = edition(lang)
     language = _LANGUAGE_NAMES.get(code, code)
     created = like.creation_date if like is not None else datetime.now(timezone.utc).replace(second=0, microsecond=0)
-    header = _HEADER.format(language=language, what=what) if what else _UNITS_HEADER.format(language=language)
+    template = header or (_HEADER if what else _UNITS_HEADER)
+    header = template.format(language=language, what=what)
     return Catalog(
         locale=LOCALES[code],
         header_comment=header,
@@ -245,15 +262,24 @@ def _with_previous(text: str, catalog: Catalog) -> str:
     lines at 76 characters, and its reader does not read them back."""
     from babel.messages.pofile import escape
 
-    previous = {str(m.context): p for m in catalog if m.context and "fuzzy" in m.flags and (p := _previous(m))}
+    previous = {
+        (str(m.context), str(m.id)): p for m in catalog if m.context and "fuzzy" in m.flags and (p := _previous(m))
+    }
     if not previous:
         return text
+    lines = text.splitlines(keepends=True)
     out = []
-    for line in text.splitlines(keepends=True):
+    for i, line in enumerate(lines):
         match = re.fullmatch(r'msgctxt "([^"\\]*)"\n', line)
-        if match and match.group(1) in previous:
-            out.append('#| msgid ""\n')
-            out += [f"#| {escape(part)}\n" for part in previous[match.group(1)].splitlines(keepends=True)]
+        if match:
+            msgid, j = [], i + 1
+            while j < len(lines) and (lines[j].startswith('"') or (j == i + 1 and lines[j].startswith("msgid "))):
+                msgid.append(lines[j].removeprefix("msgid ").strip())
+                j += 1
+            key = (match.group(1), "".join(_po_string(q) for q in msgid))
+            if key in previous:
+                out.append('#| msgid ""\n')
+                out += [f"#| {escape(part)}\n" for part in previous[key].splitlines(keepends=True)]
         out.append(line)
     return "".join(out)
 
@@ -580,19 +606,61 @@ def problems(lang: str = "zh", notebooks: str | os.PathLike[str] | None = None) 
                 found.append(f"{where}: {issue}")
         for cid in live:
             found.append(f"{stem}: an entry for cell {cid}, which the lesson no longer has (run update)")
+        found += _code_problems(nb, stem, code, folder)
+    return found
+
+
+def _code_problems(nb: Mapping[str, object], stem: str, lang: str, folder: Path) -> list[str]:
+    """What keeps the words lesson ``stem``'s code cells show from a current translation."""
+    from .code_text import CodeText, notebook_texts, text_problems
+
+    po = code_catalogue_path(stem, lang, folder)
+    if not po.is_file():
+        return [f"{_shown(po, folder)}: missing (run `python scripts/translations.py update`)"]
+    catalog = read_catalogue(po, lang)
+    live = {(str(m.context), str(m.id)): m for m in catalog if m.id}
+    found = []
+    texts: dict[tuple[str, str], CodeText] = {}
+    for t in notebook_texts(nb):
+        texts.setdefault((t.cell, t.text), t)  # the same words twice in a cell have one entry
+    for t in texts.values():
+        where = f"{stem} cell {t.cell}, {t.where}: {t.text[:40]!r}"
+        msg = live.pop((t.cell, t.text), None)
+        if msg is None:
+            found.append(f"{where}: no entry (new or changed words: run update, then translate them)")
+            continue
+        if _hash_of(msg) != english_hash(t.text):
+            found.append(f"{where}: the recorded hash is not that of the English (run update)")
+        if not msg.string:
+            found.append(f"{where}: not translated yet")
+        elif "fuzzy" in msg.flags:
+            found.append(f"{where}: out of date (fuzzy): the English changed since it was translated")
+        else:
+            found += [f"{where}: {issue}" for issue in text_problems(t, str(msg.string))]
+    for cid, text in live:
+        found.append(f"{stem}: an entry for {text[:40]!r} in cell {cid}, which the code no longer shows (run update)")
     return found
 
 
 # -- building the edition ---------------------------------------------------------------------------
-def translate_notebook(nb: Mapping[str, object], catalog: Catalog | None) -> dict:
+def translate_notebook(nb: Mapping[str, object], catalog: Catalog | None, code: Catalog | None = None) -> dict:
     """A copy of the English notebook ``nb`` with each markdown cell replaced by its translation in
-    ``catalog``; code cells, ids and metadata unchanged. A cell without a current translation (none,
-    empty or fuzzy) keeps its English, as gettext shows the msgid of an untranslated message."""
+    ``catalog``, and each string literal its code cells show (:mod:`klviz.code_text`) by its translation
+    in ``code``; everything else of the code, the ids and the metadata unchanged. Text without a current
+    translation (none, empty or fuzzy) stays English, as gettext shows the msgid of an untranslated message."""
+    from .code_text import translate_code, translations
+
     out = copy.deepcopy(dict(nb))
     live = _entries(catalog) if catalog is not None else {}
+    table = translations(code)
     cells = out["cells"]
     assert isinstance(cells, list)
     for cell in cells:
+        if cell.get("cell_type") == "code" and table:
+            source = _source(cell)
+            translated = translate_code(source, str(cell.get("id")), table)
+            if translated != source:
+                cell["source"] = translated.splitlines(keepends=True)
         if cell.get("cell_type") != "markdown":
             continue
         msg = live.get(str(cell.get("id")))
@@ -619,7 +687,12 @@ def build_edition(
         nb = json.loads(nb_path.read_text(encoding="utf-8"))
         if code != "en":
             po = catalogue_path(nb_path.stem, code, folder)
-            nb = translate_notebook(nb, read_catalogue(po, code) if po.is_file() else None)
+            code_po = code_catalogue_path(nb_path.stem, code, folder)
+            nb = translate_notebook(
+                nb,
+                read_catalogue(po, code) if po.is_file() else None,
+                read_catalogue(code_po, code) if code_po.is_file() else None,
+            )
         dest = target / nb_path.name
         text = dumps(nb)
         if not dest.is_file() or dest.read_text(encoding="utf-8") != text:

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from klviz import i18n, messages  # noqa: E402
+from klviz import code_text, i18n, messages  # noqa: E402
 from klviz.notebook_format import dumps  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -61,6 +61,11 @@ def update(notebooks: Path, lang: str, package: Path = PACKAGE) -> int:
         new, changes = i18n.update_catalogue(nb, old, nb_path.stem, lang, glossary=glossary)
         i18n.write_catalogue(new, po)
         print(f"{po.relative_to(notebooks.parent)}: {changes.summary()}")
+        code_po = i18n.code_catalogue_path(nb_path.stem, lang, notebooks)
+        old_code = i18n.read_catalogue(code_po, lang) if code_po.is_file() else None
+        new_code, summary = code_text.update_code_catalogue(nb, old_code, nb_path.stem, lang)
+        i18n.write_catalogue(new_code, code_po)
+        print(f"{code_po.relative_to(notebooks.parent)}: {', '.join(summary) or 'up to date'}")
     units = i18n.units_path(lang, notebooks)
     old = i18n.read_catalogue(units, lang) if units.is_file() else None
     i18n.write_catalogue(i18n.update_units(_units_in(notebooks), old, lang), units)

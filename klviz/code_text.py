@@ -1,0 +1,351 @@
+"""The words a lesson's own code cells show, and their translations: figure titles, axis labels, legend
+entries and annotations, and the lines the cells print.
+
+A lesson's code exists once, in the English notebook. The Chinese edition is built from it by replacing
+each such string literal with its translation, so that a reader of the Chinese lesson sees a Chinese
+figure and reads the very code that drew it::
+
+    ax.set_title("the error shrinks like 1/√N")          # notebooks/01_sampling_as_weighting.ipynb
+    ax.set_title("误差按 1/√N 缩小")                        # build/lessons-zh/01_sampling_as_weighting.ipynb
+
+Which literals: a string passed to ``print``, ``set_title``, ``set_xlabel``, ``set_ylabel``, ``suptitle``,
+``supxlabel``, ``supylabel``, ``title``, ``xlabel``, ``ylabel``, ``text``, ``figtext``, ``annotate``,
+``set_label`` or ``set_text``, and the value of a ``label=``, ``title=``, ``xlabel=`` or ``ylabel=``
+keyword of any call, when it has English words in it (:func:`has_words`); a formula such as
+``"f(t)"`` or ``r"$\\mu$"`` is left as it is. Strings the code computes or keeps in variables are not
+touched, so that no key the code looks up is ever translated.
+
+Each lesson has a catalogue of them beside the one of its markdown cells,
+``notebooks/locale/zh_CN/LC_MESSAGES/NN_topic.code.po``: ``msgctxt`` the cell id, ``msgid`` the literal's
+text as written in the source (an f-string's ``{fields}`` included, escapes as written), ``msgstr`` its
+translation, which must keep every ``{field}`` and ``$formula$`` of the English unchanged
+(:func:`text_problems`). ``scripts/translations.py update`` merges the English into it as ``msgmerge``
+does, and ``--check`` fails while a literal has no current translation.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from babel.messages.catalog import Catalog, Message
+
+__all__ = [
+    "TEXT_CALLS",
+    "TEXT_KEYWORDS",
+    "CodeText",
+    "code_texts",
+    "has_words",
+    "fields",
+    "literal",
+    "text_problems",
+    "notebook_texts",
+    "translations",
+    "update_code_catalogue",
+    "translate_code",
+]
+
+#: Calls whose positional string arguments are shown to the reader.
+TEXT_CALLS = frozenset(
+    {"print", "set_title", "set_xlabel", "set_ylabel", "suptitle", "supxlabel", "supylabel", "title", "xlabel",
+     "ylabel", "text", "figtext", "annotate", "set_label", "set_text"}
+)  # fmt: skip
+#: Keyword arguments, of any call, whose string value is shown to the reader.
+TEXT_KEYWORDS = frozenset({"label", "title", "xlabel", "ylabel"})
+
+_PREFIX = re.compile(r"([A-Za-z]{0,2})('''|\"\"\"|'|\")")
+_GAP = re.compile(r"(?:\s|\\\n|#[^\n]*)*")
+_MATH = re.compile(r"\$[^$]*\$")
+_CODE = re.compile(r"`[^`]*`|\b\w*_\w*\b")
+_WORD = re.compile(r"[A-Za-z]{3,}")
+_CJK = re.compile(r"[\u3400-\u9fff]")
+_NUMBER = re.compile(r"(?<![A-Za-z_\d.,])\d+(?:[.,]\d+)*")
+_MAGIC = re.compile(r"^(\s*)[%!]", re.M)
+
+
+@dataclass(frozen=True)
+class CodeText:
+    """One string literal a code cell shows: where it is in the cell's source, and its text as written.
+
+    ``text`` is the literal's body, implicitly concatenated parts joined; when any part is an f-string,
+    it is written as one f-string body (``{{`` for a brace of a plain part). ``start``/``end`` are
+    character offsets of the whole literal (all its parts) in the cell's source."""
+
+    cell: str
+    text: str
+    start: int
+    end: int
+    prefix: str  # "", "r", "f" or "rf"
+    quote: str
+    where: str  # the call it is passed to: "set_title()", "label= of plot()"
+
+
+def _offset(lines: list[str], lineno: int, col_bytes: int) -> int:
+    """The character offset of line ``lineno`` (1-based), UTF-8 byte column ``col_bytes``."""
+    line = lines[lineno - 1]
+    return sum(len(x) for x in lines[: lineno - 1]) + len(line.encode("utf-8")[:col_bytes].decode("utf-8"))
+
+
+def _split_parts(segment: str) -> list[tuple[str, str, str]] | None:
+    """``(prefix, quote, body)`` of each part of an implicitly concatenated literal; None for bytes."""
+    parts: list[tuple[str, str, str]] = []
+    i = 0
+    while True:
+        i = _GAP.match(segment, i).end()  # type: ignore[union-attr]
+        if i >= len(segment):
+            return parts
+        m = _PREFIX.match(segment, i)
+        if m is None:
+            return None
+        prefix, quote = m.group(1).lower(), m.group(2)
+        if "b" in prefix:
+            return None
+        j = m.end()
+        while not segment.startswith(quote, j):
+            j += 2 if segment[j] == "\\" else 1
+        parts.append(("".join(sorted(prefix.replace("u", ""), reverse=True)), quote, segment[m.end() : j]))
+        i = j + len(quote)
+
+
+def _text_of(parts: list[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The joined body, the prefix and the quote to write it back with; None where the parts cannot be
+    joined into one literal (raw and plain parts mixed, or different quotes)."""
+    if len({"r" in p for p, _, _ in parts}) != 1 or len({q for _, q, _ in parts}) != 1:
+        return None
+    is_f = any("f" in p for p, _, _ in parts)
+    raw = "r" in parts[0][0]
+    body = "".join(b if ("f" in p or not is_f) else b.replace("{", "{{").replace("}", "}}") for p, _, b in parts)
+    return body, ("r" if raw else "") + ("f" if is_f else ""), parts[0][1]
+
+
+def _call_name(node: ast.Call) -> str | None:
+    f = node.func
+    if isinstance(f, ast.Attribute):
+        return f.attr
+    if isinstance(f, ast.Name):
+        return f.id
+    return None
+
+
+def has_words(text: str) -> bool:
+    """Whether ``text`` has English words for a reader (a word of three letters or more outside
+    ``{fields}``, ``$formulas$``, backquoted code and snake_case names)."""
+    rest = _MATH.sub(" ", _strip_fields(text))
+    rest = _CODE.sub(" ", rest)
+    return bool(_WORD.search(rest))
+
+
+def _strip_fields(text: str) -> str:
+    out, depth = [], 0
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if depth == 0 and text.startswith(("{{", "}}"), i):
+            out.append(ch)
+            i += 2
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+        elif depth == 0:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def fields(text: str) -> list[str]:
+    """The replacement fields of an f-string body, as written (``{x:.3f}``), in order; nested braces
+    (``{x:{w}}``) stay inside their field and ``{{``/``}}`` are not fields."""
+    found, depth, start = [], 0, 0
+    i = 0
+    while i < len(text):
+        if depth == 0 and text.startswith(("{{", "}}"), i):
+            i += 2
+            continue
+        if text[i] == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif text[i] == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                found.append(text[start : i + 1])
+        i += 1
+    return found
+
+
+def code_texts(source: str, cell: str = "") -> list[CodeText]:
+    """The literals a code cell's ``source`` shows to a reader (see the module's docstring), in source
+    order. IPython's ``%magic`` and ``!shell`` lines are skipped; a cell Python cannot parse has none."""
+    parsable = _MAGIC.sub(lambda m: m.group(1) + "#", source)
+    try:
+        tree = ast.parse(parsable)
+    except SyntaxError:
+        return []
+    lines = parsable.splitlines(keepends=True)
+    found: list[CodeText] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _call_name(node) or "call"
+        shown: list[tuple[ast.expr, str]] = []
+        if name in TEXT_CALLS:
+            shown += [(a, f"{name}()") for a in node.args]
+        shown += [(k.value, f"{k.arg}= of {name}()") for k in node.keywords if k.arg in TEXT_KEYWORDS]
+        for value, where in shown:
+            is_str = isinstance(value, ast.Constant) and isinstance(value.value, str)
+            if not (is_str or isinstance(value, ast.JoinedStr)):
+                continue
+            assert value.end_lineno is not None and value.end_col_offset is not None
+            start = _offset(lines, value.lineno, value.col_offset)
+            end = _offset(lines, value.end_lineno, value.end_col_offset)
+            parts = _split_parts(source[start:end])
+            joined = _text_of(parts) if parts else None
+            if joined is None or not has_words(joined[0]):
+                continue
+            found.append(CodeText(cell, joined[0], start, end, joined[1], joined[2], where))
+    return sorted(found, key=lambda t: t.start)
+
+
+def literal(text: str, prefix: str, quote: str) -> str:
+    """``text`` (a body as written in source) as a Python literal with ``prefix`` and ``quote``."""
+    return f"{prefix}{quote}{text}{quote}"
+
+
+def text_problems(english: CodeText, translation: str) -> list[str]:
+    """What keeps ``translation`` from standing in for the literal ``english``: it must keep each
+    ``{field}`` (f-strings) and ``$formula$`` and every number of the English, be Chinese (or the
+    English itself, kept on purpose), and make a literal Python reads as the same kind of string."""
+    found = []
+    if "f" in english.prefix and Counter(fields(english.text)) != Counter(fields(translation)):
+        lost = sorted((Counter(fields(english.text)) - Counter(fields(translation))).elements())
+        extra = sorted((Counter(fields(translation)) - Counter(fields(english.text))).elements())
+        found.append(f"fields differ: missing {lost}, not in the English {extra}")
+    if Counter(_MATH.findall(english.text)) != Counter(_MATH.findall(translation)):
+        found.append("formulas ($...$) differ from the English")
+    plain_en = _MATH.sub(" ", _strip_fields(english.text) if "f" in english.prefix else english.text)
+    plain_zh = _MATH.sub(" ", _strip_fields(translation) if "f" in english.prefix else translation)
+    lost_numbers = set(_NUMBER.findall(plain_en)) - set(_NUMBER.findall(plain_zh))
+    if lost_numbers:
+        found.append(f"numbers of the English missing: {sorted(lost_numbers)}")
+    if translation != english.text and not _CJK.search(translation):
+        found.append("the translation has no Chinese in it (write the English itself to keep it)")
+    code = literal(translation, english.prefix, english.quote)
+    try:
+        tree = ast.parse(code, mode="eval")
+    except SyntaxError as err:
+        found.append(f"not a Python literal once written as {code!r}: {err.msg}")
+    else:
+        want = ast.JoinedStr if "f" in english.prefix else ast.Constant
+        if not isinstance(tree.body, want) and not (
+            want is ast.JoinedStr and isinstance(tree.body, ast.Constant)  # an f-string without fields
+        ):
+            found.append(f"written as {code!r} it is no longer one string literal")
+    return found
+
+
+# -- the catalogue ----------------------------------------------------------------------------------
+def notebook_texts(nb: Mapping[str, object]) -> list[CodeText]:
+    """Every shown literal of every code cell of notebook ``nb``, in cell order."""
+    cells = nb.get("cells", [])
+    assert isinstance(cells, list)
+    out: list[CodeText] = []
+    for c in cells:
+        if c.get("cell_type") == "code":
+            src = c.get("source", "")
+            out += code_texts("".join(src) if isinstance(src, list) else str(src), str(c.get("id")))
+    return out
+
+
+def _key(message: Message) -> tuple[str, str]:
+    return str(message.context), str(message.id)
+
+
+def update_code_catalogue(
+    nb: Mapping[str, object], old: Catalog | None, stem: str, lang: str = "zh"
+) -> tuple[Catalog, list[str]]:
+    """Merge the literals lesson ``stem`` shows (``nb``) into its code catalogue ``old``, as ``msgmerge``
+    does: an unchanged literal keeps its entry; one whose English changed takes the translation of
+    the most similar vanished literal of the same cell, marked fuzzy, with that English as its
+    previous msgid; a literal moved to another cell keeps its translation; a vanished literal's
+    entry becomes obsolete. Returns the catalogue and a one-line summary per kind of change."""
+    from babel.messages.catalog import Message
+
+    from .i18n import CODE_HEADER, HASH_PREFIX, _new_catalogue, _previous, english_hash
+
+    new = _new_catalogue(lang, f"lesson {stem}", like=old, header=CODE_HEADER)
+    live: dict[tuple[str, str], Message] = {_key(m): m for m in old if m.id} if old is not None else {}
+    by_text = {str(m.id): m for m in live.values() if m.string and "fuzzy" not in m.flags}
+    texts = notebook_texts(nb)
+    wanted = {(t.cell, t.text) for t in texts}
+    vanished = {k: m for k, m in live.items() if k not in wanted}
+    counts: Counter[str] = Counter()
+    seen: set[tuple[str, str]] = set()
+    for t in texts:
+        key = (t.cell, t.text)
+        if key in seen:  # the same words twice in a cell: one entry
+            continue
+        seen.add(key)
+        comments = [HASH_PREFIX + english_hash(t.text), f"in {t.where}"]
+        string, flags, previous = "", set(), None
+        prev = live.get(key)
+        if prev is not None:
+            string, flags = str(prev.string or ""), set(prev.flags) & {"fuzzy"}
+            previous = _previous(prev) if "fuzzy" in flags else None
+        elif t.text in by_text:
+            string = str(by_text[t.text].string)
+            counts["moved"] += 1
+        else:
+            same_cell = {str(m.id): m for (cid, _), m in vanished.items() if cid == t.cell and m.string}
+            close = difflib.get_close_matches(t.text, list(same_cell), n=1, cutoff=0.6)
+            if close:
+                match = same_cell[close[0]]
+                string, flags = str(match.string), {"fuzzy"}
+                previous = _previous(match) or str(match.id)
+                vanished.pop((t.cell, str(match.id)))
+                counts["changed (now fuzzy)"] += 1
+            else:
+                counts["new"] += 1
+        new[t.text] = Message(
+            t.text,
+            string,
+            locations=[(f"{stem}.ipynb", 0)],
+            flags=flags,
+            auto_comments=comments,
+            previous_id=[previous] if previous else [],
+            context=t.cell,
+        )
+    for (cid, text), message in vanished.items():
+        if message.string:
+            new.obsolete[(text, cid)] = message
+            counts["obsolete"] += 1
+    if old is not None:
+        for message in old.obsolete.values():
+            new.obsolete.setdefault((str(message.id), str(message.context)), message)
+    summary = [f"{n} {kind}" for kind, n in counts.items()]
+    return new, summary
+
+
+def translations(catalog: Catalog | None) -> dict[tuple[str, str], str]:
+    """``(cell id, English) -> translation`` for every current (translated, not fuzzy) entry."""
+    if catalog is None:
+        return {}
+    return {_key(m): str(m.string) for m in catalog if m.id and m.string and "fuzzy" not in m.flags}
+
+
+def translate_code(source: str, cell: str, table: Mapping[tuple[str, str], str]) -> str:
+    """Code cell ``source`` with each shown literal that has a current translation in ``table``
+    (:func:`translations`) replaced by it; everything else byte for byte."""
+    out = source
+    for t in reversed(code_texts(source, cell)):
+        zh = table.get((t.cell, t.text))
+        if zh is not None and not text_problems(t, zh):
+            out = out[: t.start] + literal(zh, t.prefix, t.quote) + out[t.end :]
+    return out
