@@ -181,6 +181,127 @@ def fields(text: str) -> list[str]:
     return found
 
 
+def _is_text(value: ast.expr) -> bool:
+    return isinstance(value, ast.JoinedStr) or (isinstance(value, ast.Constant) and isinstance(value.value, str))
+
+
+def _branches(value: ast.expr) -> list[ast.expr]:
+    """``value``, or the branches of ``a if c else b`` (each shown in its turn)."""
+    if isinstance(value, ast.IfExp):
+        return _branches(value.body) + _branches(value.orelse)
+    return [value]
+
+
+class _Shown:
+    """Where a cell's code puts text in front of the reader: text arguments and keywords of the text calls
+    (through ``a if c else b``), and the names whose every use is such a place."""
+
+    def __init__(self, tree: ast.Module):
+        self.places: dict[int, str] = {}  # id(expression) -> where it is shown
+        self.loads: dict[str, list[ast.Name]] = {}
+        parents: dict[int, ast.AST] = {}
+        for node in ast.walk(tree):
+            for child in ast.iter_child_nodes(node):
+                parents[id(child)] = node
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                self.loads.setdefault(node.id, []).append(node)
+            if not isinstance(node, ast.Call):
+                continue
+            name = _call_name(node) or "call"
+            args = [(a, f"{name}()") for a in node.args] if name in TEXT_CALLS else []
+            args += [(k.value, f"{k.arg}= of {name}()") for k in node.keywords if k.arg in TEXT_KEYWORDS]
+            for value, where in args:
+                for branch in _branches(value):
+                    self.places[id(branch)] = where
+        self.parents = parents
+
+    def where(self, node: ast.expr) -> str | None:
+        """Where ``node`` is shown: itself a text argument, or a ``{field}`` of an f-string that is one."""
+        if id(node) in self.places:
+            return self.places[id(node)]
+        field = self.parents.get(id(node))
+        if isinstance(node, ast.Name) and isinstance(field, ast.FormattedValue) and field.value is node:
+            fstring = self.parents.get(id(field))
+            if fstring is not None and id(fstring) in self.places:
+                return self.places[id(fstring)]
+        return None
+
+    def shown_only(self, name: str) -> str | None:
+        """Where variable ``name`` is shown, when every use of it in the cell shows it; ``""`` when it is
+        never used; None when some use does something else with it."""
+        uses = [self.where(n) for n in self.loads.get(name, [])]
+        if None in uses:
+            return None
+        if not uses:
+            return ""
+        return f"`{name}`, shown by {', '.join(sorted(set(u for u in uses if u)))}"
+
+
+def _looped_texts(tree: ast.Module, shown: _Shown) -> list[tuple[ast.expr, str]]:
+    """The string literals of a literal sequence that a ``for`` loop binds to variables only ever shown as
+    text: ``for name, label in (("k2", "½(log t)²"), ...)`` with ``label`` used only in ``label=`` takes
+    the second strings and never the first. A sequence kept in a variable counts when every use of that
+    variable is such a loop, and a position is taken only when every one of those loops shows it."""
+    containers: dict[str, ast.Tuple | ast.List] = {}
+    assigned: Counter[str] = Counter()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for n in ast.walk(target):
+                    if isinstance(n, ast.Name):
+                        assigned[n.id] += 1
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if isinstance(node.value, (ast.Tuple, ast.List)):
+                    containers[node.targets[0].id] = node.value
+    verdicts: dict[int, list[str | None]] = {}  # id(literal) -> where each loop shows it
+    literals: dict[int, ast.expr] = {}
+    consumed: Counter[str] = Counter()
+
+    def match(target: ast.expr, element: ast.expr, out: dict[int, str | None]) -> None:
+        if isinstance(target, ast.Name):
+            for branch in _branches(element):
+                if _is_text(branch):
+                    out[id(branch)] = shown.shown_only(target.id)
+                    literals[id(branch)] = branch
+        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(element, (ast.Tuple, ast.List)):
+            if len(target.elts) == len(element.elts):
+                for t, e in zip(target.elts, element.elts):
+                    match(t, e, out)
+
+    for loop in ast.walk(tree):
+        if not isinstance(loop, (ast.For, ast.comprehension)):
+            continue
+        pairs = [(loop.target, loop.iter)]
+        it = loop.iter
+        if isinstance(it, ast.Call) and _call_name(it) == "zip" and isinstance(loop.target, ast.Tuple):
+            if len(loop.target.elts) == len(it.args) and not it.keywords:
+                pairs = list(zip(loop.target.elts, it.args))
+        for target, source in pairs:
+            sequence: ast.Tuple | ast.List | None = None
+            if isinstance(source, (ast.Tuple, ast.List)):
+                sequence = source
+            elif isinstance(source, ast.Name) and assigned[source.id] == 1 and source.id in containers:
+                sequence = containers[source.id]
+                consumed[source.id] += 1
+            if sequence is None:
+                continue
+            seen: dict[int, str | None] = {}
+            for element in sequence.elts:
+                match(target, element, seen)
+            for key, where in seen.items():
+                verdicts.setdefault(key, []).append(where)
+    # a sequence in a variable: every use of the variable must be one of the loops above
+    unsafe = {id(e) for name, seq in containers.items() if consumed[name] != len(shown.loads.get(name, []))
+              for e in ast.walk(seq)}  # fmt: skip
+    out = []
+    for key, wheres in verdicts.items():
+        if key in unsafe or None in wheres or not any(wheres):
+            continue
+        out.append((literals[key], "; ".join(sorted({w for w in wheres if w}))))
+    return out
+
+
 def code_texts(source: str, cell: str = "") -> list[CodeText]:
     """The literals a code cell's ``source`` shows to a reader (see the module's docstring), in source
     order. IPython's ``%magic`` and ``!shell`` lines are skipped; a cell Python cannot parse has none."""
@@ -190,28 +311,20 @@ def code_texts(source: str, cell: str = "") -> list[CodeText]:
     except SyntaxError:
         return []
     lines = parsable.splitlines(keepends=True)
+    shown = _Shown(tree)
+    candidates = [(n, w) for n in ast.walk(tree) if isinstance(n, ast.expr) and (w := shown.where(n)) and _is_text(n)]
     found: list[CodeText] = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
+    for value, where in candidates + _looped_texts(tree, shown):
+        assert value.end_lineno is not None and value.end_col_offset is not None
+        start = _offset(lines, value.lineno, value.col_offset)
+        end = _offset(lines, value.end_lineno, value.end_col_offset)
+        parts = _split_parts(source[start:end])
+        joined = _text_of(parts) if parts else None
+        if joined is None or not has_words(joined[0]):
             continue
-        name = _call_name(node) or "call"
-        shown: list[tuple[ast.expr, str]] = []
-        if name in TEXT_CALLS:
-            shown += [(a, f"{name}()") for a in node.args]
-        shown += [(k.value, f"{k.arg}= of {name}()") for k in node.keywords if k.arg in TEXT_KEYWORDS]
-        for value, where in shown:
-            is_str = isinstance(value, ast.Constant) and isinstance(value.value, str)
-            if not (is_str or isinstance(value, ast.JoinedStr)):
-                continue
-            assert value.end_lineno is not None and value.end_col_offset is not None
-            start = _offset(lines, value.lineno, value.col_offset)
-            end = _offset(lines, value.end_lineno, value.end_col_offset)
-            parts = _split_parts(source[start:end])
-            joined = _text_of(parts) if parts else None
-            if joined is None or not has_words(joined[0]):
-                continue
-            found.append(CodeText(cell, joined[0], start, end, joined[1], joined[2], where))
-    return sorted(found, key=lambda t: t.start)
+        found.append(CodeText(cell, joined[0], start, end, joined[1], joined[2], where))
+    found.sort(key=lambda t: (t.start, -t.end))
+    return [t for i, t in enumerate(found) if all(t.start >= u.end for u in found[:i])]  # none inside another
 
 
 def literal(text: str, prefix: str, quote: str) -> str:

@@ -1,7 +1,9 @@
 """The lessons in other languages: gettext catalogues of their prose, one per lesson, and the edition
 built from them.
 
-One source, no drift. A lesson's code cells, numbers and figures exist once, in the English notebook.
+One source, no drift. A lesson's code cells, numbers and figures exist once, in the English notebook
+(the words its code cells show, figure titles and printed lines, have their own catalogue per lesson:
+:mod:`klviz.code_text`).
 What a reader reads, its markdown cells, has a translation in a gettext catalogue (``.po``, read and
 written with Babel, which JupyterLab already installs), one per lesson::
 
@@ -574,12 +576,13 @@ def problems(lang: str = "zh", notebooks: str | os.PathLike[str] | None = None) 
     for nb_path in lesson_notebooks(folder):
         stem = nb_path.stem
         po = catalogue_path(stem, code, folder)
+        nb = json.loads(nb_path.read_text(encoding="utf-8"))
+        found += _code_problems(nb, stem, code, folder)
         if not po.is_file():
             found.append(f"{_shown(po, folder)}: missing (run `python scripts/translations.py update`)")
             continue
         catalog = read_catalogue(po, code)
         live = _entries(catalog)
-        nb = json.loads(nb_path.read_text(encoding="utf-8"))
         cells = markdown_cells(nb)
         for cid, english in cells:
             where = f"{stem} cell {cid}"
@@ -606,7 +609,6 @@ def problems(lang: str = "zh", notebooks: str | os.PathLike[str] | None = None) 
                 found.append(f"{where}: {issue}")
         for cid in live:
             found.append(f"{stem}: an entry for cell {cid}, which the lesson no longer has (run update)")
-        found += _code_problems(nb, stem, code, folder)
     return found
 
 
