@@ -186,9 +186,12 @@ def _is_text(value: ast.expr) -> bool:
 
 
 def _branches(value: ast.expr) -> list[ast.expr]:
-    """``value``, or the branches of ``a if c else b`` (each shown in its turn)."""
+    """The parts of a shown ``value`` that are shown as they are: ``value`` itself, both branches of
+    ``a if c else b`` (each shown in its turn), and both sides of ``a + b`` (shown one after the other)."""
     if isinstance(value, ast.IfExp):
         return _branches(value.body) + _branches(value.orelse)
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+        return _branches(value.left) + _branches(value.right)
     return [value]
 
 

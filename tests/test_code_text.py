@@ -249,6 +249,7 @@ for what, k in kept:
     print(what)
 table = {what: k for what, k in kept}  # the names are keys too: left alone
 ax.plot(x, label="first pass" if k == 1 else "second pass")
+print("mean of " + ", ".join(kept) + f" over {k} seeds")
 """
 
 
@@ -262,6 +263,8 @@ def test_a_loop_variable_only_ever_shown_as_text_has_its_literals_taken_and_no_o
         "true KL per response",
         "first pass",
         "second pass",
+        "mean of ",
+        " over {k} seeds",
     ]
     assert texts[0].where == "`label`, shown by label= of plot(), set_title()"
     # "k2", "C1" (keys and colours), "reward" (a key), "mean of k1" (also a dict key) are never taken
