@@ -10,10 +10,12 @@ figure and reads the very code that drew it::
 
 Which literals: a string passed to ``print``, ``set_title``, ``set_xlabel``, ``set_ylabel``, ``suptitle``,
 ``supxlabel``, ``supylabel``, ``title``, ``xlabel``, ``ylabel``, ``text``, ``figtext``, ``annotate``,
-``set_label`` or ``set_text``, and the value of a ``label=``, ``title=``, ``xlabel=`` or ``ylabel=``
-keyword of any call, when it has English words in it (:func:`has_words`); a formula such as
-``"f(t)"`` or ``r"$\\mu$"`` is left as it is. Strings the code computes or keeps in variables are not
-touched, so that no key the code looks up is ever translated.
+``set_label`` or ``set_text`` (both branches of ``a if c else b`` and both sides of ``a + b`` in such a
+place), the value of a ``label=``, ``title=``, ``xlabel=`` or ``ylabel=`` keyword of a matplotlib call
+(``plot``, ``bar``, ``axhline``, ``legend``, ...: :data:`KEYWORD_CALLS`), and the strings of a literal
+sequence that a ``for`` loop binds to a variable whose every use is such a place; each only when it has
+English words in it (:func:`has_words`): a formula such as ``"f(t)"`` or ``r"$\\mu$"`` is left as it is. A
+string the code also uses otherwise (a key it looks up, a value it compares) is never taken.
 
 Each lesson has a catalogue of them beside the one of its markdown cells,
 ``notebooks/locale/zh_CN/LC_MESSAGES/NN_topic.code.po``: ``msgctxt`` the cell id, ``msgid`` the literal's
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TEXT_CALLS",
     "TEXT_KEYWORDS",
+    "KEYWORD_CALLS",
     "CodeText",
     "code_texts",
     "has_words",
@@ -56,8 +59,15 @@ TEXT_CALLS = frozenset(
     {"print", "set_title", "set_xlabel", "set_ylabel", "suptitle", "supxlabel", "supylabel", "title", "xlabel",
      "ylabel", "text", "figtext", "annotate", "set_label", "set_text"}
 )  # fmt: skip
-#: Keyword arguments, of any call, whose string value is shown to the reader.
+#: Keyword arguments whose string value is shown to the reader, in the calls of :data:`KEYWORD_CALLS`.
 TEXT_KEYWORDS = frozenset({"label", "title", "xlabel", "ylabel"})
+#: The matplotlib calls whose ``label=`` (``title=``, ...) is a legend entry or a title. Elsewhere such a
+#: keyword may be a key (``klviz.tables.table_html(rows, label="target p")`` looks rows up by it).
+KEYWORD_CALLS = frozenset(
+    {"plot", "scatter", "bar", "barh", "hist", "step", "stairs", "stem", "errorbar", "fill_between", "fill_betweenx",
+     "axhline", "axvline", "axhspan", "axvspan", "hlines", "vlines", "loglog", "semilogx", "semilogy", "legend",
+     "Line2D", "Patch", "set", "text", "annotate"}
+)  # fmt: skip
 
 _PREFIX = re.compile(r"([A-Za-z]{0,2})('''|\"\"\"|'|\")")
 _GAP = re.compile(r"(?:\s|\\\n|#[^\n]*)*")
@@ -212,7 +222,8 @@ class _Shown:
                 continue
             name = _call_name(node) or "call"
             args = [(a, f"{name}()") for a in node.args] if name in TEXT_CALLS else []
-            args += [(k.value, f"{k.arg}= of {name}()") for k in node.keywords if k.arg in TEXT_KEYWORDS]
+            if name in KEYWORD_CALLS:
+                args += [(k.value, f"{k.arg}= of {name}()") for k in node.keywords if k.arg in TEXT_KEYWORDS]
             for value, where in args:
                 for branch in _branches(value):
                     self.places[id(branch)] = where

@@ -248,6 +248,7 @@ kept = (("mean of k1", 1), ("mean of k3", 3))
 for what, k in kept:
     print(what)
 table = {what: k for what, k in kept}  # the names are keys too: left alone
+html = table_html(rows, label="target p")  # a keyword of a call that is not a plot: a key, left alone
 ax.plot(x, label="first pass" if k == 1 else "second pass")
 print("mean of " + ", ".join(kept) + f" over {k} seeds")
 """
