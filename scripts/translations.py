@@ -83,8 +83,8 @@ def check(notebooks: Path, lang: str, package: Path = PACKAGE) -> int:
         print("fix: `python scripts/translations.py update`, then translate each entry named above")
         return 1
     print(
-        f"the {lang} edition is current: every markdown cell of every lesson, and every string the library shows, "
-        "has an up-to-date translation"
+        f"the {lang} edition is current: every markdown cell of every lesson, every word their code cells show, "
+        "and every string the library shows has an up-to-date translation"
     )
     return 0
 
