@@ -81,14 +81,7 @@ def test_the_translated_cell_differs_from_the_english_only_in_the_shown_literals
     }
     zh = code_text.translate_code(CELL, "c1", table)
 
-    def skeleton(source: str) -> str:  # the code with every string constant blanked
-        tree = ast.parse(re.sub(r"^%", "#", source, flags=re.M))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                node.value = ""
-        return ast.dump(tree)
-
-    assert skeleton(zh) == skeleton(CELL)
+    assert _program(zh) == _program(CELL)
     assert _exec(zh)["shown"] == [
         "π·log(π/p) 之和",
         "N = 1,000 次抽样：KL 0.250",
@@ -207,6 +200,20 @@ def test_a_literal_moved_to_another_cell_keeps_its_translation_and_a_removed_one
     assert {(m.context, m.id, m.string) for m in catalog if m.id} == {("c2", "done", "完成")}
 
 
+def _program(source: str) -> str:
+    """The code of a cell with its words taken out: string constants blanked, and each f-string reduced to
+    its fields (expression, conversion, format spec), in sorted order, since a translation may reorder them."""
+    tree = ast.parse(re.sub(r"^(\s*)[%!]", r"\1#", source, flags=re.M))
+    specs = {id(n.format_spec) for n in ast.walk(tree) if isinstance(n, ast.FormattedValue) and n.format_spec}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and id(node) not in specs:
+            fields = [v for v in node.values if isinstance(v, ast.FormattedValue)]
+            node.values = sorted(fields, key=ast.dump)  # type: ignore[assignment]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            node.value = ""
+    return ast.dump(tree)
+
+
 def test_the_lessons_code_is_the_same_in_both_editions_but_for_the_shown_literals(tmp_path):
     """Every code cell of every built Chinese lesson: the same program as the English cell once string
     constants are blanked, and each literal it changed is one the catalogue translates."""
@@ -223,13 +230,7 @@ def test_the_lessons_code_is_the_same_in_both_editions_but_for_the_shown_literal
             if src_en == src_zh:
                 continue
             changed += 1
-            trees = []
-            for src in (src_en, src_zh):
-                tree = ast.parse(re.sub(r"^(\s*)[%!]", r"\1#", src, flags=re.M))
-                for node in ast.walk(tree):
-                    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                        node.value = ""
-                trees.append(ast.dump(tree))
+            trees = [_program(src) for src in (src_en, src_zh)]
             assert trees[0] == trees[1], f"{path.name} cell {a['id']}: the code differs, not only its words"
     if not any(m.string for po in (NOTEBOOKS / "locale").rglob("*.code.po") for m in i18n.read_catalogue(po) if m.id):
         pytest.fail("no code catalogue has a translation: nothing was checked")

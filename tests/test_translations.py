@@ -156,8 +156,9 @@ def test_the_built_edition_has_the_same_code_cells_and_ids(tmp_path):
         assert zh["metadata"] == en["metadata"] and len(zh["cells"]) == len(en["cells"]), path.name
         for a, b in zip(en["cells"], zh["cells"]):
             assert (a["id"], a["cell_type"], a["metadata"]) == (b["id"], b["cell_type"], b["metadata"]), path.name
-            if a["cell_type"] == "code":
-                assert a == b, f"{path.name} cell {a['id']}: a code cell differs between the editions"
+            if a["cell_type"] == "code":  # its source differs only in the words it shows: tests/test_code_text.py
+                same = {k: v for k, v in a.items() if k != "source"} == {k: v for k, v in b.items() if k != "source"}
+                assert same, f"{path.name} cell {a['id']}: a code cell differs between the editions"
             else:
                 assert "".join(b["source"]) != "".join(a["source"]), f"{path.name} cell {a['id']} is not translated"
     nb = json.loads((tmp_path / "00_start_here.ipynb").read_text(encoding="utf-8"))
