@@ -242,6 +242,37 @@ def sample_moments(a: Tensor, c: Tensor) -> dict[str, float]:
     return {"var_a": float(da.square().mean()), "var_c": float(dc.square().mean()), "cov": float((da * dc).mean())}
 
 
+class PairedMoments:
+    """:func:`sample_moments` of two paired samples that arrive in chunks: ``add(a, c)`` per chunk, then ``result()``.
+
+    Sums of da = a - K_a, dc = c - K_c, their squares and their product are kept in float64, with the
+    shifts K the first chunk's means (within a few standard errors of the final means, so the
+    subtraction of the squared mean loses no digits). Memory: the chunk, not the whole sample.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.shift: tuple[float, float] | None = None
+        self.sums = np.zeros(5)  # da, dc, da², dc², da·dc
+
+    def add(self, a: Tensor, c: Tensor) -> None:
+        """Add a chunk of paired values (two float tensors of one shape)."""
+        a, c = a.to(torch.float64).reshape(-1), c.to(torch.float64).reshape(-1)
+        if self.shift is None:
+            self.shift = (float(a.mean()), float(c.mean()))
+        da, dc = a - self.shift[0], c - self.shift[1]
+        self.sums += [float(da.sum()), float(dc.sum()), float(torch.dot(da, da)), float(torch.dot(dc, dc)),
+                      float(torch.dot(da, dc))]  # fmt: skip
+        self.n += a.numel()
+
+    def result(self) -> dict[str, float]:
+        """``var_a``, ``var_c`` and ``cov`` (divisor n) of everything added."""
+        if self.n == 0:
+            raise ValueError("no values were added")
+        ma, mc, saa, scc, sac = self.sums / self.n
+        return {"var_a": max(saa - ma * ma, 0.0), "var_c": max(scc - mc * mc, 0.0), "cov": sac - ma * mc}
+
+
 def control_variate_lambda(cov_k1_r: float, var_r: float) -> float:
     """λ* = −Cov(k1, r) / Var(r): the λ that minimises Var(k1 + λ (r − 1)) = Var k1 + 2λ Cov + λ² Var r.
 

@@ -158,9 +158,10 @@ def test_ess_fraction_and_limit_bad_input():
 # -- running mean -----------------------------------------------------------------------------------
 
 
-def test_running_mean_matches_brute_force():
+@pytest.mark.parametrize("chunk_size", [1, 7, 1_000, 1 << 18])  # counts inside, at the ends of and across chunks
+def test_running_mean_matches_brute_force(chunk_size):
     v = torch.randn(3_000, generator=torch.Generator().manual_seed(2), dtype=torch.float64) * 3 + 100.0
-    run = running_mean(v, num_points=50)
+    run = running_mean(v, num_points=50, chunk_size=chunk_size)
     for n, m, se in zip(run["n"], run["mean"], run["se"]):
         head = v[:n].numpy()
         assert m == pytest.approx(head.mean(), abs=1e-9)
@@ -177,6 +178,8 @@ def test_running_mean_bad_input():
         running_mean(torch.tensor([1.0, float("nan")]))
     with pytest.raises(ValueError, match="num_points"):
         running_mean(torch.ones(4), num_points=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        running_mean(torch.ones(4), chunk_size=0)
     with pytest.raises(ValueError, match="num_samples"):
         log_spaced_counts(0)
 

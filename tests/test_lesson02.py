@@ -466,3 +466,20 @@ def test_gaussian_panels_sample_more_on_a_gpu():
         panel = cls(device="cpu")
         assert panel.device.type == "cpu" and panel.values()["num_samples"] == 100_000
         assert panel.last_error is None
+
+
+@pytest.mark.parametrize("chunk", [1_000, 65_536, 200_000])
+def test_paired_moments_in_chunks_equal_the_whole_sample(chunk):
+    """The control-variate panel's moments, taken a chunk at a time, are sample_moments of the whole."""
+    from klviz.statistics import PairedMoments, sample_moments
+
+    z = torch.randn(200_000, generator=klviz.make_generator(5), dtype=torch.float64)
+    a, c = 3.0 + 0.1 * z, torch.expm1(0.8 * z)  # a mean far from 0 next to its spread; c heavy-tailed
+    acc = PairedMoments()
+    for start in range(0, z.numel(), chunk):
+        acc.add(a[start : start + chunk], c[start : start + chunk])
+    got, want = acc.result(), sample_moments(a, c)
+    for key in ("var_a", "var_c", "cov"):
+        assert got[key] == pytest.approx(want[key], rel=1e-10), key
+    with pytest.raises(ValueError, match="no values"):
+        PairedMoments().result()

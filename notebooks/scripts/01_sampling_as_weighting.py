@@ -231,6 +231,7 @@ N_MAX = 10**7 if device.type == "cuda" else 10**6        # more: slower, tighter
 gen = klviz.make_generator(4, device)
 tokens_run = draw_tokens(q_big.to(device), N_MAX, generator=gen)
 run = running_mean(g_big.to(device)[tokens_run])
+del tokens_run                                            # only the running sums are kept
 final_mean, final_se = float(run["mean"][-1]), float(run["se"][-1])
 print(f"after {N_MAX:,} draws: {plus_minus(final_mean, final_se, '.5f')}; exact {exact_big:.5f}")
 # the band narrows like 1/sqrt(N): slope of log SE against log N, from N = 1,000 on
@@ -493,6 +494,7 @@ for _ in range(POSITIONS // CHUNK):
     tok = torch.multinomial(torch.softmax(q_logits, -1), 1, generator=gen)
     logprob_parts.append(torch.log_softmax(q_logits, -1).gather(-1, tok).squeeze(-1))
     ref_parts.append(torch.log_softmax(p_logits, -1).gather(-1, tok).squeeze(-1))
+del q_logits, p_logits                                     # the last chunk's logits: 13 MB
 kl_exact, logprob, ref_logprob = torch.cat(kl_parts), torch.cat(logprob_parts), torch.cat(ref_parts)  # [POSITIONS]
 t0 = time.perf_counter()
 k3_tok = klviz.k3(ref_logprob - logprob)                              # log r = log p - log q

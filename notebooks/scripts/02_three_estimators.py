@@ -85,6 +85,8 @@ print(f"k1 < 0 for {100 * frac_neg:.2f} % of the samples (exact: 1 - Phi(mu/2) =
 print(f"k1 ranges over [{float(k1_vals.min()):.3f}, {float(k1_vals.max()):.3f}]; its mean is "
       f"{float(k1_vals.mean()):.5f} (true KL {MU**2 / 2:.5f})")
 print(f"smallest k2: {float(k2_vals.min()):.1e}   smallest k3: {float(k3_vals.min()):.1e}")
+k1_mean, k1_std, k2_min, k3_min = (float(v) for v in (k1_vals.mean(), k1_vals.std(), k2_vals.min(), k3_vals.min()))
+del k1_vals, k2_vals, k3_vals                              # their statistics are kept: 24 MB freed
 # on tokens the fraction is P_q(p > q): the pairs of section 3 and panel (b)'s default
 q_tok = torch.log_softmax(toy_sampler_logits().double(), -1)
 neg_tok = {name: k1_negative_mass(q_tok.exp(), move_policy(q_tok, **kw).exp())
@@ -97,9 +99,9 @@ se_frac = math.sqrt(frac_exact * (1 - frac_exact) / N_SAMPLES)        # binomial
 assert abs(frac_neg - frac_exact) < 4 * se_frac
 assert abs(frac_exact - 0.5 * math.erfc((MU / 2) / math.sqrt(2))) < 1e-15   # 1 - Phi(mu/2)
 assert round(100 * frac_exact) == 48                                    # "almost half"
-se_k1 = float(k1_vals.std()) / math.sqrt(N_SAMPLES)
-assert abs(float(k1_vals.mean()) - MU**2 / 2) < 4 * se_k1               # unbiased although half are negative
-assert float(k2_vals.min()) >= 0 and float(k3_vals.min()) >= 0
+se_k1 = k1_std / math.sqrt(N_SAMPLES)
+assert abs(k1_mean - MU**2 / 2) < 4 * se_k1                              # unbiased although half are negative
+assert k2_min >= 0 and k3_min >= 0
 assert [round(100 * v) for v in neg_tok.values()] == [16, 17, 2]
 assert abs(neg_tok["close"] - float(q_tok.exp()[1])) < 1e-12      # only " sofa" gains: the mass of " sofa"
 assert round(float(q_tok.exp()[1]), 3) == 0.162
@@ -508,6 +510,7 @@ prod = (log_r - log_r.mean()) * (r_minus_1 - r_minus_1.mean())
 cov_hat, se_cov = float(prod.mean()), float(prod.std()) / math.sqrt(N_SAMPLES)
 print(f"Cov(log r, r - 1) = {plus_minus(cov_hat, se_cov, '.6f')}   Var(log r) = {float(log_r.var()):.6f}   "
       f"KL(q||p) + KL(p||q) = mu^2 = {MU**2:.6f}")
+del log_r, r_minus_1, prod                                 # 24 MB; only their statistics are kept
 
 # %%
 assert cov_hat > 10 * se_cov                       # positive, not negative
