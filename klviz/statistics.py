@@ -273,6 +273,45 @@ class PairedMoments:
         return {"var_a": max(saa - ma * ma, 0.0), "var_c": max(scc - mc * mc, 0.0), "cov": sac - ma * mc}
 
 
+class StreamedMeanStd:
+    """:func:`mean_std_with_se` of a sample that arrives in chunks: ``add(values)`` per chunk, then ``result()``.
+
+    Keeps float64 sums of d, d², d³ and d⁴ with d = v − K, K the first chunk's mean (close to the final
+    mean, so the central moments rebuilt from these sums lose no digits that matter at panel sizes).
+    Memory: one chunk, not the whole sample.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.shift: float | None = None
+        self.sums = np.zeros(4)
+
+    def add(self, values: Tensor) -> None:
+        """Add a chunk of finite values (a float tensor of any shape)."""
+        v = values.to(torch.float64).reshape(-1)
+        if v.numel() == 0:
+            return
+        if self.shift is None:
+            self.shift = float(v.mean())
+        d = v - self.shift
+        d2 = d * d
+        self.sums += [float(d.sum()), float(d2.sum()), float(torch.dot(d2, d)), float(torch.dot(d2, d2))]
+        self.n += v.numel()
+
+    def result(self) -> dict[str, float]:
+        """The same keys as :func:`mean_std_with_se`: ``mean``, ``se``, ``std``, ``se_std``, ``n``."""
+        n = self.n
+        if n < 2 or self.shift is None:
+            raise ValueError(f"values must hold at least 2 samples, got {n}")
+        m1, r2, r3, r4 = self.sums / n
+        mu2 = max(r2 - m1 * m1, 0.0)  # central moments from the moments about the shift
+        mu4 = max(r4 - 4 * m1 * r3 + 6 * m1 * m1 * r2 - 3 * m1**4, 0.0)
+        var = mu2 * n / (n - 1)
+        s = math.sqrt(var)
+        se_std = math.sqrt(max(mu4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
+        return {"mean": self.shift + m1, "se": s / math.sqrt(n), "std": s, "se_std": se_std, "n": n}
+
+
 def control_variate_lambda(cov_k1_r: float, var_r: float) -> float:
     """λ* = −Cov(k1, r) / Var(r): the λ that minimises Var(k1 + λ (r − 1)) = Var k1 + 2λ Cov + λ² Var r.
 

@@ -483,3 +483,21 @@ def test_paired_moments_in_chunks_equal_the_whole_sample(chunk):
         assert got[key] == pytest.approx(want[key], rel=1e-10), key
     with pytest.raises(ValueError, match="no values"):
         PairedMoments().result()
+
+
+@pytest.mark.parametrize("chunk", [1_000, 65_536, 1 << 17, 400_000])
+def test_streamed_mean_std_matches_the_whole_sample(chunk):
+    """The Gaussian panel's statistics taken a chunk at a time equal those of the whole sample."""
+    from klviz.statistics import StreamedMeanStd, mean_std_with_se
+
+    z = torch.randn(300_000, generator=klviz.make_generator(6), dtype=torch.float64)
+    for values in (3.0 + 0.1 * z, torch.expm1(1.2 * z), klviz.k3(0.9 * z - 0.405)):  # offset, heavy tail, k3
+        acc = StreamedMeanStd()
+        for part in values.split(chunk):
+            acc.add(part)
+        got, want = acc.result(), mean_std_with_se(values)
+        assert got["n"] == want["n"]
+        for key in ("mean", "se", "std", "se_std"):
+            assert got[key] == pytest.approx(want[key], rel=1e-9), key
+    with pytest.raises(ValueError, match="at least 2"):
+        StreamedMeanStd().result()

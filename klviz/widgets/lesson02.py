@@ -36,7 +36,7 @@ from ..montecarlo import ESTIMATORS, categorical_counts
 from ..palette import FIGURE_BACKGROUND, css, theme
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
-from ..statistics import PairedMoments, control_variate_lambda, mean_std_with_se
+from ..statistics import PairedMoments, StreamedMeanStd, control_variate_lambda, mean_std_with_se
 from ..tables import (
     EstimatorMoments,
     categorical_moments,
@@ -108,6 +108,7 @@ def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
 
 
 _CUDA_SAMPLE_COUNTS = _SAMPLE_COUNTS + (3_000_000, 10_000_000)
+_CHUNK = 1 << 17  # samples per chunk of the Gaussian panel's estimators (1 MB of float64)
 _FLOOR = 1e-6  # the bottom of the histograms' log axis: below one sample in 10^5
 
 
@@ -208,14 +209,19 @@ class GaussianEstimatorsPanel(Panel):
         p = Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
         # the same seed gives the same x ~ q whatever p is: only the effect of moving p shows
         log_r = sample_log_ratio(q, p, n, z=_kept_draws(self, int(seed), n))
-        mc, hists = {}, {}
         all_edges = _all_edges(log_r)
-        for name in ESTIMATORS:
-            v = _KERNEL[name](log_r)  # log_r is the panel's own finite sample: no checks
-            mc[name] = mean_std_with_se(v, check=False)  # the panel's own finite sample
-            edges = all_edges[name]
-            counts = torch.histc(v, bins=_BINS, min=float(edges[0]), max=float(edges[-1])).cpu().numpy()
-            hists[name] = (counts / n, edges)  # fraction of the samples in each bin
+        moments = {name: StreamedMeanStd() for name in ESTIMATORS}
+        counts = {name: np.zeros(_BINS) for name in ESTIMATORS}
+        positive = 0
+        for chunk in log_r.split(_CHUNK):  # each estimator a chunk at a time: a million samples cost 1 MB each
+            for name in ESTIMATORS:
+                v = _KERNEL[name](chunk)  # log_r is the panel's own finite sample: no checks
+                moments[name].add(v)
+                edges = all_edges[name]
+                counts[name] += torch.histc(v, bins=_BINS, min=float(edges[0]), max=float(edges[-1])).cpu().numpy()
+            positive += int((chunk > 0).sum())
+        mc = {name: moments[name].result() for name in ESTIMATORS}
+        hists = {name: (counts[name] / n, all_edges[name]) for name in ESTIMATORS}  # fraction of samples per bin
         density_p = np.exp(-0.5 * ((self.xs - mu) / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
         return {
             "mu": float(mu),
@@ -225,7 +231,7 @@ class GaussianEstimatorsPanel(Panel):
             "mc": mc,
             "hists": hists,
             "density_p": density_p,
-            "frac_neg_mc": float((log_r > 0).double().mean()),
+            "frac_neg_mc": positive / n,
             "frac_neg_exact": k1_negative_probability(0.0, 1.0, float(mu), float(sigma)),
         }
 
