@@ -159,10 +159,18 @@ def gaussian_clamp_curve(mus: Any, estimator: str, rule: str, *, grid: int = 20_
         raise ValueError(f"mus must be a non-empty 1-D list of finite numbers in [-6, 6], got {mus!r}")
     n = check_positive_int(grid, "grid")
     x, w = _gauss_grid(0.0, n=n)
-    lr = m[:, None] * x[None, :] - 0.5 * m[:, None] ** 2
-    clamped = apply_clamp(lr, estimator, rule).double()
-    raw = apply_clamp(lr, estimator, "none").double()
-    return (w * clamped).sum(-1).numpy(), (w * (clamped != raw).double()).sum(-1).numpy()
+    means, hits = [], []
+    for mc in m.split(_CURVE_ROWS):  # a few mus at a time: each row is its own sum (same numbers, less memory)
+        lr = mc[:, None] * x[None, :] - 0.5 * mc[:, None] ** 2
+        clamped = apply_clamp(lr, estimator, rule).double()
+        raw = apply_clamp(lr, estimator, "none").double()
+        means.append((w * clamped).sum(-1))
+        hits.append((w * (clamped != raw).double()).sum(-1))
+    return torch.cat(means).numpy(), torch.cat(hits).numpy()
+
+
+#: rows of mus per quadrature chunk in :func:`gaussian_clamp_curve` (8 x 20,001 float64: ~1.3 MB an array)
+_CURVE_ROWS = 8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +203,19 @@ def logprobs_in_precision(logits: Tensor, tokens: Tensor, precision: str) -> Ten
         raise ValueError(
             f"tokens has shape {tuple(tok.shape)} but logits has {tuple(lg.shape)}; expected logits [..., V]"
         )
+    rows, idx = lg.reshape(-1, lg.shape[-1]), tok.long().reshape(-1, 1)
+    # a few positions at a time: each row's log-softmax is its own (same numbers; a [64, 32,000] batch
+    # would otherwise hold several full-vocabulary copies at once)
+    out = [_row_logprobs(r, i, precision) for r, i in zip(rows.split(_LOGPROB_ROWS), idx.split(_LOGPROB_ROWS))]
+    return torch.cat(out).reshape(tok.shape).double()
+
+
+#: positions per chunk in :func:`logprobs_in_precision`
+_LOGPROB_ROWS = 8
+
+
+def _row_logprobs(lg: Tensor, idx: Tensor, precision: str) -> Tensor:
+    """``log_softmax(lg)[row, idx]`` for ``lg [rows, V]`` in ``precision`` (see :func:`logprobs_in_precision`)."""
     if precision == "float32":
         lp = torch.log_softmax(lg, -1)
     elif precision == "bfloat16 logits":
@@ -202,7 +223,7 @@ def logprobs_in_precision(logits: Tensor, tokens: Tensor, precision: str) -> Ten
     else:
         dt = torch.bfloat16 if precision == "bfloat16" else torch.float16
         lp = torch.log_softmax(lg.to(dt), -1)
-    return lp.gather(-1, tok.long().unsqueeze(-1)).squeeze(-1).double()
+    return lp.gather(-1, idx).squeeze(-1)
 
 
 def precision_errors(
@@ -318,7 +339,8 @@ def negative_k1_mc(
     n = check_positive_int(batch_tokens, "batch_tokens")
     nb = check_positive_int(num_batches, "num_batches")
     x = torch.randn(nb, n, generator=generator, dtype=torch.float64)
-    means = k1(m * x - 0.5 * m * m).mean(-1)
+    # batch means a block of rows at a time: the same numbers without three more [nb, n] temporaries
+    means = torch.cat([k1(m * xb - 0.5 * m * m).mean(-1) for xb in x.split(max(1, 2**16 // n))])
     frac = float((means < 0).double().mean())
     return {"fraction": frac, "se": math.sqrt(max(frac * (1 - frac), 1e-12) / nb), "num_batches": nb}
 

@@ -301,9 +301,10 @@ for label, name in shown.items():
     color = COLORS["ink"] if name == "k1 in reward" else CHOICE_COLORS[name]
     ax.plot(n_line, np.sqrt(terms["bias_sq"] + terms["variance"] / n_line), CHOICE_STYLES[name], color=color, label=label)
     for j, n in enumerate(N_GRID):
-        per = klviz.sampled_kl_gradients(logits, log_ref, CHOICES[name], None, n * REPS,
-                                         generator=klviz.make_generator(10 + j))
-        sq_err = (per.view(REPS, n, -1).mean(1) - rev).square().sum(-1)     # squared error of each batch mean
+        g_n = klviz.make_generator(10 + j)
+        chunks = [min(30, REPS - k) for k in range(0, REPS, 30)]   # 30 batches at a time: the same draws, in pieces
+        sq_err = torch.cat([(klviz.sampled_kl_gradients(logits, log_ref, CHOICES[name], None, m * n, generator=g_n)
+                             .view(m, n, -1).mean(1) - rev).square().sum(-1) for m in chunks])  # squared error of each batch mean
         mse, se = float(sq_err.mean()), float(sq_err.std() / math.sqrt(REPS))
         exact_mse = terms["bias_sq"] + terms["variance"] / n
         assert abs(mse - exact_mse) < 4 * se, (name, n, mse, exact_mse, se)

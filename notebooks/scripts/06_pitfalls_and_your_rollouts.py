@@ -265,8 +265,9 @@ print(f"\nverl's clamp moves the k3 token-mean from {k3_mean:.4f} by "
 V, POSITIONS = 32_000, 64     # vocabulary and positions; more: slower
 g = klviz.make_generator(6)
 base = zipf_logits(V, generator=g)
-policy_logits = base + 2.0 * torch.randn(POSITIONS, V, generator=g) + 10.0
-ref_logits = policy_logits + 0.3 * torch.randn(POSITIONS, V, generator=g)
+# base + 2·noise + 10 and policy + 0.3·noise, built in place: one [POSITIONS, V] array each, no temporaries
+policy_logits = torch.randn(POSITIONS, V, generator=g).mul_(2.0).add_(base).add_(10.0)
+ref_logits = torch.randn(POSITIONS, V, generator=g).mul_(0.3).add_(policy_logits)
 tokens = torch.multinomial(torch.softmax(policy_logits, -1), 1, generator=g)[:, 0]
 
 rows = []
@@ -311,6 +312,7 @@ ax.set_ylabel("low-precision error [nats]")
 ax.set_title("Log-prob error of a low-precision forward pass, per token")
 ax.legend(title="computed in")
 display(fig)
+del policy_logits, ref_logits   # the logits (16 MB) are not needed further on; rerun the cell above to redo this one
 
 # %% [markdown]
 # **Takeaway.** Compute the log-softmax in float32 (upcast the logits first), and compute policy and reference
