@@ -281,6 +281,7 @@ print(f"{'':44s}" + "".join(f"{k + ' |err|/token':>16s}{k + ' mean err':>14s}" f
 for label, e in rows:
     print(f"{label:44s}" + "".join(f"{e[k]['per_token_abs']:16.2e}{e[k]['batch_mean_error']:+14.2e}" for k in ("k1", "k2", "k3")))
 print(f"{'float32 batch means (for scale)':44s}" + "".join(f"{rows[0][1][k]['batch_mean']:16.4f}{'':14s}" for k in ("k1", "k2", "k3")))
+del ref_logits   # 8 MB that no later cell needs (the next cell uses policy_logits only)
 
 # %% [markdown]
 # Per token, k1 moves the most (its error is the whole log-prob error). The batch-mean errors are small next
@@ -312,7 +313,6 @@ ax.set_ylabel("low-precision error [nats]")
 ax.set_title("Log-prob error of a low-precision forward pass, per token")
 ax.legend(title="computed in")
 display(fig)
-del policy_logits, ref_logits   # the logits (16 MB) are not needed further on; rerun the cell above to redo this one
 
 # %% [markdown]
 # **Takeaway.** Compute the log-softmax in float32 (upcast the logits first), and compute policy and reference
