@@ -96,9 +96,12 @@ _HEADER = """\
 # This file is distributed under the same license as klviz.
 #"""
 _UNITS_HEADER = """\
-# {language} translation of the words of the claims page: the unit of each claim marker.
-# A lesson's marker `checked on 2,000 random token pairs` reads `在 2,000 <msgstr>上检验` in the
-# translation (klviz.i18n.marker_text); `python scripts/translations.py update` lists the units in use.
+# {language} translation of the words of the claims page (notebooks/claims.md).
+# msgctxt "claim marker unit": the unit of each claim marker; a lesson's marker `checked on 2,000 random token
+# pairs` reads `在 2,000 <msgstr>上检验` in the translation (klviz.i18n.marker_text).
+# msgctxt "<claim id>": the claim's wording; "<claim id> domain": the domain its test checks; "page head": the
+# text above the first claim (klviz.claims_text). `python scripts/translations.py update` merges the current
+# English: a changed text is marked fuzzy, with the English it was translated from as "#| msgid".
 # This file is distributed under the same license as klviz.
 #"""
 CODE_HEADER = """\
@@ -392,7 +395,7 @@ def update_units(units: Iterable[str], old: Catalog | None, lang: str = "zh") ->
     from babel.messages.catalog import Message
 
     new = _new_catalogue(lang, None, like=old)
-    have = {m.id: m for m in old if m.id} if old is not None else {}
+    have = {m.id: m for m in old if m.id and m.context == UNIT_CONTEXT} if old is not None else {}
     for unit in sorted(set(units)):
         prev = have.get(unit)
         new[unit] = Message(unit, str(prev.string) if prev is not None else "", context=UNIT_CONTEXT)
@@ -402,7 +405,11 @@ def update_units(units: Iterable[str], old: Catalog | None, lang: str = "zh") ->
 def _units(catalog: Catalog | None) -> dict[str, str]:
     if catalog is None:
         return {}
-    return {str(m.id): str(m.string) for m in catalog if m.id and m.string and "fuzzy" not in m.flags}
+    return {
+        str(m.id): str(m.string)
+        for m in catalog
+        if m.id and m.context == UNIT_CONTEXT and m.string and "fuzzy" not in m.flags
+    }
 
 
 # -- the glossary ---------------------------------------------------------------------------------
@@ -564,6 +571,10 @@ def problems(lang: str = "zh", notebooks: str | os.PathLike[str] | None = None) 
     units = _units(units_cat)
     if units_cat is None:
         found.append(f"{_shown(units_file, folder)}: missing (run `python scripts/translations.py update`)")
+    if (folder / "claims.md").is_file():
+        from .claims_text import claims_problems
+
+        found += claims_problems((folder / "claims.md").read_text(encoding="utf-8"), units_cat, units)
     glossary = None
     gpath = glossary_path(folder)
     if not gpath.is_file():
@@ -701,5 +712,26 @@ def build_edition(
             dest.write_text(text, encoding="utf-8")
         written.append(dest)
     if (folder / "claims.md").is_file():
-        shutil.copyfile(folder / "claims.md", target / "claims.md")
+        if code == "en":
+            shutil.copyfile(folder / "claims.md", target / "claims.md")
+        else:
+            _write_claims_page(folder, target, code, written)
     return written
+
+
+def _write_claims_page(folder: Path, target: Path, code: str, lessons: list[Path]) -> None:
+    """The claims page of edition ``code`` beside its lessons, each lesson named by its translated title."""
+    from .claims_text import translate_claims_page
+
+    titles = {}
+    for path in lessons:
+        cells = markdown_cells(json.loads(path.read_text(encoding="utf-8")))
+        first = cells[0][1].splitlines()[0] if cells and cells[0][1] else ""
+        if first.startswith("# "):
+            titles[path.stem] = first[2:].strip()
+    units_file = units_path(code, folder)
+    catalog = read_catalogue(units_file, code) if units_file.is_file() else None
+    page = translate_claims_page(
+        (folder / "claims.md").read_text(encoding="utf-8"), catalog, _units(catalog), titles, code
+    )
+    (target / "claims.md").write_text(page, encoding="utf-8")

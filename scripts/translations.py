@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from klviz import code_text, i18n, messages  # noqa: E402
+from klviz import claims_text, code_text, i18n, messages  # noqa: E402
 from klviz.notebook_format import dumps  # noqa: E402
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -68,7 +68,12 @@ def update(notebooks: Path, lang: str, package: Path = PACKAGE) -> int:
         print(f"{code_po.relative_to(notebooks.parent)}: {', '.join(summary) or 'up to date'}")
     units = i18n.units_path(lang, notebooks)
     old = i18n.read_catalogue(units, lang) if units.is_file() else None
-    i18n.write_catalogue(i18n.update_units(_units_in(notebooks), old, lang), units)
+    claims = i18n.update_units(_units_in(notebooks), old, lang)
+    page = notebooks / "claims.md"
+    if page.is_file():
+        touched = claims_text.update_claims_catalogue(page.read_text(encoding="utf-8"), old, claims)
+        print(f"{units.relative_to(notebooks.parent)}: {len(touched)} claims page texts new or changed")
+    i18n.write_catalogue(claims, units)
     summary = messages.update(lang, package)  # the library's own words: klviz/locale/<lang>/LC_MESSAGES/klviz.po
     print(f"{messages.catalogue_file(lang, package).relative_to(package.parent)}: {summary}")
     return 0
