@@ -715,13 +715,13 @@ p.klviz-claims-note {{ color: #444; background: #f6f8fa; border: 1px solid #e1e4
 """
 
 #: The claims page's own words per edition: its title, and on a translated edition's page the sentence that
-#: says the entries are English (their wording is the property tests' docstrings, not translated).
+#: says which part stays English (each test's own output; the entries are translated, klviz.claims_text).
 _CLAIMS_WORDS = {
     "en": {"title": "klviz: claims and their evidence", "note": ""},
     "zh": {
         "title": "klviz：声明及其证据",
-        "note": '<p class="klviz-claims-note">以下各条声明及其证据目前只有英文版；'
-        "课程中的“在 N …上检验”标记都链接到这里对应的条目。</p>",
+        "note": '<p class="klviz-claims-note">课程中的“在 N …上检验”标记都链接到这里对应的条目。'
+        "每条的“最接近推翻它的情形”是测试程序的输出，保留英文。</p>",
     },
 }
 
@@ -731,8 +731,8 @@ def render_claims_page(
 ) -> str:
     """The claims page as HTML for edition ``lang`` (with the switch to edition ``other``): each claim's
     heading keeps its id as the anchor the lessons link to (``claims.html#claim-id``), and its links to
-    lessons point at their pages (of the same edition). The entries are English in every edition (a
-    translated page says so in its language and marks them ``lang="en"``)."""
+    lessons point at their pages (of the same edition). A translated edition's ``claims.md`` is translated
+    already (:func:`klviz.i18n.build_edition`); the page says that the tests' outputs in it stay English."""
     from nbconvert.filters.markdown import markdown2html
 
     body = clean_html(markdown2html(markdown_text))
@@ -743,8 +743,6 @@ def render_claims_page(
         body,
     )
     body = rewrite_links(body)
-    if lang != "en":
-        body = f'<div lang="en">\n{body}\n</div>'
     switch = _switch(lang, other, CLAIMS_PAGE)
     words = _CLAIMS_WORDS[lang]
     return _CLAIMS_HTML.format(

@@ -605,10 +605,11 @@ def test_the_chinese_pages_are_sanitised_and_offer_the_chinese_notebooks(both):
     assert not list((out / "zh" / "downloads").glob("*.whl"))
 
 
-def test_the_chinese_claims_page_says_its_entries_are_english(both):
+def test_the_chinese_claims_page_is_chinese_but_for_the_tests_outputs(both):
     out, _ = both
     page = _read(out / "zh" / "claims.html")
-    assert "以下各条声明及其证据目前只有英文版" in page and '<div lang="en">' in page
+    assert "测试程序的输出，保留英文" in page and '<div lang="en">' not in page
+    assert "检验范围：" in page and "最接近推翻它的情形" in page  # the entry's labels, in the edition's words
     assert '<h2 id="tiny-claim">' in page and 'href="00_first.html"' in page and "全部课程" in page
 
 
