@@ -73,7 +73,7 @@ _PREFIX = re.compile(r"([A-Za-z]{0,2})('''|\"\"\"|'|\")")
 _GAP = re.compile(r"(?:\s|\\\n|#[^\n]*)*")
 _MATH = re.compile(r"\$[^$]*\$")
 _CODE = re.compile(r"`[^`]*`|\b\w*_\w*\b")
-_WORD = re.compile(r"[A-Za-z]{3,}")
+_WORD = re.compile(r"[A-Za-z]{3,}|\b(?:of|in|on|to|at|by|vs|is|or|up|no)\b")
 _CJK = re.compile(r"[\u3400-\u9fff]")
 _NUMBER = re.compile(r"(?<![A-Za-z_\d.,])\d+(?:[.,]\d+)*")
 _MAGIC = re.compile(r"^(\s*)[%!]", re.M)
@@ -144,8 +144,8 @@ def _call_name(node: ast.Call) -> str | None:
 
 
 def has_words(text: str) -> bool:
-    """Whether ``text`` has English words for a reader (a word of three letters or more outside
-    ``{fields}``, ``$formulas$``, backquoted code and snake_case names)."""
+    """Whether ``text`` has English words for a reader (a word of three letters or more, or a short one
+    such as "of" or "vs", outside ``{fields}``, ``$formulas$``, backquoted code and snake_case names)."""
     rest = _MATH.sub(" ", _strip_fields(text))
     rest = _CODE.sub(" ", rest)
     return bool(_WORD.search(rest))
