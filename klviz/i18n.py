@@ -73,6 +73,8 @@ __all__ = [
     "mismatches",
     "problems",
     "translate_notebook",
+    "translate_lesson",
+    "write_claims_page",
     "build_edition",
 ]
 
@@ -699,13 +701,7 @@ def build_edition(
     for nb_path in lesson_notebooks(folder):
         nb = json.loads(nb_path.read_text(encoding="utf-8"))
         if code != "en":
-            po = catalogue_path(nb_path.stem, code, folder)
-            code_po = code_catalogue_path(nb_path.stem, code, folder)
-            nb = translate_notebook(
-                nb,
-                read_catalogue(po, code) if po.is_file() else None,
-                read_catalogue(code_po, code) if code_po.is_file() else None,
-            )
+            nb = translate_lesson(nb, nb_path.stem, code, folder)
         dest = target / nb_path.name
         text = dumps(nb)
         if not dest.is_file() or dest.read_text(encoding="utf-8") != text:
@@ -715,12 +711,26 @@ def build_edition(
         if code == "en":
             shutil.copyfile(folder / "claims.md", target / "claims.md")
         else:
-            _write_claims_page(folder, target, code, written)
+            write_claims_page(folder, target, code, written)
     return written
 
 
-def _write_claims_page(folder: Path, target: Path, code: str, lessons: list[Path]) -> None:
-    """The claims page of edition ``code`` beside its lessons, each lesson named by its translated title."""
+def translate_lesson(nb: Mapping[str, object], stem: str, lang: str, notebooks: str | os.PathLike[str]) -> dict:
+    """Lesson ``stem`` (its English notebook ``nb``) in edition ``lang``: its prose from its catalogue and
+    the words its code shows from its code catalogue, both in ``notebooks/locale`` (a missing catalogue
+    leaves that text English)."""
+    po = catalogue_path(stem, lang, notebooks)
+    code_po = code_catalogue_path(stem, lang, notebooks)
+    return translate_notebook(
+        nb,
+        read_catalogue(po, lang) if po.is_file() else None,
+        read_catalogue(code_po, lang) if code_po.is_file() else None,
+    )
+
+
+def write_claims_page(folder: Path, target: Path, code: str, lessons: list[Path]) -> None:
+    """The claims page of edition ``code`` (from ``folder/claims.md`` and the claims catalogue) into
+    ``target``, each lesson named by its title in the translated ``lessons``."""
     from .claims_text import translate_claims_page
 
     titles = {}

@@ -124,10 +124,11 @@ def _code_block(source: str, heading: str) -> nbformat.NotebookNode:
 
 
 def edition_notebook(path: str | os.PathLike[str], lang: str = "en") -> nbformat.NotebookNode:
-    """Lesson ``path`` (an English notebook) in edition ``lang``: for ``"zh"``, its markdown cells
-    translated from the catalogue beside it (``locale/zh_CN/LC_MESSAGES/<lesson>.po``), code cells
-    unchanged, as :func:`klviz.i18n.build_edition` builds it. FileNotFoundError names a missing catalogue."""
-    from .i18n import catalogue_path, edition, read_catalogue, translate_notebook
+    """Lesson ``path`` (an English notebook) in edition ``lang``: for ``"zh"``, its markdown cells and the
+    words its code cells show translated from the catalogues beside it
+    (``locale/zh_CN/LC_MESSAGES/<lesson>.po`` and ``<lesson>.code.po``), as :func:`klviz.i18n.build_edition`
+    builds it. FileNotFoundError names a missing catalogue."""
+    from .i18n import catalogue_path, edition, translate_lesson
 
     path = Path(path)
     code = edition(lang)
@@ -137,7 +138,7 @@ def edition_notebook(path: str | os.PathLike[str], lang: str = "en") -> nbformat
     po = catalogue_path(path.stem, code, path.parent)
     if not po.is_file():
         raise FileNotFoundError(f"lesson {path.stem} has no {code} translation: {po} is missing")
-    translated = nbformat.from_dict(translate_notebook(nb, read_catalogue(po, code)))
+    translated = nbformat.from_dict(translate_lesson(nb, path.stem, code, path.parent))
     for cell in translated.cells:
         if isinstance(cell.source, list):
             cell.source = "".join(cell.source)
@@ -231,10 +232,11 @@ def voila_prelaunch_hook(request: Any, notebook: nbformat.NotebookNode, cwd: str
     cell gives its kernel what ``klviz present`` puts in the environment: presenter mode (no line about
     the machine) and the page's theme, read from the URL's ``theme`` argument as Voila reads it
     (``...voila/render/02_three_estimators.ipynb?theme=dark``). ``lang=zh`` in the URL presents the
-    Chinese lesson: the prose from the lesson's catalogue beside it in ``cwd`` (English where there is
-    none, as gettext shows an untranslated message) and ``KLVIZ_LANG=zh`` in the kernel.
+    Chinese lesson: the prose and the words its code shows from the lesson's catalogues beside it in
+    ``cwd`` (English where there is none, as gettext shows an untranslated message) and ``KLVIZ_LANG=zh``
+    in the kernel.
     """
-    from .i18n import catalogue_path, edition, read_catalogue, translate_notebook
+    from .i18n import catalogue_path, edition, translate_lesson
 
     def argument(name: str, default: str) -> str:
         try:
@@ -253,7 +255,7 @@ def voila_prelaunch_hook(request: Any, notebook: nbformat.NotebookNode, cwd: str
         path = str(getattr(getattr(request, "request", None), "path", "") or "")
         po = catalogue_path(Path(path).stem, lang, cwd) if path.endswith(".ipynb") else None
         if po is not None and po.is_file():
-            notebook = nbformat.from_dict(translate_notebook(notebook, read_catalogue(po, lang)))
+            notebook = nbformat.from_dict(translate_lesson(notebook, Path(path).stem, lang, cwd))
             for cell in notebook.cells:
                 if isinstance(cell.source, list):
                     cell.source = "".join(cell.source)

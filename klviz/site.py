@@ -236,12 +236,12 @@ def site_editions(notebooks: list[Path], langs: list[str] | None = None) -> list
 
 
 def _edition_sources(notebooks: list[Path], lang: str, folder: Path) -> list[Path]:
-    """The notebooks of edition ``lang``: the English ones themselves, or each translated from its catalogue
-    (``klviz.i18n.translate_notebook``; a cell without a current translation keeps its English) into
-    ``folder``, with the claims page beside them for the downloads."""
+    """The notebooks of edition ``lang``: the English ones themselves, or each translated from its catalogues
+    (``klviz.i18n.translate_lesson``; text without a current translation keeps its English) into
+    ``folder``, with the claims page of that edition beside them for the downloads."""
     import json
 
-    from .i18n import catalogue_path, read_catalogue, translate_notebook
+    from .i18n import translate_lesson, write_claims_page
     from .notebook_format import dumps
 
     if lang == "en":
@@ -249,15 +249,11 @@ def _edition_sources(notebooks: list[Path], lang: str, folder: Path) -> list[Pat
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for path in notebooks:
-        po = catalogue_path(path.stem, lang, path.parent)
-        nb = translate_notebook(
-            json.loads(path.read_text(encoding="utf-8")), read_catalogue(po, lang) if po.is_file() else None
-        )
+        nb = translate_lesson(json.loads(path.read_text(encoding="utf-8")), path.stem, lang, path.parent)
         (folder / path.name).write_text(dumps(nb), encoding="utf-8")
         written.append(folder / path.name)
-    claims = notebooks[0].parent / "claims.md"
-    if claims.is_file():
-        shutil.copyfile(claims, folder / "claims.md")
+    if (notebooks[0].parent / "claims.md").is_file():
+        write_claims_page(notebooks[0].parent, folder, lang, written)
     return written
 
 

@@ -609,7 +609,8 @@ def test_the_chinese_claims_page_is_chinese_but_for_the_tests_outputs(both):
     out, _ = both
     page = _read(out / "zh" / "claims.html")
     assert "测试程序的输出，保留英文" in page and '<div lang="en">' not in page
-    assert "检验范围：" in page and "最接近推翻它的情形" in page  # the entry's labels, in the edition's words
+    # the entry's labels in the edition's words, and the lesson named by its translated title
+    assert "出现在：" in page and 'href="00_first.html">00 · 第一课' in page and "Stated in" not in page
     assert '<h2 id="tiny-claim">' in page and 'href="00_first.html"' in page and "全部课程" in page
 
 

@@ -75,8 +75,8 @@ def rao_blackwell() -> Evidence:
 
 @claim(
     "only-reverse-kl-placements-climb-the-score",
-    wording="The gradient of the score J = E[R] − β·KL(π‖π_ref) is that of the reward plus β times a reverse-KL "
-    "gradient: "
+    wording="The gradient of the score J = E[R] − β·KL(π‖π_ref) is the reward's gradient minus β times the "
+    "reverse-KL gradient: "
     "of the placements, k1 in the reward (reward-to-go), k2 in the loss on one token, k3·ρ and k3+ give it; k3 in the "
     "loss "
     "gives the forward KL's instead.",

@@ -29,9 +29,9 @@ def _truncations(n: int, seed: int):  # type: ignore[no-untyped-def]
 @claim(
     "truncation-puts-kept-mass-in-every-ratio",
     wording="With top-p/top-k truncation, every token the engine can sample has π_train/π_engine = S, the kept mass, "
-    "so the "
-    "mean ratio is S < 1; replaying the sampling mask on the trainer's side makes every ratio 1 exactly.",
-    domain="random token pairs (families.token_pairs, vocabularies 2 to 50,257) as the trainer's distribution, "
+    "so the mean ratio is S, one minus the mass cut away (below 1 whenever a token the trainer gives weight is cut); "
+    "replaying the sampling mask on the trainer's side makes every ratio 1 exactly.",
+    domain="random token distributions (the p of families.token_pairs, vocabularies 2 to 50,257) as the trainer's, "
     "truncated by "
     "top-p uniform in [0.3, 0.99] and top-k 0 (off) to 49 (klviz.mismatch.sampling_mask), exact sums in float64",
     unit="random token distributions",
@@ -49,6 +49,8 @@ def kept_mass_in_every_ratio() -> Evidence:
         assert torch.allclose(log_r, torch.full_like(log_r, math.log(s)), rtol=0, atol=1e-12), c.describe()
         mean_ratio = float((engine[keep].exp() * log_r.exp()).sum())
         assert abs(mean_ratio - s) < 1e-12
+        cut = float(train.double().exp()[~keep].sum())  # the trainer's mass the engine can no longer sample
+        assert abs(s - (1.0 - cut)) < 1e-12 and (s < 1.0 or cut < 1e-15), c.describe()
         replayed = mm.replay_sampling_mask(train, keep)
         assert torch.allclose(replayed[keep], engine[keep], atol=1e-12)
         smallest = min(smallest, s)
