@@ -27,12 +27,16 @@ __all__ = [
     "ess_fraction",
     "expected_ess_fraction",
     "importance_variance_ratio",
+    "RunningMean",
     "running_mean",
     "log_spaced_counts",
     "zipf_policy_pair",
 ]
 
 _CHUNK = 1 << 18
+#: The chunk of draws and running sums: a caller that draws a chunk at a time with this size gets the same draws
+#: as one call of :func:`draw_tokens` and the same numbers as :func:`running_mean`.
+SAMPLING_CHUNK = _CHUNK
 
 
 def _probs_vector(probs: Any, name: str) -> Tensor:
@@ -182,42 +186,73 @@ def log_spaced_counts(num_samples: int, num_points: int = 200) -> np.ndarray:
     return pts[(pts >= 1) & (pts <= n)]
 
 
+class RunningMean:
+    """:func:`running_mean` of a sequence that arrives in order, a chunk at a time: ``add(chunk)`` for each,
+    then ``result()``. ``total`` is the length of the whole sequence (it fixes the log-spaced counts).
+
+    Memory: the chunk and its two cumulative sums, whatever the length of the sequence. Chunks of the sizes
+    :func:`running_mean` uses give its numbers exactly (the same pilot value, the same sums).
+    """
+
+    def __init__(self, total: int, num_points: int = 200) -> None:
+        self.total = check_positive_int(total, "total")
+        self.pts = log_spaced_counts(self.total, num_points)
+        self.a = np.empty(len(self.pts))  # sum of d = v - shift over the first pts[j] samples
+        self.b = np.empty(len(self.pts))  # sum of d²
+        self.c1 = self.c2 = 0.0  # the totals over the chunks so far
+        self.j = 0
+        self.seen = 0
+        self.shift: float | None = None
+
+    def add(self, values: Tensor) -> None:
+        """The next ``values`` of the sequence (a float tensor; the first chunk sets the pilot value from its
+        first 1,024 samples)."""
+        v = as_float_tensor(values, "values").reshape(-1)
+        if v.numel() == 0:
+            return
+        start, stop = self.seen, self.seen + v.numel()
+        if stop > self.total:
+            raise ValueError(f"values go past the total of {self.total:,} samples given to RunningMean")
+        if self.shift is None:  # the pilot value: the mean of the first samples
+            self.shift = float(v[: min(v.numel(), 1024)].to(torch.float64).mean())
+        d = v.to(torch.float64) - self.shift
+        s1 = torch.cumsum(d, 0).add_(self.c1)
+        s2 = torch.cumsum(d.square_(), 0).add_(self.c2)
+        k = int(np.searchsorted(self.pts, stop, side="right"))  # the counts that end in this chunk
+        if k > self.j:
+            idx = torch.as_tensor(self.pts[self.j : k] - 1 - start, device=v.device)
+            self.a[self.j : k] = s1[idx].cpu().numpy()
+            self.b[self.j : k] = s2[idx].cpu().numpy()
+            self.j = k
+        self.c1, self.c2 = float(s1[-1]), float(s2[-1])
+        self.seen = stop
+
+    def result(self) -> dict[str, np.ndarray]:
+        """``{"n", "mean", "se"}`` as :func:`running_mean` returns them, once all ``total`` samples are in."""
+        if self.seen != self.total or self.shift is None:
+            raise ValueError(f"RunningMean has {self.seen:,} of its {self.total:,} samples")
+        n = self.pts.astype(np.float64)
+        mean = self.shift + self.a / n
+        var = np.maximum((self.b - self.a * self.a / n) / np.maximum(n - 1, 1.0), 0.0)
+        se = np.where(n > 1, np.sqrt(var / n), 0.0)
+        return {"n": self.pts.astype(np.int64), "mean": mean, "se": se}
+
+
 def running_mean(values: Tensor, num_points: int = 200, *, chunk_size: int = _CHUNK) -> dict[str, np.ndarray]:
     """Running mean of a sequence of samples and its standard error at log-spaced sample counts.
 
     Returns ``{"n", "mean", "se"}`` (NumPy arrays, float64): after the first ``n[j]`` samples the mean is
     ``mean[j]`` and the standard error ``se[j] = std / sqrt(n[j])`` (0 at n = 1). Sums are taken in
     float64 around a pilot value (the mean of the first samples), so no precision is lost to
-    cancellation even for 10^7 samples. The running sums are built ``chunk_size`` samples at a time,
-    each chunk's cumulative sums starting from the totals so far: the scratch memory is a few chunks,
-    not four copies of the whole sequence (a panel at a million draws would hold 32 MB more).
+    cancellation even for 10^7 samples. The running sums are built ``chunk_size`` samples at a time
+    (:class:`RunningMean`): the scratch memory is a few chunks, not four copies of the whole sequence.
     """
     v = as_float_tensor(values, "values").reshape(-1)
     chunk = check_positive_int(chunk_size, "chunk_size")
-    n_total = v.numel()
-    pts = log_spaced_counts(n_total, num_points)
-    shift = float(v[: min(n_total, 1024)].to(torch.float64).mean())
-    a = np.empty(len(pts))  # sum of d = v - shift over the first pts[j] samples
-    b = np.empty(len(pts))  # sum of d²
-    c1 = c2 = 0.0  # the totals over the chunks before this one
-    j = 0
-    for start in range(0, n_total, chunk):
-        stop = min(start + chunk, n_total)
-        d = v[start:stop].to(torch.float64) - shift
-        s1 = torch.cumsum(d, 0).add_(c1)
-        s2 = torch.cumsum(d.square_(), 0).add_(c2)
-        k = int(np.searchsorted(pts, stop, side="right"))  # the counts that end in this chunk
-        if k > j:
-            idx = torch.as_tensor(pts[j:k] - 1 - start, device=v.device)
-            a[j:k] = s1[idx].cpu().numpy()
-            b[j:k] = s2[idx].cpu().numpy()
-            j = k
-        c1, c2 = float(s1[-1]), float(s2[-1])
-    n = pts.astype(np.float64)
-    mean = shift + a / n
-    var = np.maximum((b - a * a / n) / np.maximum(n - 1, 1.0), 0.0)
-    se = np.where(n > 1, np.sqrt(var / n), 0.0)
-    return {"n": pts.astype(np.int64), "mean": mean, "se": se}
+    acc = RunningMean(v.numel(), num_points)
+    for part in v.split(chunk):
+        acc.add(part)
+    return acc.result()
 
 
 def zipf_policy_pair(

@@ -338,3 +338,25 @@ def test_check_effective_sample_size():
     assert "constant" in check.effective_sample_size(lambda w: len(w) / (w**2).mean()).message
     r = check.effective_sample_size(lambda w: len(w))
     assert not r and "Kish" in r.message
+
+
+def test_running_mean_fed_in_chunks_of_any_size_gives_the_same_numbers():
+    from klviz.sampling import RunningMean
+
+    v = torch.randn(5_000, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2 + 7.0
+    want = running_mean(v, num_points=40)
+    for sizes in ([5_000], [1_024, 3_976], [1_500] * 3 + [500], [7] * 714 + [2]):
+        acc, start = RunningMean(5_000, num_points=40), 0
+        for size in sizes:
+            acc.add(v[start : start + size])
+            start += size
+        got = acc.result()
+        assert np.array_equal(got["n"], want["n"])
+        np.testing.assert_allclose(got["mean"], want["mean"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got["se"], want["se"], rtol=1e-12, atol=1e-15)
+    acc = RunningMean(10)
+    acc.add(torch.ones(4))
+    with pytest.raises(ValueError, match="4 of its 10"):
+        acc.result()
+    with pytest.raises(ValueError, match="past the total"):
+        acc.add(torch.ones(7))

@@ -32,7 +32,7 @@ from ..messages import N_, tr
 from ..palette import css
 from ..plotting import COLORS, panel_figure, sticky_limits
 from ..policies import TOY_VOCAB, move_policy, toy_sampler_logits
-from ..sampling import draw_tokens, effective_sample_size, importance_weights, running_mean
+from ..sampling import SAMPLING_CHUNK, RunningMean, draw_tokens, effective_sample_size, importance_weights
 from ..statistics import plus_minus
 from .base import Panel
 
@@ -193,14 +193,19 @@ class SamplingPanel(Panel):
             if mode == "weighted"
             else torch.ones(len(TOY_VOCAB), dtype=torch.float64)
         )
-        # the same seed gives the same uniforms: switching the sampler changes the tokens, nothing else
-        tokens = draw_tokens(sampler, n, generator=make_generator(seed, "cpu"))
-        run = running_mean((w * g)[tokens])
+        # the same seed gives the same uniforms: switching the sampler changes the tokens, nothing else.
+        # Drawn and followed a chunk at a time (the same draws as one call): a million tokens cost 2 MB, not 30.
+        generator, value = make_generator(seed, "cpu"), w * g
+        acc, counts = RunningMean(n), torch.zeros(len(TOY_VOCAB), dtype=torch.float64)
+        for start in range(0, n, SAMPLING_CHUNK):
+            tokens = draw_tokens(sampler, min(SAMPLING_CHUNK, n - start), generator=generator)
+            acc.add(value[tokens])
+            counts += torch.bincount(tokens, minlength=len(TOY_VOCAB))
+        run = acc.result()
         # the exact spread of one draw's value w·g under the sampler: sets the y range of the plot
         # (from the policies alone, so a new seed or N moves the curve, not the axis)
         one_draw_mean = float((sampler.double() * w * g).sum())
         one_draw_sd = float((sampler.double() * (w * g - one_draw_mean).square()).sum().sqrt())
-        counts = torch.bincount(tokens, minlength=len(TOY_VOCAB)).double()
         ess = effective_sample_size(w, counts)
         return {
             "mode": mode,
