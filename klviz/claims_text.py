@@ -92,6 +92,15 @@ def _english(page: str) -> dict[str, str]:
     return out
 
 
+def _page_entries(catalog: Catalog | None) -> dict[str, Message]:
+    """The catalogue's entries for the page (head, wordings, domains) by context; the marker units left out."""
+    from .i18n import UNIT_CONTEXT
+
+    if catalog is None:
+        return {}
+    return {str(m.context): m for m in catalog if m.id and m.context and m.context != UNIT_CONTEXT}
+
+
 def update_claims_catalogue(page: str, old: Catalog | None, new: Catalog) -> list[str]:
     """Merge the English claims page ``page`` into ``new`` (a catalogue holding the marker units), taking
     translations from ``old``: an unchanged text keeps its entry; a changed one keeps its translation,
@@ -99,25 +108,16 @@ def update_claims_catalogue(page: str, old: Catalog | None, new: Catalog) -> lis
     that are new or changed."""
     from babel.messages.catalog import Message
 
-    from .i18n import HASH_PREFIX, UNIT_CONTEXT, _previous, english_hash
+    from .i18n import HASH_PREFIX, carried_over, english_hash
 
-    have: dict[str, Message] = {}
-    if old is not None:
-        have = {str(m.context): m for m in old if m.id and m.context and m.context != UNIT_CONTEXT}
+    have = _page_entries(old)
     touched = []
     for context, english in _english(page).items():
         if not english:
             continue
         prev = have.get(context)
-        string, flags, previous = "", set(), None
-        if prev is not None and prev.id == english:
-            string, flags = str(prev.string or ""), set(prev.flags) & {"fuzzy"}
-            previous = _previous(prev) if "fuzzy" in flags else None
-        elif prev is not None and prev.string:
-            string, flags = str(prev.string), {"fuzzy"}
-            previous = (_previous(prev) if "fuzzy" in prev.flags else None) or str(prev.id)
-            touched.append(context)
-        else:
+        string, flags, previous = carried_over(prev, english) if prev is not None else ("", set(), None)
+        if prev is None or prev.id != english:
             touched.append(context)
         new[english] = Message(
             english,
@@ -132,11 +132,9 @@ def update_claims_catalogue(page: str, old: Catalog | None, new: Catalog) -> lis
 
 def claims_problems(page: str, catalog: Catalog | None, units: Mapping[str, str]) -> list[str]:
     """Everything that keeps the translated claims page from being current, one line each."""
-    from .i18n import UNIT_CONTEXT, mismatches
+    from .i18n import mismatches, untranslated
 
-    live: dict[str, Message] = {}
-    if catalog is not None:
-        live = {str(m.context): m for m in catalog if m.id and m.context and m.context != UNIT_CONTEXT}
+    live = _page_entries(catalog)
     found = []
     for context, english in _english(page).items():
         if not english:
@@ -147,10 +145,8 @@ def claims_problems(page: str, catalog: Catalog | None, units: Mapping[str, str]
             found.append(f"{where}: no entry (run update, then translate it)")
         elif msg.id != english:
             found.append(f"{where}: the English changed since the catalogue was updated (run update, then revise)")
-        elif not msg.string:
-            found.append(f"{where}: not translated yet")
-        elif "fuzzy" in msg.flags:
-            found.append(f"{where}: out of date (fuzzy): the English changed since it was translated")
+        elif (state := untranslated(msg)) is not None:
+            found.append(f"{where}: {state}")
         else:
             found += [f"{where}: {issue}" for issue in mismatches(english, str(msg.string), units)]
     return found
@@ -163,16 +159,10 @@ def translate_claims_page(
     translation (one without stays English), the labels in ``lang``, each case count in the units of
     ``units`` and each lesson named by its title in ``titles`` (stem -> title); ids, tests and test
     outputs unchanged."""
-    from .i18n import UNIT_CONTEXT
+    from .i18n import untranslated
 
-    entries: dict[str, tuple[str, str]] = {}
-    if catalog is not None:
-        entries = {
-            str(m.context): (str(m.id), str(m.string))
-            for m in catalog
-            if m.id and m.context and m.context != UNIT_CONTEXT and m.string and "fuzzy" not in m.flags
-        }
-    current = {c: entries[c][1] for c, english in _english(page).items() if c in entries and entries[c][0] == english}
+    entries = {c: m for c, m in _page_entries(catalog).items() if untranslated(m) is None}
+    current = {c: str(entries[c].string) for c, en in _english(page).items() if c in entries and entries[c].id == en}
     labels = LABELS[lang]
     head, sections = claim_sections(page)
     out = [current.get(HEAD_CONTEXT, head.strip("\n")) + "\n\n"]

@@ -405,7 +405,7 @@ def update_code_catalogue(
     entry becomes obsolete. Returns the catalogue and a one-line summary per kind of change."""
     from babel.messages.catalog import Message
 
-    from .i18n import CODE_HEADER, HASH_PREFIX, _new_catalogue, _previous, english_hash
+    from .i18n import CODE_HEADER, HASH_PREFIX, _new_catalogue, carried_over, english_hash
 
     new = _new_catalogue(lang, f"lesson {stem}", like=old, header=CODE_HEADER)
     live: dict[tuple[str, str], Message] = {_key(m): m for m in old if m.id} if old is not None else {}
@@ -421,11 +421,10 @@ def update_code_catalogue(
             continue
         seen.add(key)
         comments = [HASH_PREFIX + english_hash(t.text), f"in {t.where}"]
-        string, flags, previous = "", set(), None
+        string, flags, previous = "", set[str](), None
         prev = live.get(key)
         if prev is not None:
-            string, flags = str(prev.string or ""), set(prev.flags) & {"fuzzy"}
-            previous = _previous(prev) if "fuzzy" in flags else None
+            string, flags, previous = carried_over(prev, t.text)
         elif t.text in by_text:
             string = str(by_text[t.text].string)
             counts["moved"] += 1
@@ -434,8 +433,7 @@ def update_code_catalogue(
             close = difflib.get_close_matches(t.text, list(same_cell), n=1, cutoff=0.6)
             if close:
                 match = same_cell[close[0]]
-                string, flags = str(match.string), {"fuzzy"}
-                previous = _previous(match) or str(match.id)
+                string, flags, previous = carried_over(match, t.text)
                 vanished.pop((t.cell, str(match.id)))
                 counts["changed (now fuzzy)"] += 1
             else:

@@ -63,6 +63,8 @@ __all__ = [
     "read_catalogue",
     "write_catalogue",
     "update_catalogue",
+    "carried_over",
+    "untranslated",
     "update_units",
     "CatalogueChanges",
     "GlossaryTerm",
@@ -291,6 +293,29 @@ def _with_previous(text: str, catalog: Catalog) -> str:
     return "".join(out)
 
 
+def untranslated(message: Message) -> str | None:
+    """Why ``message`` has no current translation (``"not translated yet"``, or fuzzy), None when it has one."""
+    if not message.string:
+        return "not translated yet"
+    if "fuzzy" in message.flags:
+        return "out of date (fuzzy): the English changed since it was translated"
+    return None
+
+
+def carried_over(prev: Message, english: str) -> tuple[str, set[str], str | None]:
+    """What the entry for ``english`` takes from ``prev``, the entry its cell, claim or literal had before, as
+    ``msgmerge`` does: ``(translation, flags, previous msgid)``. Unchanged English keeps the translation and its
+    fuzzy flag; changed English keeps the translation marked fuzzy, with the English it was made from as previous
+    msgid (an entry already fuzzy keeps its first one, the one a translator diffs against)."""
+    string = str(prev.string or "")
+    if prev.id == english:
+        flags = set(prev.flags) & {"fuzzy"}
+        return string, flags, (_previous(prev) if string and flags else None)
+    if not string:
+        return "", set(), None
+    return string, {"fuzzy"}, (_previous(prev) if "fuzzy" in prev.flags else None) or str(prev.id)
+
+
 def _previous(message: Message) -> str | None:
     """The English a fuzzy entry was translated from (its ``#| msgid``), if recorded."""
     prev = message.previous_id
@@ -349,7 +374,7 @@ def update_catalogue(
     for cid, english in markdown_cells(nb):
         comments = [HASH_PREFIX + english_hash(english)]
         prev = live.pop(cid, None)
-        string, flags, previous = "", set(), None
+        string, flags, previous = "", set[str](), None
         if glossary is not None and is_glossary_cell(stem, english):
             string = glossary
             comments.append(GLOSSARY_NOTE)
@@ -360,19 +385,10 @@ def update_catalogue(
                 changes.reused.append(cid)
             else:
                 changes.added.append(cid)
-        elif prev.id == english:
-            string, flags = str(prev.string or ""), set(prev.flags)
-            previous = _previous(prev)
         else:
-            string = str(prev.string or "")
-            if string:
-                flags = {"fuzzy"}
-                # the English the translation was made from: an entry already fuzzy keeps its first one
-                previous = (_previous(prev) if "fuzzy" in prev.flags else None) or str(prev.id)
-            changes.changed.append(cid)
-        if not string or "fuzzy" not in flags:
-            previous = None
-        flags &= {"fuzzy"}
+            string, flags, previous = carried_over(prev, english)
+            if prev.id != english:
+                changes.changed.append(cid)
         new[english] = Message(
             english,
             string,
@@ -608,11 +624,8 @@ def problems(lang: str = "zh", notebooks: str | os.PathLike[str] | None = None) 
                 continue
             if _hash_of(msg) != english_hash(english):
                 found.append(f"{where}: the recorded hash is not that of the English (run update)")
-            if not msg.string:
-                found.append(f"{where}: not translated yet")
-                continue
-            if "fuzzy" in msg.flags:
-                found.append(f"{where}: out of date (fuzzy): the English changed since it was translated")
+            if (state := untranslated(msg)) is not None:
+                found.append(f"{where}: {state}")
                 continue
             if is_glossary_cell(stem, english):
                 if glossary is not None and msg.string != glossary:
@@ -646,10 +659,8 @@ def _code_problems(nb: Mapping[str, object], stem: str, lang: str, folder: Path)
             continue
         if _hash_of(msg) != english_hash(t.text):
             found.append(f"{where}: the recorded hash is not that of the English (run update)")
-        if not msg.string:
-            found.append(f"{where}: not translated yet")
-        elif "fuzzy" in msg.flags:
-            found.append(f"{where}: out of date (fuzzy): the English changed since it was translated")
+        if (state := untranslated(msg)) is not None:
+            found.append(f"{where}: {state}")
         else:
             found += [f"{where}: {issue}" for issue in text_problems(t, str(msg.string))]
     for cid, text in live:

@@ -148,9 +148,15 @@ def mean_std_with_se(values: Tensor, counts: Tensor | None = None, *, check: boo
         d2 = (v - m).square()
         var = float((w * d2).sum()) / (n - 1)
         m4 = float((w * d2.square()).sum()) / n
+    return _mean_std(m, var, m4, n)
+
+
+def _mean_std(mean: float, var: float, m4: float, n: int) -> dict[str, float]:
+    """The dict of :func:`mean_std_with_se` from the mean, the sample variance (divisor n − 1) and the fourth
+    central moment of n samples: SE(std) by the delta method, sqrt(m4 − s⁴) / (2 s sqrt(n))."""
     s = math.sqrt(var)
     se_std = math.sqrt(max(m4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
-    return {"mean": m, "se": s / math.sqrt(n), "std": s, "se_std": se_std, "n": n}
+    return {"mean": mean, "se": s / math.sqrt(n), "std": s, "se_std": se_std, "n": n}
 
 
 def clustered_mean_se(values: Tensor, mask: Tensor) -> tuple[float, float]:
@@ -306,10 +312,7 @@ class StreamedMeanStd:
         m1, r2, r3, r4 = self.sums / n
         mu2 = max(r2 - m1 * m1, 0.0)  # central moments from the moments about the shift
         mu4 = max(r4 - 4 * m1 * r3 + 6 * m1 * m1 * r2 - 3 * m1**4, 0.0)
-        var = mu2 * n / (n - 1)
-        s = math.sqrt(var)
-        se_std = math.sqrt(max(mu4 - var * var, 0.0) / n) / (2 * s) if s > 0 else 0.0
-        return {"mean": self.shift + m1, "se": s / math.sqrt(n), "std": s, "se_std": se_std, "n": n}
+        return _mean_std(self.shift + m1, mu2 * n / (n - 1), mu4, n)
 
 
 def control_variate_lambda(cov_k1_r: float, var_r: float) -> float:
