@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -185,6 +186,44 @@ def test_a_cached_background_is_dropped_when_an_artist_baked_into_it_changes():
     composed = np.asarray(fig.canvas.buffer_rgba()).copy()
     FigureCanvasAgg.draw(fig.canvas)
     assert np.array_equal(composed, np.asarray(fig.canvas.buffer_rgba()))
+
+
+def test_panels_share_one_budget_of_backgrounds_and_a_panel_drawn_again_is_exact():
+    """Three composers, each walked through eight views in turn: together they never keep more than
+    SHARED_BACKGROUNDS backgrounds, only the one drawn last keeps its PNG encoder, and a composer drawn
+    again after the others gives the pixels of a full render, then blits again."""
+    from matplotlib.figure import Figure
+
+    from klviz.widgets.frames import SHARED_BACKGROUNDS, FrameComposer
+
+    def composer() -> tuple[FrameComposer, Any, Any]:
+        fig = Figure(figsize=(3, 2), dpi=50)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        (line,) = ax.plot([0, 1], [0, 1])
+        return FrameComposer(fig), ax, line
+
+    panels = [composer() for _ in range(3)]
+    for frames, ax, line in panels:
+        frames.render()
+        for view in range(8):
+            ax.set_ylim(-view - 1, 2)  # a new view: a background each
+            line.set_ydata([view, 0])
+            frames.render()
+            frames.png()
+            kept = sum(len(f._backgrounds) for f, _, _ in panels)
+            assert kept <= SHARED_BACKGROUNDS, kept
+        assert len(frames._backgrounds) == min(frames.max_backgrounds, SHARED_BACKGROUNDS)
+        assert [f._encoder is not None for f, _, _ in panels if f is not frames] == [False, False]
+    frames, ax, line = panels[0]
+    line.set_ydata([0.5, 0.5])
+    frames.render()
+    composed = np.asarray(frames.fig.canvas.buffer_rgba()).copy()
+    FigureCanvasAgg.draw(frames.fig.canvas)
+    assert np.array_equal(composed, np.asarray(frames.fig.canvas.buffer_rgba()))
+    line.set_ydata([0.2, 0.8])
+    frames.render()
+    assert frames.last_was_blit
 
 
 def test_show_legend_reuses_the_legend_of_a_setting():

@@ -176,10 +176,15 @@ def test_lab_panel_defaults_and_extremes(monkeypatch):
     assert steps == [] and panel.last["config"].placement == "k1 in reward"
 
 
-def test_lab_panel_trains_in_the_background_when_a_control_moves():
+def test_lab_panel_trains_in_the_background_when_a_control_moves(monkeypatch):
     import threading
 
+    from klviz import rlhf
     from klviz.widgets.lesson07 import RLHFLabPanel
+
+    # runs another test trained in this process (test_panel_close's β = 0.35) would need no training here
+    monkeypatch.setattr(rlhf, "_RUNS", {})
+    monkeypatch.setattr(rlhf, "_RESUMABLE", {})
 
     panel = RLHFLabPanel(steps=5, prompts=2, group_size=6, max_new_tokens=20)
     threads = threading.active_count()
@@ -395,3 +400,25 @@ def test_served_policy_kl_is_the_trainers_when_the_trainer_samples():
     e = train_policy(LabConfig(placement="k3 in loss", engine="top-p 0.8", **{**SMALL, "steps": 2}))
     assert all(math.isfinite(v) and v > 0 for v in e.metrics["engine_true_kl"])
     assert e.metrics["engine_true_kl"] != e.metrics["true_kl"]  # the truncated policy's KL is another number
+
+
+def test_a_finished_background_run_hands_freed_memory_back(monkeypatch):
+    """Each background run ends by calling release_freed_memory (glibc keeps a thread's freed blocks
+    in that thread's arena otherwise), also a run replaced before it trained."""
+    import klviz.widgets.base as base
+    from klviz import rlhf
+    from klviz.widgets.lesson07 import RLHFLabPanel
+
+    monkeypatch.setattr(rlhf, "_RUNS", {})
+    monkeypatch.setattr(rlhf, "_RESUMABLE", {})
+    calls: list[str] = []
+    monkeypatch.setattr(base, "release_freed_memory", lambda: calls.append("released"))
+    panel = RLHFLabPanel(steps=3, prompts=2, group_size=6, max_new_tokens=20)
+    panel.controls["beta"].value = 0.25
+    first = panel.background_run
+    panel.controls["beta"].value = 0.3  # replaces the first run
+    panel.wait(timeout=60)
+    for run in (first, panel.background_run):
+        assert run is not None and run.thread is not None
+        run.thread.join(10)  # the memory is handed back after the panel shows the result
+    assert panel.last["config"].beta == 0.3 and calls == ["released", "released"]

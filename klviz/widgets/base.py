@@ -403,6 +403,14 @@ class Panel:
     def _work_in_background(
         self, run: BackgroundRun, work: Callable[[BackgroundRun], Any], on_done: Callable[[Any], None] | None
     ) -> None:
+        try:
+            self._run_work(run, work, on_done)
+        finally:
+            release_freed_memory()
+
+    def _run_work(
+        self, run: BackgroundRun, work: Callable[[BackgroundRun], Any], on_done: Callable[[Any], None] | None
+    ) -> None:
         time.sleep(BACKGROUND_START_S)  # see BACKGROUND_START_S
         if not run.current:
             return
@@ -600,6 +608,32 @@ def _stop_background_runs(timeout: float = 5.0) -> None:
     deadline = time.perf_counter() + timeout
     for _, thread in threads:
         thread.join(max(0.0, deadline - time.perf_counter()))
+
+
+_MALLOC_TRIM: Any = None
+
+
+def release_freed_memory() -> None:
+    """Hand the memory freed in this process back to the system, where the C library can (glibc's
+    ``malloc_trim``; elsewhere nothing happens).
+
+    Called when a background run ends. Its thread allocates from an arena of its own, and glibc hands a
+    thread's freed blocks back to the system only from the top of that arena. Measured in JupyterLab, a
+    walk over lesson 08's training panel that trained six live seeds took the kernel from 409 to 459 MB;
+    with this, to 428 MB (the rest is what a run holds while it trains). It takes a few milliseconds,
+    once per run of seconds.
+    """
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", False)
+        except OSError:
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
 
 
 class Cancelled(Exception):
