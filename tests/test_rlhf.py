@@ -176,15 +176,20 @@ def test_lab_panel_defaults_and_extremes(monkeypatch):
     assert steps == [] and panel.last["config"].placement == "k1 in reward"
 
 
-def test_lab_panel_trains_in_the_background_when_a_control_moves(monkeypatch):
-    import threading
-
+@pytest.fixture
+def no_runs_trained(monkeypatch):
+    """The training-run caches empty for the test (restored after): a run another test trained in this
+    process (test_panel_close's β = 0.35) would not train again, in the background or at all."""
     from klviz import rlhf
-    from klviz.widgets.lesson07 import RLHFLabPanel
 
-    # runs another test trained in this process (test_panel_close's β = 0.35) would need no training here
     monkeypatch.setattr(rlhf, "_RUNS", {})
     monkeypatch.setattr(rlhf, "_RESUMABLE", {})
+
+
+def test_lab_panel_trains_in_the_background_when_a_control_moves(no_runs_trained):
+    import threading
+
+    from klviz.widgets.lesson07 import RLHFLabPanel
 
     panel = RLHFLabPanel(steps=5, prompts=2, group_size=6, max_new_tokens=20)
     threads = threading.active_count()
@@ -402,15 +407,12 @@ def test_served_policy_kl_is_the_trainers_when_the_trainer_samples():
     assert e.metrics["engine_true_kl"] != e.metrics["true_kl"]  # the truncated policy's KL is another number
 
 
-def test_a_finished_background_run_hands_freed_memory_back(monkeypatch):
+def test_a_finished_background_run_hands_freed_memory_back(monkeypatch, no_runs_trained):
     """Each background run ends by calling release_freed_memory (glibc keeps a thread's freed blocks
     in that thread's arena otherwise), also a run replaced before it trained."""
     import klviz.widgets.base as base
-    from klviz import rlhf
     from klviz.widgets.lesson07 import RLHFLabPanel
 
-    monkeypatch.setattr(rlhf, "_RUNS", {})
-    monkeypatch.setattr(rlhf, "_RESUMABLE", {})
     calls: list[str] = []
     monkeypatch.setattr(base, "release_freed_memory", lambda: calls.append("released"))
     panel = RLHFLabPanel(steps=3, prompts=2, group_size=6, max_new_tokens=20)

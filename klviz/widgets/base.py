@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import html
 import io
 import os
+import sys
 import threading
 import time
 import traceback
@@ -610,7 +612,15 @@ def _stop_background_runs(timeout: float = 5.0) -> None:
         thread.join(max(0.0, deadline - time.perf_counter()))
 
 
-_MALLOC_TRIM: Any = None
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` from the process's own C library (as :mod:`klviz.servers` finds ``prctl``),
+    or None where there is none (another system, or a C library without it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return getattr(ctypes.CDLL(None), "malloc_trim", None)
 
 
 def release_freed_memory() -> None:
@@ -623,17 +633,9 @@ def release_freed_memory() -> None:
     with this, to 428 MB (the rest is what a run holds while it trains). It takes a few milliseconds,
     once per run of seconds.
     """
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _MALLOC_TRIM = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", False)
-        except OSError:
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 class Cancelled(Exception):
