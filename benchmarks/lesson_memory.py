@@ -3,15 +3,18 @@
 A private JupyterLab (``labserver.py``) serves a copy of the lessons. Headless Chromium opens each
 lesson in a fresh kernel, runs all its cells, then walks every panel's controls as a curious student
 would: each slider to its end, its start and back (the extremes cost the most), each choice of each
-drop-down and each toggle button. The kernel's peak resident memory is read from the kernel
-process itself (``VmHWM`` in ``/proc/PID/status``: the most it ever held, sampled by the kernel of the
-operating system, not by polling), after the walk; the single-user JupyterLab server's own peak the
-same way. Printed per lesson: the kernel's peak, the server's, and how many students a 16 GB machine
-holds on that lesson when each has a server and one kernel of that lesson at its peak, with 2 GB left to
-the system and the hub (``--memory-gb``, ``--reserve-gb``). Target: each kernel at most 400 MB.
+drop-down and each toggle button, looking at each result before the next move (a move that starts a
+background run, lesson 07's lab or lesson 08's live seed, waits until that run has trained). The
+kernel's peak resident memory is read from the kernel process itself (``VmHWM`` in
+``/proc/PID/status``: the most it ever held, sampled by the kernel of the operating system, not by
+polling), after the walk; the single-user JupyterLab server's own peak the same way. Printed per
+lesson: the kernel's peak, the server's, and how many students a 16 GB machine holds on that lesson
+when each has a server and one kernel of that lesson at its peak, with 2 GB left to the system and
+the hub (``--memory-gb``, ``--reserve-gb``). Target: each kernel at most 400 MB.
 
     python benchmarks/lesson_memory.py                 # every lesson (about 10 minutes here)
     python benchmarks/lesson_memory.py --only 01 07    # some lessons
+    python benchmarks/lesson_memory.py --only 08 --per-move   # and the peak of Run All and of each move
 
 Linux only (``/proc``). Needs Chromium (``apt-get install -y chromium``) and the test extra (Playwright).
 """
@@ -74,33 +77,57 @@ def wait_idle(page, timeout_ms: int = 300_000) -> None:
     page.wait_for_function(IDLE, timeout=timeout_ms, polling=100)
 
 
-def walk_controls(page) -> int:
-    """Move every control of every panel on the page through its range; returns how many moves."""
-    moves = 0
-    for panel in page.locator(".klviz-panel").all():
+TRAINING = """() => !Array.from(document.querySelectorAll('.klviz-status'))
+  .some(s => /training step/.test(s.innerText))"""
+
+
+def settle(page) -> None:
+    """Until a move's result is all there: the kernel idle and no background run (the RLHF lab, lesson
+    08's live seed) still training. A student looks at each result before the next move, so a run is
+    never cut short by the next one."""
+    wait_idle(page)
+    page.wait_for_function(TRAINING, timeout=600_000, polling=200)
+    wait_idle(page)
+
+
+def reset_peak(pid: int) -> None:
+    """Start ``VmHWM`` again from the current resident memory (``/proc/PID/clear_refs``, value 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def walk_controls(page, pid: int, per_move: bool = False) -> tuple[int, float]:
+    """Move every control of every panel on the page through its range, each move settled; returns how
+    many moves and the kernel's peak over the walk (MB). With ``per_move`` each move's own peak is
+    printed (the peak is reset before each move, so the walk's peak is the largest of them)."""
+    moves, peak = 0, peak_mb(pid)
+
+    def moved(what: str) -> None:
+        nonlocal moves, peak
+        settle(page)
+        moves += 1
+        now = peak_mb(pid)
+        peak = max(peak, now)
+        if per_move:
+            print(f"   move {moves:3d}: peak {now:5.0f} MB  {what}", flush=True)
+            reset_peak(pid)
+
+    if per_move:
+        reset_peak(pid)
+    for index, panel in enumerate(page.locator(".klviz-panel").all()):
         panel.scroll_into_view_if_needed()
         for handle in panel.locator(".noUi-handle").all():
             for key in ("End", "Home", "End", "ArrowLeft"):
                 handle.focus()
                 page.keyboard.press(key)
-                wait_idle(page)
-                moves += 1
+                moved(f"panel {index + 1}, slider {key}")
         for select in panel.locator("select").all():
             for value in select.evaluate("el => Array.from(el.options).map(o => o.value)"):
                 select.select_option(value)
-                wait_idle(page)
-                moves += 1
+                moved(f"panel {index + 1}, choice {value!r}")
         for button in panel.locator(".widget-toggle-buttons button").all():
             button.click()
-            wait_idle(page)
-            moves += 1
-    # a background run (the RLHF lab, lesson 08's live seed) ends before the peak is read
-    page.wait_for_function(
-        "() => !Array.from(document.querySelectorAll('.klviz-status')).some(s => /training step/.test(s.innerText))",
-        timeout=600_000,
-        polling=500,
-    )
-    return moves
+            moved(f"panel {index + 1}, button {button.inner_text()!r}")
+    return moves, peak
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="lesson numbers or name prefixes (default: every lesson)")
     parser.add_argument("--memory-gb", type=float, default=16.0, help="the hub machine's memory (default 16)")
     parser.add_argument("--reserve-gb", type=float, default=2.0, help="left to the system and the hub (default 2)")
+    parser.add_argument("--per-move", action="store_true", help="print the peak of Run All and of each control move")
     args = parser.parse_args(argv)
     if not Path("/proc/self/status").exists():
         parser.error("needs Linux (/proc)")
@@ -143,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 pid = kernel_pid(lab, current_kernel_id(page))
                 after_run = peak_mb(pid)
-                moves = walk_controls(page)
-                kernel = peak_mb(pid)
+                if args.per_move:
+                    print(f"{lesson.name}: Run All peak {after_run:.0f} MB", flush=True)
+                moves, walk_peak = walk_controls(page, pid, args.per_move)
+                kernel = max(after_run, walk_peak)
                 server = peak_mb(lab["pid"])
                 results.append((lesson.name, kernel, server))
                 print(
