@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -184,6 +185,19 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
 _MARK = "PEAK_EXTRA_BYTES="
 
 
+def status_mb(field: str, pid: int | str = "self") -> float:
+    """A memory field of ``/proc/PID/status`` (``VmHWM``, ``VmRSS``, ...) in MB (10^6 bytes)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024 / 1e6
+    raise RuntimeError(f"{field} not found in /proc/{pid}/status")
+
+
+def reset_peak(pid: int | str = "self") -> None:
+    """Start process ``pid``'s ``VmHWM`` again from its current resident memory (5 to ``clear_refs``)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -203,8 +217,7 @@ def child_peak_memory(fn: Callable[[], object], device: torch.device) -> None:
         extra = torch.cuda.max_memory_allocated(device) - before
     else:
         try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
+            reset_peak()
         except OSError:  # no reset: the high-water mark may then include input creation
             pass
         before = _status_kib("VmRSS")

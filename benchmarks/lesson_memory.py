@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import print_table  # noqa: E402
+from common import print_table, reset_peak, status_mb  # noqa: E402
 from labserver import ALL_RUN, CHROMIUM_FLAGS, KERNEL_IDLE, find_chromium, running_lab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,14 +44,6 @@ FAILED = """() => window.jupyterapp.shell.currentWidget.content.widgets.filter(c
                   for (let i = 0; i < c.model.outputs.length; i++) o.push(c.model.outputs.get(i).toJSON());
                   return o; }).filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue)"""
 IDLE = """() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'"""
-
-
-def peak_mb(pid: int) -> float:
-    """The most resident memory process ``pid`` ever held (``VmHWM``), in MB (10^6 bytes)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / 1e6
-    raise RuntimeError(f"no VmHWM for process {pid}")
 
 
 def kernel_pid(lab: dict, kernel_id: str) -> int:
@@ -90,22 +82,17 @@ def settle(page) -> None:
     wait_idle(page)
 
 
-def reset_peak(pid: int) -> None:
-    """Start ``VmHWM`` again from the current resident memory (``/proc/PID/clear_refs``, value 5)."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
-
-
 def walk_controls(page, pid: int, per_move: bool = False) -> tuple[int, float]:
     """Move every control of every panel on the page through its range, each move settled; returns how
     many moves and the kernel's peak over the walk (MB). With ``per_move`` each move's own peak is
     printed (the peak is reset before each move, so the walk's peak is the largest of them)."""
-    moves, peak = 0, peak_mb(pid)
+    moves, peak = 0, status_mb("VmHWM", pid)
 
     def moved(what: str) -> None:
         nonlocal moves, peak
         settle(page)
         moves += 1
-        now = peak_mb(pid)
+        now = status_mb("VmHWM", pid)
         peak = max(peak, now)
         if per_move:
             print(f"   move {moves:3d}: peak {now:5.0f} MB  {what}", flush=True)
@@ -170,12 +157,12 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(lesson.name)
                     continue
                 pid = kernel_pid(lab, current_kernel_id(page))
-                after_run = peak_mb(pid)
+                after_run = status_mb("VmHWM", pid)
                 if args.per_move:
                     print(f"{lesson.name}: Run All peak {after_run:.0f} MB", flush=True)
                 moves, walk_peak = walk_controls(page, pid, args.per_move)
                 kernel = max(after_run, walk_peak)
-                server = peak_mb(lab["pid"])
+                server = status_mb("VmHWM", lab["pid"])
                 results.append((lesson.name, kernel, server))
                 print(
                     f"{lesson.name}: kernel peak {kernel:.0f} MB ({after_run:.0f} MB after Run All, "

@@ -27,17 +27,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _status(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024 / 1e6
-    raise RuntimeError(field)
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
-
-
 def _moves(control) -> list[object]:
     """The values a student's walk gives a control, in order (as ``lesson_memory.walk_controls``)."""
     import ipywidgets as widgets
@@ -68,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if any(os.environ.get(k) != v for k, v in KERNEL_MALLOC.items()):  # glibc reads these at start only
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **KERNEL_MALLOC})
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import reset_peak, status_mb  # after the exec: it imports torch
 
     (path,) = sorted((ROOT / "notebooks").glob(f"{args.lesson}*.ipynb"))
     cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
@@ -84,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, cell in enumerate(cells):
         source = "".join(cell["source"])
-        _reset_peak()
+        reset_peak()
         result = shell.run_cell(source, silent=False, store_history=True)
         plt.close("all")  # as the inline backend does after showing a cell's figures
         if not result.success:
             print(f"cell {i} failed", file=sys.stderr)
             return 1
         first = next((line for line in source.splitlines() if line.strip() and not line.startswith("#")), "")
-        rows.append((_status("VmHWM"), _status("VmRSS"), f"cell {i:2d}: {first[:70]}"))
+        rows.append((status_mb("VmHWM"), status_mb("VmRSS"), f"cell {i:2d}: {first[:70]}"))
 
     from klviz.widgets.base import Panel
 
@@ -100,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, panel in panels:
             for control_name, control in panel.controls.items():
                 for value in _moves(control):
-                    _reset_peak()
+                    reset_peak()
                     panel.set(**{control_name: value})
                     panel.wait()
-                    rows.append((_status("VmHWM"), _status("VmRSS"), f"{name}.{control_name}={value!r}"[:80]))
+                    rows.append((status_mb("VmHWM"), status_mb("VmRSS"), f"{name}.{control_name}={value!r}"[:80]))
     shown = sorted(rows, reverse=True)[: args.top] if args.top else rows
     print(f"{'peak MB':>8} {'after MB':>9}  step")
     for hwm, rss, what in shown:

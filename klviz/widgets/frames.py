@@ -40,8 +40,8 @@ __all__ = [
 #: panel drawn last keeps up to its own ``max_backgrounds``, and the others give theirs up first, with
 #: their PNG encoder's copy of the last frame and their scratch layer. Measured after a walk over every
 #: control of lesson 02's three panels: each kept 7-8 MB of backgrounds and 2.7 MB of encoder rows at a
-#: pixel ratio of 1 (four times as much at 2). In JupyterLab its kernel peaked at 410-417 MB in four runs
-#: before this, 408 MB after.
+#: pixel ratio of 1 (four times as much at 2); with the shared budget, the idle panels keep 0-1
+#: backgrounds and no encoder rows (the kernel's peak moved within its run-to-run noise).
 #: A panel drawn again after another one renders its first frame in full (a view it had kept is rendered
 #: again) and blits as before from then on.
 SHARED_BACKGROUNDS = 6
