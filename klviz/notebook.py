@@ -41,6 +41,7 @@ def setup_notebook(interactive: bool | None = None, quiet: bool = False) -> torc
     import torch
 
     from .devices import default_device, describe_device
+    from .memory import release_freed_memory
     from .plotting import apply_style
 
     if interactive is None:
@@ -53,6 +54,8 @@ def setup_notebook(interactive: bool | None = None, quiet: bool = False) -> torc
         ip = None
     if ip is not None:
         ip.run_line_magic("matplotlib", "widget" if interactive else "inline")
+        if release_freed_memory not in ip.events.callbacks["post_run_cell"]:
+            ip.events.register("post_run_cell", release_freed_memory)
     apply_style()
     use_one_thread_on_small_machines()
     device = default_device()

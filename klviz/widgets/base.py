@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import html
 import io
 import os
-import sys
 import threading
 import time
 import traceback
@@ -45,6 +43,7 @@ import traitlets
 from matplotlib.figure import Figure
 
 from ..devices import describe_device, resolve_device
+from ..memory import release_freed_memory
 from ..messages import tr
 from ..palette import PAGE_CSS, css
 from .ahead import KEEP, DrawAhead, Prepared, neighbours
@@ -610,32 +609,6 @@ def _stop_background_runs(timeout: float = 5.0) -> None:
     deadline = time.perf_counter() + timeout
     for _, thread in threads:
         thread.join(max(0.0, deadline - time.perf_counter()))
-
-
-@functools.lru_cache(maxsize=1)
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim`` from the process's own C library (as :mod:`klviz.servers` finds ``prctl``),
-    or None where there is none (another system, or a C library without it)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    return getattr(ctypes.CDLL(None), "malloc_trim", None)
-
-
-def release_freed_memory() -> None:
-    """Hand the memory freed in this process back to the system, where the C library can (glibc's
-    ``malloc_trim``; elsewhere nothing happens).
-
-    Called when a background run ends. Its thread allocates from an arena of its own, and glibc hands a
-    thread's freed blocks back to the system only from the top of that arena. Measured in JupyterLab, a
-    walk over lesson 08's training panel that trained six live seeds took the kernel from 409 to 459 MB;
-    with this, to 428 MB (the rest is what a run holds while it trains). It takes a few milliseconds,
-    once per run of seconds.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 class Cancelled(Exception):
