@@ -108,7 +108,7 @@ def _all_edges(log_r: torch.Tensor) -> dict[str, np.ndarray]:
 
 
 _CUDA_SAMPLE_COUNTS = _SAMPLE_COUNTS + (3_000_000, 10_000_000)
-_CHUNK = 1 << 17  # samples per chunk of the Gaussian panel's estimators (1 MB of float64)
+_CHUNK = 1 << 17  # samples per chunk of the Gaussian panel (1 MB of float64; at least the 20,000 behind the bin edges)
 _FLOOR = 1e-6  # the bottom of the histograms' log axis: below one sample in 10^5
 
 
@@ -208,12 +208,15 @@ class GaussianEstimatorsPanel(Panel):
         q = Normal(torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
         p = Normal(torch.tensor(float(mu), dtype=torch.float64), torch.tensor(float(sigma), dtype=torch.float64))
         # the same seed gives the same x ~ q whatever p is: only the effect of moving p shows
-        log_r = sample_log_ratio(q, p, n, z=_kept_draws(self, int(seed), n))
-        all_edges = _all_edges(log_r)
+        z = _kept_draws(self, int(seed), n)
         moments = {name: StreamedMeanStd() for name in ESTIMATORS}
         counts = {name: np.zeros(_BINS) for name in ESTIMATORS}
         positive = 0
-        for chunk in log_r.split(_CHUNK):  # each estimator a chunk at a time: a million samples cost 1 MB each
+        all_edges: dict[str, np.ndarray] = {}
+        for z_chunk in z.split(_CHUNK):  # log r and each estimator a chunk at a time: 1 MB each, whatever N
+            chunk = sample_log_ratio(q, p, z_chunk.numel(), z=z_chunk)
+            if not all_edges:
+                all_edges = _all_edges(chunk)  # from the first 20,000 samples (the chunk holds more)
             for name in ESTIMATORS:
                 v = _KERNEL[name](chunk)  # log_r is the panel's own finite sample: no checks
                 moments[name].add(v)
