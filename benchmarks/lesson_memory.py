@@ -14,7 +14,7 @@ the hub (``--memory-gb``, ``--reserve-gb``). Target: each kernel at most 400 MB.
 
     python benchmarks/lesson_memory.py                 # every lesson (about 10 minutes here)
     python benchmarks/lesson_memory.py --only 01 07    # some lessons
-    python benchmarks/lesson_memory.py --only 08 --per-move   # and the peak of Run All and of each move
+    python benchmarks/lesson_memory.py --only 08 --per-move   # and the peak of each cell and of each move
 
 Linux only (``/proc``). Needs Chromium (``apt-get install -y chromium``) and the test extra (Playwright).
 """
@@ -117,12 +117,38 @@ def walk_controls(page, pid: int, per_move: bool = False) -> tuple[int, float]:
     return moves, peak
 
 
+CODE_CELLS = """() => window.jupyterapp.shell.currentWidget.content.widgets
+  .map((c, i) => [i, c.model.type, c.model.sharedModel.getSource().split('\\n')[0]]).filter(c => c[1] === 'code')"""
+RUN_CELL = """i => { const nb = window.jupyterapp.shell.currentWidget.content;
+  nb.activeCellIndex = i; return window.jupyterapp.commands.execute('notebook:run-cell'); }"""
+CELL_DONE = """i => { const w = window.jupyterapp.shell.currentWidget;
+  return w.content.widgets[i].model.executionCount !== null && w.sessionContext.session.kernel.status === 'idle'; }"""
+
+
+def run_cells_one_by_one(page, pid: int) -> float:
+    """Run the lesson's code cells one at a time, each settled, printing each cell's peak (the peak is
+    reset before each): where Run All's peak comes from. Returns the largest (MB)."""
+    peak = 0.0
+    for index, _kind, first_line in page.evaluate(CODE_CELLS):
+        reset_peak(pid)
+        page.evaluate(RUN_CELL, index)
+        page.wait_for_function(CELL_DONE, arg=index, timeout=600_000, polling=100)
+        settle(page)
+        now = status_mb("VmHWM", pid)
+        peak = max(peak, now)
+        after = status_mb("VmRSS", pid)
+        print(f"   cell {index:3d}: peak {now:5.0f} MB, then {after:5.0f} MB  {first_line[:60]}", flush=True)
+    return peak
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="lesson numbers or name prefixes (default: every lesson)")
     parser.add_argument("--memory-gb", type=float, default=16.0, help="the hub machine's memory (default 16)")
     parser.add_argument("--reserve-gb", type=float, default=2.0, help="left to the system and the hub (default 2)")
-    parser.add_argument("--per-move", action="store_true", help="print the peak of Run All and of each control move")
+    parser.add_argument(
+        "--per-move", action="store_true", help="run the cells one by one; print each cell's peak and each move's"
+    )
     args = parser.parse_args(argv)
     if not Path("/proc/self/status").exists():
         parser.error("needs Linux (/proc)")
@@ -149,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 page.goto(f"{lab['base']}/lab/tree/{lesson.name}?token={lab['token']}&reset")
                 page.wait_for_function(KERNEL_IDLE, timeout=180_000)
-                page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                cells_peak = 0.0
+                if args.per_move:
+                    cells_peak = run_cells_one_by_one(page, kernel_pid(lab, current_kernel_id(page)))
+                else:
+                    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
                 page.wait_for_function(ALL_RUN, timeout=900_000, polling=500)
                 errors = page.evaluate(FAILED)
                 if errors:  # the peak of a lesson that did not run to its end would say nothing
@@ -157,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                     failed.append(lesson.name)
                     continue
                 pid = kernel_pid(lab, current_kernel_id(page))
-                after_run = status_mb("VmHWM", pid)
+                after_run = max(cells_peak, status_mb("VmHWM", pid))
                 if args.per_move:
-                    print(f"{lesson.name}: Run All peak {after_run:.0f} MB", flush=True)
+                    print(f"{lesson.name}: peak of the cells {after_run:.0f} MB", flush=True)
                 moves, walk_peak = walk_controls(page, pid, args.per_move)
                 kernel = max(after_run, walk_peak)
                 server = status_mb("VmHWM", lab["pid"])
