@@ -213,6 +213,8 @@ def test_panels_share_one_budget_of_backgrounds_and_a_panel_drawn_again_is_exact
             frames.png()
             kept = sum(len(f._backgrounds) for f, _, _ in panels)
             assert kept <= SHARED_BACKGROUNDS, kept
+            assert frames.state in frames._backgrounds  # the view just drawn is kept, whatever the budget
+            assert frames._scratch is None  # no figure-size layer buffer outlives a render
         assert len(frames._backgrounds) == min(frames.max_backgrounds, SHARED_BACKGROUNDS)
         assert [f._encoder is not None for f, _, _ in panels if f is not frames] == [False, False]
     frames, ax, line = panels[0]
@@ -329,8 +331,14 @@ def test_png_encoder_reuses_unchanged_bands_and_round_trips_exactly():
     frames.append(rng.integers(0, 256, size=(20, 11, 4), dtype=np.uint8))  # another size
     frames.append(rng.integers(0, 256, size=(20, 11, 4), dtype=np.uint8))  # every pixel changed
     for i, f in enumerate(frames):
+        before = list(encoder._pieces)
         decoded = np.asarray(Image.open(io.BytesIO(encoder.encode(f))))
         assert decoded.shape == f.shape and np.array_equal(decoded, f), i
+        if 1 <= i <= 5:  # one row changed (frames 1-4) or none (5): every other band keeps its bytes
+            reused = sum(a is b for a, b in zip(before, encoder._pieces))
+            assert reused == len(before) - (i < 5), (i, reused)
+    # what the encoder keeps between frames: compressed bands and their digests, no copy of the pixels
+    assert not any(isinstance(v, np.ndarray) for v in vars(encoder).values())
     with pytest.raises(ValueError, match="rgba"):
         encoder.encode(frames[0][..., :3])
 

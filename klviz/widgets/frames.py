@@ -36,15 +36,14 @@ __all__ = [
 ]
 
 
-#: backgrounds kept by all the panels of a kernel together. A reader moves one panel at a time: the
-#: panel drawn last keeps up to its own ``max_backgrounds``, and the others give theirs up first, with
-#: their PNG encoder's copy of the last frame and their scratch layer. Measured after a walk over every
-#: control of lesson 02's three panels: each kept 7-8 MB of backgrounds and 2.7 MB of encoder rows at a
-#: pixel ratio of 1 (four times as much at 2); with the shared budget, the idle panels keep 0-1
-#: backgrounds and no encoder rows (the kernel's peak moved within its run-to-run noise).
-#: A panel drawn again after another one renders its first frame in full (a view it had kept is rendered
-#: again) and blits as before from then on.
-SHARED_BACKGROUNDS = 6
+#: backgrounds kept by all the panels of a kernel together (about 1.3 MB each for a panel's figure,
+#: four times as much at a pixel ratio of 2). A reader moves one panel at a time: the panel drawn last
+#: keeps up to its own ``max_backgrounds`` within this budget, and the others give theirs up first, with
+#: their PNG encoder. Three are enough for the views a control toggles between (its setting, the step
+#: beside it, the default); a fourth view renders the axes again (``benchmarks/panels.py`` counts the
+#: full renders). A panel drawn again after another one renders its first frame in full (a view it had
+#: kept is rendered again) and blits as before from then on.
+SHARED_BACKGROUNDS = 3
 
 _SHARED_LOCK = threading.RLock()  # renders of different panels (a background run draws from its thread)
 _BY_RECENCY: list[weakref.ref[FrameComposer]] = []  # the composers that have rendered, least recent first
@@ -52,12 +51,14 @@ _BY_RECENCY: list[weakref.ref[FrameComposer]] = []  # the composers that have re
 
 def _share_caches(current: FrameComposer) -> None:
     """Make ``current`` the most recently drawn composer; the others drop what only speeds up their
-    next frame, their backgrounds until all together keep at most :data:`SHARED_BACKGROUNDS`."""
+    next frame, and backgrounds are dropped (the others' first, then ``current``'s oldest views) until
+    all together keep at most :data:`SHARED_BACKGROUNDS`."""
     others = [c for c in (ref() for ref in _BY_RECENCY) if c is not None and c is not current]
     _BY_RECENCY[:] = [weakref.ref(c) for c in others] + [weakref.ref(current)]
     excess = len(current._backgrounds) + sum(len(c._backgrounds) for c in others) - SHARED_BACKGROUNDS
     for c in others:  # least recently drawn first
         c._encoder = c._scratch = None
+    for c in [*others, current]:  # current's view of this frame is its newest: it stays (the budget is >= 1)
         while excess > 0 and c._backgrounds:
             del c._backgrounds[next(iter(c._backgrounds))]  # its oldest view first
             excess -= 1
@@ -100,7 +101,7 @@ class FrameComposer:
         self._legend_layers: dict[tuple, LegendLayer] = {}
         self._text_layers: dict[tuple, LegendLayer] = {}
         self._texts_seen: dict[tuple, None] = {}  # texts drawn once, not yet given a layer; most recent last
-        self._scratch: Any = None  # a transparent renderer the size of the figure, for new layers
+        self._scratch: Any = None  # a transparent renderer the size of the figure, for new text layers of one render
         self._encoder: PngEncoder | None = None
 
     def _axes_state(self) -> tuple:
@@ -165,7 +166,10 @@ class FrameComposer:
     def render(self, blit: bool = True) -> None:
         """Bring the Agg buffer up to date with the figure (the caches it keeps: :data:`SHARED_BACKGROUNDS`)."""
         with _SHARED_LOCK:
-            self._render(blit)
+            try:
+                self._render(blit)
+            finally:
+                self._scratch = None  # a figure-size buffer, needed only while a new text layer is cut
             _share_caches(self)
 
     def _render(self, blit: bool) -> None:
@@ -506,9 +510,12 @@ class PngEncoder:
     rows) and leaves the rest as they were. The image data is written as one deflate stream made of
     independent pieces, one per band of :attr:`band` rows, each compressed on its own (zlib level 1,
     no per-row filter) and ended by a full flush, so that a band whose pixels are unchanged reuses
-    its bytes from the previous frame; only the checksum covers the whole image each time. Frames
-    stay 8-bit RGBA: dropping the alpha channel (RGB) costs a strided copy (about 3 ms a frame)
-    that zlib does not win back. Decoding gives back the pixels exactly (``tests/test_panel_frames.py``).
+    its bytes from the previous frame; only the checksum covers the whole image each time. A band is
+    unchanged when the SHA-1 digest of its pixels is: the encoder keeps 20 bytes per band instead of
+    a copy of the last frame (1.3 MB for a panel, 5 MB at a pixel ratio of 2), for about 0.7 ms more
+    a frame than comparing the pixels. Frames stay 8-bit RGBA: dropping the alpha channel (RGB) costs a
+    strided copy (about 3 ms a frame) that zlib does not win back. Decoding gives back the pixels
+    exactly (``tests/test_panel_frames.py``).
     """
 
     #: rows per independently compressed band (smaller: more reuse, slightly larger files)
@@ -516,40 +523,35 @@ class PngEncoder:
 
     def __init__(self) -> None:
         self._key: tuple | None = None  # (height, width) of the cached frame
-        self._last: np.ndarray | None = None  # the last frame's RGBA pixels
-        self._rows: np.ndarray | None = None  # its PNG rows: a filter byte (0, none) then the pixels
-        self._pieces: list[bytes] = []
+        self._digests: list[bytes] = []  # SHA-1 of each band's RGBA pixels in the last frame
+        self._pieces: list[bytes] = []  # each band's compressed PNG rows
         self._checksums: list[int] = []  # adler32 of each band's PNG rows
 
     def encode(self, rgba: np.ndarray) -> bytes:
         """``rgba`` (``[H, W, 4]`` uint8) as PNG bytes; decodes to exactly these pixels."""
+        import hashlib
         import zlib
 
         _check_rgba(rgba)
+        rgba = np.ascontiguousarray(rgba)
         height, width = rgba.shape[:2]
         band = self.band
         count = -(-height // band)
-        if (height, width) != self._key or self._last is None or self._rows is None or len(self._pieces) != count:
-            self._key, self._last = (height, width), rgba.copy()
-            self._rows = np.zeros((height, 1 + 4 * width), dtype=np.uint8)
-            self._pieces = [b""] * count
-            self._checksums = [1] * count
-            changed = list(range(count))
-        else:
-            # one comparison per pixel (as uint32), then which bands hold a changed one
-            rows_changed = (rgba.view(np.uint32)[..., 0] != self._last.view(np.uint32)[..., 0]).any(axis=1)
-            padded = np.zeros(count * band, dtype=bool)
-            padded[:height] = rows_changed
-            changed = np.flatnonzero(padded.reshape(count, band).any(axis=1)).tolist()
-        rows = self._rows
-        for i in changed:
+        if (height, width) != self._key or len(self._pieces) != count:
+            self._key = (height, width)
+            self._digests, self._pieces, self._checksums = [b""] * count, [b""] * count, [1] * count
+        rows = np.zeros((band, 1 + 4 * width), dtype=np.uint8)  # one band's PNG rows: filter byte 0, pixels
+        for i in range(count):
             r0, r1 = i * band, min(i * band + band, height)
-            self._last[r0:r1] = rgba[r0:r1]
-            rows[r0:r1, 1:] = rgba[r0:r1].reshape(r1 - r0, 4 * width)
-            data = rows[r0:r1].data.cast("B")
+            digest = hashlib.sha1(rgba[r0:r1].data).digest()
+            if digest == self._digests[i]:
+                continue
+            rows[: r1 - r0, 1:] = rgba[r0:r1].reshape(r1 - r0, 4 * width)
+            data = rows[: r1 - r0].data.cast("B")
             comp = zlib.compressobj(1, zlib.DEFLATED, -15)  # raw deflate, no dictionary carried over
             self._pieces[i] = comp.compress(data) + comp.flush(zlib.Z_FULL_FLUSH)
             self._checksums[i] = zlib.adler32(data)
+            self._digests[i] = digest
         checksum = self._checksums[0]
         row_bytes = rows.shape[1]
         for i in range(1, count):  # the whole image's adler32, from those of its bands
