@@ -353,6 +353,7 @@ def test_the_webp_is_encoded_off_the_loop_and_a_step_does_not_wait_for_it(kernel
             encoded.set()
 
     monkeypatch.setattr(ahead, "_timed_frame_url", held)
+    monkeypatch.setattr(ahead, "WEBP_FRAMES", True)  # KLVIZ_WEBP_FRAMES=1
 
     async def run():
         panel = W.GaussianEstimatorsPanel()
@@ -406,6 +407,8 @@ def test_a_walk_raises_the_frames_beneath_and_each_shows_its_own_position(kernel
 
     panel, shown = in_loop(run)
     assert len(panel._stack.images) == ahead.KEEP
+    # by default a frame drawn ahead is the PNG already made (no WebP encoder's memory: see frame_url)
+    assert all(url.startswith(b"data:image/png;base64,") for _, url, _ in shown) or ahead.WEBP_FRAMES
     fresh = W.BregmanPanel()
     for values, url, readout in shown:
         fresh.set(**values)

@@ -26,8 +26,8 @@ def test_the_image_on_top_is_the_one_seen_and_raising_changes_only_its_order(mon
     assert all(image.layout.grid_area == "1 / 1" for image in frames.images)  # one cell: overlapping
     a, b, c = object(), object(), object()
     frames.show(WEBP + b"A", a)
-    assert frames.put_beneath(WEBP + b"B", b, keep=[a, b])
-    assert frames.put_beneath(WEBP + b"C", c, keep=[a, b, c])
+    assert frames.put_beneath(WEBP + b"B", b, keep=[a, b], opaque=True)
+    assert frames.put_beneath(WEBP + b"C", c, keep=[a, b, c], opaque=True)
     assert frames.shown.value == WEBP + b"A"  # frames beneath do not change what is seen
     for key, url in ((b, b"B"), (c, b"C"), (a, b"A"), (c, b"C")):
         others = {id(i): i.layout.order for i in frames.images if bytes(i.value) != WEBP + url}
@@ -42,21 +42,22 @@ def test_a_frame_goes_beneath_to_an_image_no_kept_position_holds():
     frames = FrameStack(10, 10, slots=3)
     a, b, c, d = object(), object(), object(), object()
     frames.show(WEBP + b"A", a)
-    frames.put_beneath(WEBP + b"B", b, keep=[a, b])
-    frames.put_beneath(WEBP + b"C", c, keep=[a, b, c])
+    frames.put_beneath(WEBP + b"B", b, keep=[a, b], opaque=True)
+    frames.put_beneath(WEBP + b"C", c, keep=[a, b, c], opaque=True)
     # b is no longer wanted, c is: d replaces b, never the top (a) or c
-    assert frames.put_beneath(WEBP + b"D", d, keep=[a, c, d])
+    assert frames.put_beneath(WEBP + b"D", d, keep=[a, c, d], opaque=True)
     assert sorted(bytes(i.value) for i in frames.images) == sorted([WEBP + b"A", WEBP + b"C", WEBP + b"D"])
     assert frames.shown.value == WEBP + b"A"
-    assert not frames.put_beneath(WEBP + b"D", d, keep=[a, c, d])  # already there: not sent again
+    assert not frames.put_beneath(WEBP + b"D", d, keep=[a, c, d], opaque=True)  # already there: not sent again
     assert frames.holds(d) and not frames.holds(b)
 
 
 def test_only_opaque_frames_go_beneath_and_one_image_holds_none():
     frames = FrameStack(10, 10, slots=3)
-    assert not frames.put_beneath(b"data:image/png;base64,AAAA", object(), keep=[])  # may be transparent
+    assert not frames.put_beneath(b"data:image/png;base64,AAAA", object(), keep=[])  # not known to be opaque
+    assert frames.put_beneath(b"data:image/png;base64,AAAA", object(), keep=[], opaque=True)
     single = FrameStack(10, 10, slots=1)
-    assert not single.put_beneath(WEBP, object(), keep=[])
+    assert not single.put_beneath(WEBP, object(), keep=[], opaque=True)
     assert not single.bring_up(object())
     with pytest.raises(ValueError, match="slots"):
         FrameStack(10, 10, slots=0)
@@ -66,7 +67,7 @@ def test_a_frame_is_raised_only_once_it_has_had_time_to_load(monkeypatch):
     monkeypatch.setattr(stack, "SETTLE_S", 3600.0)
     frames = FrameStack(10, 10, slots=2)
     key = object()
-    frames.put_beneath(WEBP, key, keep=[key])
+    frames.put_beneath(WEBP, key, keep=[key], opaque=True)
     assert not frames.bring_up(key) and frames.top == 0
     monkeypatch.setattr(stack, "SETTLE_S", 0.0)
     assert frames.bring_up(key) and frames.top == 1

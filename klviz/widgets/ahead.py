@@ -6,11 +6,12 @@ update takes in a loop: between two key presses the CPU idles, and the next upda
 caches. So after each update, once the frame has left, a panel in a live kernel renders the
 positions one step away along the control the reader moved last (the direction of travel first),
 in pieces (compute, artists, render, PNG, one per turn of the kernel's event loop, so that a change
-arriving meanwhile waits for one piece at most; then the WebP, encoded on a thread of its own), and
-keeps each frame with its readout. Each frame drawn ahead is sent to the page at once, to an image
+arriving meanwhile waits for one piece at most; with ``KLVIZ_WEBP_FRAMES=1`` then a lossless WebP,
+encoded on a thread of its own, see :func:`klviz.widgets.frames.frame_url`), and keeps each frame
+with its readout. Each frame drawn ahead is sent to the page at once, to an image
 beneath the one seen (:mod:`klviz.widgets.stack`). A change to one of those positions is answered by
 raising that image, with no frame to send, compute or draw (or with the kept frame, if the page has not
-had it for long); a change to the position being drawn finishes it (with the PNG, if its WebP is not
+had it for long); a change to the position being drawn finishes it (with the PNG, if a WebP is not
 ready); any other change is computed as before, and a kept frame is dropped as soon as the reader is
 no longer next to it.
 
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..messages import N_, tr
-from .frames import frame_url, png_url
+from .frames import WEBP_FRAMES, frame_url, png_url
 
 if TYPE_CHECKING:
     from .base import Panel
@@ -53,13 +54,13 @@ __all__ = ["NOTES", "DrawAhead", "Prepared", "neighbours", "same_values"]
 START_AFTER_S = 0.04
 #: prepared positions kept: the two neighbours of the reader's position and the position itself
 KEEP = 3
-#: seconds between two pieces of drawing ahead (compute, artists, render, PNG; then, while the WebP
+#: seconds between two pieces of drawing ahead (compute, artists, render, PNG; then, while a WebP
 #: is encoded on its thread, between two looks at it): a reader's change that arrives meanwhile is
 #: handled first, and waits for one piece at most
 PAUSE_S = 0.001
-#: the last piece, a frame's lossless WebP (10-16 ms a frame here, the longest piece but a new
-#: view's render), runs on this thread: Pillow releases the interpreter lock while it encodes, so a
-#: reader's change that arrives meanwhile is answered at once instead of waiting for it
+#: with KLVIZ_WEBP_FRAMES=1 the last piece, a frame's lossless WebP (10-16 ms a frame here, the
+#: longest piece but a new view's render), runs on this thread: Pillow releases the interpreter lock
+#: while it encodes, so a reader's change that arrives meanwhile is answered at once
 _ENCODER: ThreadPoolExecutor | None = None
 _ENCODER_LOCK = threading.Lock()
 
@@ -157,7 +158,7 @@ class Prepared:
     values: dict[str, Any]
     data: dict[str, Any]
     png: bytes
-    #: the ``data:`` URL the page is sent (a frame drawn ahead: lossless WebP, see frame_url)
+    #: the ``data:`` URL the page is sent (a PNG; lossless WebP with ``KLVIZ_WEBP_FRAMES=1``, see frame_url)
     url: bytes
     readout: str
     compute_ms: float
@@ -166,6 +167,8 @@ class Prepared:
     #: how it came to be kept: "drawn ahead" (while the kernel idled), "finished" (drawn ahead in
     #: part, finished when the reader arrived) or "kept" (shown before)
     how: str = "drawn ahead"
+    #: every pixel's alpha is 255: the frame may wait beneath the one shown (FrameStack.put_beneath)
+    opaque: bool = False
 
     @property
     def note(self) -> str:
@@ -333,7 +336,7 @@ class DrawAhead:
                     if done.value is not None:
                         self.kept = (self.kept + [done.value])[-KEEP:]
                         # to the page now, beneath the frame shown: a step there only raises it
-                        panel._stack.put_beneath(done.value.url, done.value, keep=self.kept)
+                        panel._stack.put_beneath(done.value.url, done.value, keep=self.kept, opaque=done.value.opaque)
                 finally:
                     self.drawing = False
             if self._work is not None or targets:
@@ -370,9 +373,10 @@ class DrawAhead:
             blitted = panel._frames.last_was_blit
             yield
             png = timed(1, panel._frames.png)
+            opaque = bool((np.asarray(panel._frames.canvas.buffer_rgba())[..., 3] == 255).all())
             yield
             url: bytes | None = None
-            if not self._finishing:
+            if not self._finishing and WEBP_FRAMES:
                 # a copy: the figure is drawn on while the encoder works
                 rgba = timed(1, lambda: np.array(panel._frames.canvas.buffer_rgba()))
                 encoding: Future[tuple[bytes, float]] = _encoder().submit(_timed_frame_url, rgba, png)
@@ -381,12 +385,12 @@ class DrawAhead:
                 if encoding.done():
                     url, seconds = encoding.result()
                     spent[1] += seconds
-            if url is None:  # the reader has arrived: the PNG at once rather than wait for the WebP
+            if url is None:  # the PNG (the reader may have arrived: it does not wait for a WebP)
                 url = png_url(png)
         except Exception:  # noqa: BLE001 - shown by the ordinary update if the reader goes there
             return None
         self.made += 1
-        return Prepared(values, data, png, url, text, spent[0] * 1e3, spent[1] * 1e3, blitted, "drawn ahead")
+        return Prepared(values, data, png, url, text, spent[0] * 1e3, spent[1] * 1e3, blitted, "drawn ahead", opaque)
 
     def restore(self) -> None:
         """Put the figure's artists back to the position shown (drawing ahead moved them); a

@@ -453,7 +453,9 @@ def encode_png(rgba: np.ndarray) -> bytes:
     return _png(width, height, 6, zlib.compress(rows.data.cast("B"), 1))  # 8-bit RGBA
 
 
-#: libwebp's effort for frames drawn ahead (``method``; 0 fastest): see :func:`frame_url`
+#: frames drawn ahead go to the page as lossless WebP only with ``KLVIZ_WEBP_FRAMES=1``: see :func:`frame_url`
+WEBP_FRAMES = os.environ.get("KLVIZ_WEBP_FRAMES", "") in ("1", "true", "yes")
+#: libwebp's effort for those frames (``method``; 0 fastest)
 WEBP_METHOD = int(os.environ.get("KLVIZ_WEBP_METHOD", "1"))
 
 
@@ -481,7 +483,10 @@ def frame_url(rgba: np.ndarray, png: bytes) -> bytes:
     Measured in headless Chromium, an image's ``load`` takes about as long as its compressed bytes
     are long: 4.8 ms (median) for a 70 kB PNG frame, 1.6 ms for the same pixels as a 37 kB lossless
     WebP. Encoding WebP costs 7-16 ms a frame here, more than the PNG writer's bands, so it is spent
-    only on frames made while the kernel idles, on a thread of their own (:mod:`klviz.widgets.ahead`).
+    only on frames made while the kernel idles, on a thread of their own (:mod:`klviz.widgets.ahead`),
+    and only with ``KLVIZ_WEBP_FRAMES=1`` (:data:`WEBP_FRAMES`): libwebp's lossless encoder holds
+    about 6 MB while it works on a panel's frame (24 MB at a pixel ratio of 2), which set a lesson
+    kernel's peak in JupyterLab (lesson 08's slider moves: 404 MB with it, 393 MB without).
     Lossless: the page shows the same pixels (``tests/test_panel_frames.py``). ``png`` (the same
     frame) is used when Pillow has no WebP support or the frame is not opaque.
     """

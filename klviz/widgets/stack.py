@@ -100,14 +100,14 @@ class FrameStack:
         """Whether an image holds the frame of position ``key``."""
         return any(k is key for k in self._keys)
 
-    def put_beneath(self, url: bytes, key: object, keep: Iterable[object]) -> bool:
+    def put_beneath(self, url: bytes, key: object, keep: Iterable[object], *, opaque: bool = False) -> bool:
         """Send the frame ``url`` of position ``key`` to an image beneath the top; False if it is not sent.
 
         The image chosen holds no position in ``keep`` (those still wanted), else the oldest frame.
-        Only opaque frames (lossless WebP, see :func:`klviz.widgets.frames.frame_url`) go beneath:
-        an image on top with transparent parts would let the frames beneath show through.
+        Only frames that are ``opaque`` (every pixel's alpha 255) go beneath: an image on top with
+        transparent parts would let the frames beneath show through.
         """
-        if len(self.images) < 2 or self.holds(key) or not url.startswith(b"data:image/webp"):
+        if len(self.images) < 2 or self.holds(key) or not opaque:
             return False
         kept = list(keep)
         beneath = [i for i in range(len(self.images)) if i != self.top]

@@ -51,14 +51,14 @@ def _decode(url: str) -> np.ndarray:
 
 
 # A frame drawn ahead has arrived beneath the one seen: an image other than the top holds a frame drawn
-# ahead (only those go beneath, as WebP) that it did not hold when the last step was taken, and has
+# ahead (only those go beneath) that it did not hold when the last step was taken, and has
 # loaded it. Then, SETTLE_S after the page saw it loaded (so at least as long after the kernel sent it),
 # a step there raises it (FrameStack.bring_up). The direction of travel is drawn first.
 NEW_FRAME_SETTLED = """([panel, old, settleMs]) => {
   const imgs = Array.from(panel.querySelectorAll('.klviz-figure img'));
   const order = el => parseInt(el.style.order || '0', 10);
   const top = imgs.reduce((a, b) => (order(b) > order(a) ? b : a));
-  const ready = imgs.some(i => i !== top && i.src.startsWith('data:image/webp') && !old.includes(i.src) &&
+  const ready = imgs.some(i => i !== top && i.src.startsWith('data:image/') && !old.includes(i.src) &&
                                i.complete && i.naturalWidth > 0);
   if (!ready) { panel.klvizLoadedAt = undefined; return false; }
   if (panel.klvizLoadedAt === undefined) panel.klvizLoadedAt = performance.now();
