@@ -39,11 +39,11 @@ __all__ = [
 #: backgrounds kept by all the panels of a kernel together (about 1.3 MB each for a panel's figure,
 #: four times as much at a pixel ratio of 2). A reader moves one panel at a time: the panel drawn last
 #: keeps up to its own ``max_backgrounds`` within this budget, and the others give theirs up first, with
-#: their PNG encoder. Three are enough for the views a control toggles between (its setting, the step
-#: beside it, the default); a fourth view renders the axes again (``benchmarks/panels.py`` counts the
-#: full renders). A panel drawn again after another one renders its first frame in full (a view it had
-#: kept is rendered again) and blits as before from then on.
-SHARED_BACKGROUNDS = 3
+#: their PNG encoder. Four hold the views a control toggles between; ``benchmarks/panels.py`` (30 changes,
+#: each control one step and back) found 7 views rendered in full for the RLHF lab with 4 or 6, and 9 with
+#: 3 (its p95 then passed 100 ms). A panel drawn again after another one renders its first frame in full
+#: (a view it had kept is rendered again) and blits as before from then on.
+SHARED_BACKGROUNDS = 4
 
 _SHARED_LOCK = threading.RLock()  # renders of different panels (a background run draws from its thread)
 _BY_RECENCY: list[weakref.ref[FrameComposer]] = []  # the composers that have rendered, least recent first
